@@ -1,0 +1,344 @@
+//! API keys: creation, listing, revocation, rotation, and lookup by secret.
+//!
+//! A key is `spk_` followed by 43 base64url characters (256 random bits).
+//! Only its blake3 hash is stored; the raw key exists in memory for the one
+//! response that shows it. A user has at most [`MAX_ACTIVE_KEYS`] active
+//! keys; the count and the insert happen in one write transaction, and all
+//! writes are serialized (see `store`), so concurrent creates cannot exceed it.
+
+use base64::Engine as _;
+use chrono::{DateTime, Utc};
+use rand::RngCore as _;
+use rusqlite::{params, OptionalExtension as _};
+
+use crate::activity::{self, Record};
+use crate::auth::Actor;
+use crate::ids;
+use crate::pagination::{Page, PageRequest};
+use crate::store::{Store, StoreError};
+
+pub const MAX_ACTIVE_KEYS: i64 = 25;
+pub const KEY_PREFIX: &str = "spk_";
+/// How much of a key is shown in listings: `spk_` and 8 characters.
+const DISPLAY_PREFIX_LEN: usize = 12;
+pub const MAX_LABEL_CHARS: usize = 100;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiKeyError {
+    #[error("{0}")]
+    InvalidLabel(String),
+    #[error("you already have {MAX_ACTIVE_KEYS} active API keys; revoke one before creating another")]
+    LimitReached,
+    #[error("no API key with id `{0}`")]
+    NotFound(String),
+    #[error("API key `{0}` is revoked; a revoked key cannot be rotated")]
+    Revoked(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<rusqlite::Error> for ApiKeyError {
+    fn from(e: rusqlite::Error) -> Self {
+        ApiKeyError::Store(e.into())
+    }
+}
+
+/// A key label: 1 to 100 Unicode scalar values, not blank, no control
+/// characters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiKeyLabel(String);
+
+impl ApiKeyLabel {
+    pub fn parse(label: &str) -> Result<ApiKeyLabel, ApiKeyError> {
+        let chars = label.chars().count();
+        if chars == 0 {
+            return Err(ApiKeyError::InvalidLabel("label: must not be empty".into()));
+        }
+        if chars > MAX_LABEL_CHARS {
+            return Err(ApiKeyError::InvalidLabel(format!(
+                "label: must be at most {MAX_LABEL_CHARS} characters, got {chars}"
+            )));
+        }
+        if label.trim().is_empty() {
+            return Err(ApiKeyError::InvalidLabel("label: must not be blank".into()));
+        }
+        if label.chars().any(char::is_control) {
+            return Err(ApiKeyError::InvalidLabel("label: must not contain control characters".into()));
+        }
+        Ok(ApiKeyLabel(label.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A raw key, shown once. Deliberately not `Debug`/`Display`, so it cannot
+/// end up in a log line by accident.
+pub struct RawKey(String);
+
+impl RawKey {
+    pub fn generate() -> RawKey {
+        let mut bytes = [0u8; 32];
+        rand::rng().fill_bytes(&mut bytes);
+        RawKey(format!("{KEY_PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)))
+    }
+
+    /// Hands the secret out, for the one response that shows it.
+    pub fn expose(self) -> String {
+        self.0
+    }
+
+    pub fn hash(&self) -> [u8; 32] {
+        hash_key(&self.0)
+    }
+
+    pub fn display_prefix(&self) -> String {
+        self.0.chars().take(DISPLAY_PREFIX_LEN).collect()
+    }
+}
+
+pub fn hash_key(raw: &str) -> [u8; 32] {
+    *blake3::hash(raw.as_bytes()).as_bytes()
+}
+
+/// Whether `raw` has the shape of a key (cheap check before any lookup).
+pub fn looks_like_key(raw: &str) -> bool {
+    raw.len() == KEY_PREFIX.len() + 43
+        && raw.starts_with(KEY_PREFIX)
+        && raw[KEY_PREFIX.len()..].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+#[derive(Clone, Debug)]
+pub struct ApiKey {
+    pub id: String,
+    pub user_id: String,
+    pub label: String,
+    pub prefix: String,
+    pub created_at: DateTime<Utc>,
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+const COLUMNS: &str = "id, user_id, label, prefix, created_at, last_used_at, revoked_at";
+
+fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ApiKey> {
+    let time = |i: usize| -> rusqlite::Result<Option<DateTime<Utc>>> {
+        Ok(row.get::<_, Option<String>>(i)?.as_deref().and_then(ids::parse_time))
+    };
+    Ok(ApiKey {
+        id: row.get(0)?,
+        user_id: row.get(1)?,
+        label: row.get(2)?,
+        prefix: row.get(3)?,
+        created_at: time(4)?.unwrap_or_default(),
+        last_used_at: time(5)?,
+        revoked_at: time(6)?,
+    })
+}
+
+fn get_own(tx: &rusqlite::Transaction<'_>, user_id: &str, key_id: &str) -> Result<ApiKey, ApiKeyError> {
+    tx.query_row(
+        &format!("SELECT {COLUMNS} FROM api_keys WHERE id = ?1 AND user_id = ?2"),
+        params![key_id, user_id],
+        from_row,
+    )
+    .optional()?
+    .ok_or_else(|| ApiKeyError::NotFound(key_id.to_string()))
+}
+
+/// Inserts a key for `user_id` inside `tx` (shared with the admin CLI and
+/// the first-start bootstrap).
+pub fn insert(
+    tx: &rusqlite::Transaction<'_>,
+    actor: &Actor,
+    user_id: &str,
+    label: &ApiKeyLabel,
+) -> Result<(ApiKey, RawKey), ApiKeyError> {
+    let active: i64 = tx.query_row(
+        "SELECT count(*) FROM api_keys WHERE user_id = ?1 AND revoked_at IS NULL",
+        params![user_id],
+        |r| r.get(0),
+    )?;
+    if active >= MAX_ACTIVE_KEYS {
+        return Err(ApiKeyError::LimitReached);
+    }
+    let raw = RawKey::generate();
+    let key = ApiKey {
+        id: ids::new_id("key"),
+        user_id: user_id.to_string(),
+        label: label.as_str().to_string(),
+        prefix: raw.display_prefix(),
+        created_at: ids::now(),
+        last_used_at: None,
+        revoked_at: None,
+    };
+    tx.execute(
+        "INSERT INTO api_keys (id, user_id, label, prefix, key_hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![key.id, key.user_id, key.label, key.prefix, &raw.hash()[..], ids::format_time(&key.created_at)],
+    )?;
+    activity::record(
+        tx,
+        actor,
+        Record {
+            action: "api_key.create",
+            resource_type: "api_key",
+            resource_id: &key.id,
+            project_id: None,
+            summary: format!("created API key \"{}\" ({}…)", key.label, key.prefix),
+            changes: serde_json::json!({"label": key.label, "prefix": key.prefix}),
+        },
+    )?;
+    Ok((key, raw))
+}
+
+pub async fn create(
+    store: &Store,
+    actor: Actor,
+    user_id: String,
+    label: ApiKeyLabel,
+) -> Result<(ApiKey, RawKey), ApiKeyError> {
+    store.write(move |tx| insert(tx, &actor, &user_id, &label)).await
+}
+
+pub async fn list(store: &Store, user_id: String, page: PageRequest) -> Result<Page<ApiKey>, ApiKeyError> {
+    store
+        .read(move |tx| {
+            let mut stmt = tx.prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM api_keys WHERE user_id = ?1 AND (?2 IS NULL OR id < ?2) ORDER BY id DESC LIMIT ?3"
+            ))?;
+            let rows = stmt
+                .query_map(params![user_id, page.after, page.fetch_limit()], from_row)?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(page.finish(rows, |k| k.id.clone()))
+        })
+        .await
+}
+
+pub struct Revoked {
+    pub key: ApiKey,
+    pub already_revoked: bool,
+}
+
+/// Revokes one of `user_id`'s keys; revoking a revoked key changes nothing.
+pub async fn revoke(store: &Store, actor: Actor, user_id: String, key_id: String) -> Result<Revoked, ApiKeyError> {
+    store
+        .write(move |tx| {
+            let mut key = get_own(tx, &user_id, &key_id)?;
+            if key.revoked_at.is_some() {
+                return Ok(Revoked { key, already_revoked: true });
+            }
+            let now = ids::now();
+            tx.execute("UPDATE api_keys SET revoked_at = ?1 WHERE id = ?2", params![ids::format_time(&now), key.id])?;
+            key.revoked_at = Some(now);
+            activity::record(
+                tx,
+                &actor,
+                Record {
+                    action: "api_key.revoke",
+                    resource_type: "api_key",
+                    resource_id: &key.id,
+                    project_id: None,
+                    summary: format!("revoked API key \"{}\" ({}…)", key.label, key.prefix),
+                    changes: serde_json::json!({"revoked": true}),
+                },
+            )?;
+            Ok(Revoked { key, already_revoked: false })
+        })
+        .await
+}
+
+/// Replaces the secret of an active key; the old secret stops working when
+/// the transaction commits.
+pub async fn rotate(
+    store: &Store,
+    actor: Actor,
+    user_id: String,
+    key_id: String,
+) -> Result<(ApiKey, RawKey), ApiKeyError> {
+    store
+        .write(move |tx| {
+            let mut key = get_own(tx, &user_id, &key_id)?;
+            if key.revoked_at.is_some() {
+                return Err(ApiKeyError::Revoked(key.id));
+            }
+            let raw = RawKey::generate();
+            let old_prefix = std::mem::replace(&mut key.prefix, raw.display_prefix());
+            tx.execute(
+                "UPDATE api_keys SET key_hash = ?1, prefix = ?2 WHERE id = ?3",
+                params![&raw.hash()[..], key.prefix, key.id],
+            )?;
+            activity::record(
+                tx,
+                &actor,
+                Record {
+                    action: "api_key.rotate",
+                    resource_type: "api_key",
+                    resource_id: &key.id,
+                    project_id: None,
+                    summary: format!("rotated API key \"{}\"", key.label),
+                    changes: serde_json::json!({"prefix": {"from": old_prefix, "to": key.prefix}}),
+                },
+            )?;
+            Ok((key, raw))
+        })
+        .await
+}
+
+/// The active key with this hash: `(key id, user id)`.
+pub async fn find_active(store: &Store, hash: [u8; 32]) -> Result<Option<(String, String)>, StoreError> {
+    store
+        .read(move |tx| {
+            let mut stmt =
+                tx.prepare_cached("SELECT id, user_id FROM api_keys WHERE key_hash = ?1 AND revoked_at IS NULL")?;
+            Ok(stmt.query_row(params![&hash[..]], |r| Ok((r.get(0)?, r.get(1)?))).optional()?)
+        })
+        .await
+}
+
+/// Writes coalesced `last_used_at` times (key id → time), keeping the later
+/// of the stored and the new one.
+pub async fn record_last_used(store: &Store, used: Vec<(String, DateTime<Utc>)>) -> Result<(), StoreError> {
+    if used.is_empty() {
+        return Ok(());
+    }
+    store
+        .write(move |tx| {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE api_keys SET last_used_at = ?1 WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at < ?1)",
+            )?;
+            for (id, at) in &used {
+                stmt.execute(params![ids::format_time(at), id])?;
+            }
+            Ok(())
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels() {
+        assert!(ApiKeyLabel::parse("ci").is_ok());
+        assert!(ApiKeyLabel::parse(&"é".repeat(100)).is_ok());
+        assert!(ApiKeyLabel::parse(&"é".repeat(101)).is_err());
+        assert!(ApiKeyLabel::parse("").is_err());
+        assert!(ApiKeyLabel::parse("  \t").is_err());
+        assert!(ApiKeyLabel::parse("a\u{7}b").is_err());
+        assert!(ApiKeyLabel::parse("a\nb").is_err());
+    }
+
+    #[test]
+    fn keys_have_256_random_bits_and_a_recognisable_prefix() {
+        let a = RawKey::generate();
+        let b = RawKey::generate();
+        assert_ne!(a.hash(), b.hash());
+        let a = a.expose();
+        assert!(looks_like_key(&a), "{}", a.len());
+        let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&a[KEY_PREFIX.len()..]).unwrap();
+        assert_eq!(decoded.len(), 32);
+        assert!(!looks_like_key("spk_short"));
+    }
+}

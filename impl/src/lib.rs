@@ -1,0 +1,134 @@
+//! The Sparring server: the implementation of the generated API trait.
+//!
+//! A request flows: dropshot → the generated `*_endpoint` in
+//! `sparring-server` (authenticates with [`auth`], unpacks and bridges the
+//! path) → the method of [`http::ServerImpl`] named after the operation →
+//! a domain module, which owns its SQL and runs it through [`store`].
+//!
+//! Where to go for an endpoint:
+//! - API keys (`/api-keys…`): [`http`] → [`api_keys`].
+//! - Authentication (every operation): [`auth`], [`oidc`], [`users`].
+//! - Activity records written by mutations: [`activity`].
+//! - Lists: [`pagination`].
+//! - Every other operation of the spec answers 501 `not_implemented` from
+//!   [`http`] until it is built.
+
+pub mod activity;
+pub mod api_keys;
+pub mod auth;
+pub mod http;
+pub mod ids;
+pub mod oidc;
+pub mod pagination;
+pub mod store;
+pub mod users;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context as _;
+use dropshot::{ConfigDropshot, HandlerTaskMode, HttpServer, ServerBuilder};
+use sparring_server::ApiContext;
+
+use crate::api_keys::RawKey;
+use crate::auth::LastUsed;
+use crate::oidc::{IssuerConfig, Oidc};
+use crate::store::Store;
+
+/// The largest request body accepted (413 above it).
+pub const REQUEST_BODY_MAX_BYTES: usize = 1024 * 1024;
+pub const DATABASE_FILE: &str = "sparring.db";
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub bind: SocketAddr,
+    pub data_dir: PathBuf,
+    pub oidc: Vec<IssuerConfig>,
+}
+
+/// Everything a request handler can reach.
+pub struct AppState {
+    pub store: Store,
+    pub oidc: Oidc,
+    pub last_used: LastUsed,
+    /// (issuer, subject) → user id, for users already signed in.
+    oidc_users: Mutex<HashMap<(String, String), String>>,
+    pub log: slog::Logger,
+}
+
+/// Opens (creating if needed) the database in `data_dir`.
+pub fn open_store(data_dir: &std::path::Path) -> anyhow::Result<Store> {
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    let path = data_dir.join(DATABASE_FILE);
+    Store::open(&path).with_context(|| format!("opening database {}", path.display()))
+}
+
+pub struct RunningServer {
+    server: HttpServer<ApiContext>,
+    state: Arc<AppState>,
+    flusher: tokio::task::JoinHandle<()>,
+    /// On the first start of a fresh database: the admin's API key, to show
+    /// once.
+    pub first_start_key: Option<String>,
+}
+
+impl RunningServer {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    /// Stops accepting connections, lets in-flight requests finish, and
+    /// writes pending `last_used_at` times.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.server.close().await.map_err(|e| anyhow::anyhow!(e))?;
+        self.flusher.abort();
+        self.state.last_used.flush(&self.state.store).await?;
+        Ok(())
+    }
+}
+
+pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningServer> {
+    let store = open_store(&config.data_dir)?;
+    let first_start_key = users::bootstrap_admin(&store).await?.map(RawKey::expose);
+    let oidc = Oidc::new(config.oidc.clone(), &log).await?;
+    let state = Arc::new(AppState {
+        store,
+        oidc,
+        last_used: LastUsed::default(),
+        oidc_users: Mutex::new(HashMap::new()),
+        log: log.clone(),
+    });
+
+    let mut api = sparring_server::sparring_api_mod::api_description::<http::ServerImpl>()
+        .map_err(|e| anyhow::anyhow!("building the API description: {e}"))?;
+    api.register(http::openapi_document).map_err(|e| anyhow::anyhow!("registering /v1/openapi.json: {e}"))?;
+
+    let server = ServerBuilder::new(api, ApiContext::new(state.clone()), log.clone())
+        .config(ConfigDropshot {
+            bind_address: config.bind,
+            default_request_body_max_bytes: REQUEST_BODY_MAX_BYTES,
+            // Handlers run to completion even if the client goes away, so a
+            // write is never cut off halfway by a disconnect.
+            default_handler_task_mode: HandlerTaskMode::Detached,
+            ..Default::default()
+        })
+        .start()
+        .map_err(|e| anyhow::anyhow!("starting the server on {}: {e}", config.bind))?;
+
+    let flusher = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(LastUsed::FLUSH_EVERY);
+            loop {
+                tick.tick().await;
+                if let Err(e) = state.last_used.flush(&state.store).await {
+                    slog::warn!(state.log, "writing last_used_at failed; will retry"; "error" => %e);
+                }
+            }
+        })
+    };
+
+    Ok(RunningServer { server, state, flusher, first_start_key })
+}

@@ -1,0 +1,220 @@
+//! ID tokens from configured OpenID Connect issuers.
+//!
+//! Each issuer is an issuer URL and the audience (client id) its tokens
+//! must carry. Its signing keys come from the issuer's discovery document and
+//! JWKS over HTTP, or from a JWKS file (offline). Keys are cached; a token
+//! signed with a key the cache does not hold (an unknown `kid`: the issuer
+//! rotated its keys) triggers one refetch, at most once a minute per issuer,
+//! so a stream of bogus tokens cannot turn into a stream of requests to the
+//! issuer. Signature, `iss`, `aud` and `exp` are checked by `openidconnect`;
+//! only asymmetric algorithms are accepted (never `none`).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use openidconnect::core::{
+    CoreIdToken, CoreIdTokenVerifier, CoreJsonWebKeySet, CoreJwsSigningAlgorithm, CoreProviderMetadata,
+};
+use openidconnect::{ClaimsVerificationError, ClientId, IssuerUrl, Nonce, SignatureVerificationError};
+
+const REFETCH_INTERVAL: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Debug)]
+pub struct IssuerConfig {
+    pub issuer: String,
+    pub audience: String,
+    /// A JWKS file to use instead of discovery.
+    pub jwks_file: Option<PathBuf>,
+}
+
+/// What a verified ID token says about its holder.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub issuer: String,
+    pub subject: String,
+    pub email: Option<String>,
+    pub name: Option<String>,
+}
+
+pub struct Oidc {
+    issuers: Vec<Issuer>,
+    http: OidcHttp,
+}
+
+/// `openidconnect`'s HTTP client: our reqwest client (the one the rest of
+/// the build uses).
+struct OidcHttp(reqwest::Client);
+
+impl<'c> openidconnect::AsyncHttpClient<'c> for OidcHttp {
+    type Error = reqwest::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<openidconnect::HttpResponse, reqwest::Error>> + Send + 'c>>;
+
+    fn call(&'c self, request: openidconnect::HttpRequest) -> Self::Future {
+        Box::pin(fetch(&self.0, request))
+    }
+}
+
+struct Issuer {
+    config: IssuerConfig,
+    url: IssuerUrl,
+    keys: RwLock<Arc<CoreJsonWebKeySet>>,
+    last_fetch: Mutex<Option<Instant>>,
+}
+
+impl Oidc {
+    /// Sets up the issuers; JWKS files are read now, discovery is attempted
+    /// now and retried on demand if the issuer is unreachable.
+    pub async fn new(configs: Vec<IssuerConfig>, log: &slog::Logger) -> anyhow::Result<Oidc> {
+        let http = reqwest::Client::builder()
+            // Following redirects from an issuer is an SSRF risk.
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(10))
+            .build()?;
+        let mut issuers = Vec::new();
+        for config in configs {
+            let url = IssuerUrl::new(config.issuer.clone())
+                .map_err(|e| anyhow::anyhow!("--oidc-issuer {}: {e}", config.issuer))?;
+            let keys = match &config.jwks_file {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .map_err(|e| anyhow::anyhow!("--oidc-jwks {}: {e}", path.display()))?;
+                    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("--oidc-jwks {}: {e}", path.display()))?
+                }
+                None => CoreJsonWebKeySet::new(Vec::new()),
+            };
+            issuers.push(Issuer { config, url, keys: RwLock::new(Arc::new(keys)), last_fetch: Mutex::new(None) });
+        }
+        let oidc = Oidc { issuers, http: OidcHttp(http) };
+        for issuer in &oidc.issuers {
+            if issuer.config.jwks_file.is_none() {
+                if let Err(e) = oidc.refetch(issuer).await {
+                    slog::warn!(log, "OpenID Connect discovery failed; will retry when a token needs it";
+                        "issuer" => &issuer.config.issuer, "error" => e);
+                }
+            }
+        }
+        Ok(oidc)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.issuers.is_empty()
+    }
+
+    /// Verifies an ID token; the error is a message for the 401.
+    pub async fn verify(&self, token: &str) -> Result<Identity, String> {
+        let parsed: CoreIdToken =
+            token.parse().map_err(|_| "the bearer token is not a well-formed ID token".to_string())?;
+        let iss = unverified_issuer(token).ok_or("the ID token has no `iss` claim")?;
+        let issuer = self
+            .issuers
+            .iter()
+            .find(|i| i.config.issuer.trim_end_matches('/') == iss.trim_end_matches('/'))
+            .ok_or_else(|| "the ID token's issuer is not accepted by this server".to_string())?;
+
+        match issuer.verify(&parsed) {
+            Err(ClaimsVerificationError::SignatureVerification(SignatureVerificationError::NoMatchingKey))
+                if issuer.config.jwks_file.is_none() =>
+            {
+                // Maybe the issuer rotated its keys.
+                if self.refetch(issuer).await.is_ok() {
+                    issuer.verify(&parsed).map_err(describe)
+                } else {
+                    Err(describe(ClaimsVerificationError::SignatureVerification(
+                        SignatureVerificationError::NoMatchingKey,
+                    )))
+                }
+            }
+            other => other.map_err(describe),
+        }
+    }
+
+    /// Fetches the issuer's discovery document and keys, unless that was
+    /// done less than a minute ago.
+    async fn refetch(&self, issuer: &Issuer) -> Result<(), String> {
+        {
+            let mut last = issuer.last_fetch.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < REFETCH_INTERVAL) {
+                return Err("keys were fetched less than a minute ago".into());
+            }
+            *last = Some(Instant::now());
+        }
+        let metadata = CoreProviderMetadata::discover_async(issuer.url.clone(), &self.http)
+            .await
+            .map_err(|e| format!("discovery: {e}"))?;
+        let keys =
+            CoreJsonWebKeySet::fetch_async(metadata.jwks_uri(), &self.http).await.map_err(|e| format!("JWKS: {e}"))?;
+        *issuer.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+        Ok(())
+    }
+}
+
+impl Issuer {
+    fn verify(&self, token: &CoreIdToken) -> Result<Identity, ClaimsVerificationError> {
+        let keys = self.keys.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let verifier = CoreIdTokenVerifier::new_public_client(
+            ClientId::new(self.config.audience.clone()),
+            self.url.clone(),
+            (*keys).clone(),
+        )
+        .set_allowed_algs([
+            CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256,
+            CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha384,
+            CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha512,
+            CoreJwsSigningAlgorithm::RsaSsaPssSha256,
+            CoreJwsSigningAlgorithm::RsaSsaPssSha384,
+            CoreJwsSigningAlgorithm::RsaSsaPssSha512,
+            CoreJwsSigningAlgorithm::EcdsaP256Sha256,
+            CoreJwsSigningAlgorithm::EcdsaP384Sha384,
+            CoreJwsSigningAlgorithm::EdDsa,
+        ]);
+        // Bearer tokens presented to an API carry no nonce of ours.
+        let claims = token.claims(&verifier, |_: Option<&Nonce>| Ok(()))?;
+        Ok(Identity {
+            issuer: self.config.issuer.clone(),
+            subject: claims.subject().as_str().to_string(),
+            email: claims.email().map(|e| e.as_str().to_string()),
+            name: claims.name().and_then(|n| n.get(None)).map(|n| n.as_str().to_string()),
+        })
+    }
+}
+
+async fn fetch(
+    http: &reqwest::Client,
+    request: openidconnect::HttpRequest,
+) -> Result<openidconnect::HttpResponse, reqwest::Error> {
+    let (parts, body) = request.into_parts();
+    let response = http.request(parts.method, parts.uri.to_string()).headers(parts.headers).body(body).send().await?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.bytes().await?.to_vec();
+    let mut out = openidconnect::HttpResponse::new(body);
+    *out.status_mut() = status;
+    *out.headers_mut() = headers;
+    Ok(out)
+}
+
+fn describe(e: ClaimsVerificationError) -> String {
+    match e {
+        ClaimsVerificationError::Expired(_) => "the ID token has expired".into(),
+        ClaimsVerificationError::InvalidAudience(_) => "the ID token is not for this server's audience".into(),
+        ClaimsVerificationError::InvalidIssuer(_) => "the ID token's issuer is not accepted by this server".into(),
+        ClaimsVerificationError::SignatureVerification(SignatureVerificationError::NoMatchingKey) => {
+            "the ID token is signed with a key the issuer does not publish".into()
+        }
+        ClaimsVerificationError::SignatureVerification(_) => "the ID token's signature is not valid".into(),
+        _ => "the ID token is not valid".into(),
+    }
+}
+
+/// The `iss` claim, read without verification, to pick the issuer whose
+/// keys verify the token.
+fn unverified_issuer(token: &str) -> Option<String> {
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')).ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    claims.get("iss")?.as_str().map(str::to_string)
+}

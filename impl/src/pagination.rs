@@ -1,0 +1,62 @@
+//! Cursor pagination for every list: `?limit=` (default 50, at most 200)
+//! and `?cursor=`, newest first.
+//!
+//! A cursor is the last returned id, base64url-encoded so clients treat it as
+//! opaque. Lists order by id, which orders by creation time (see `ids`), and
+//! a page starts strictly after its cursor, so items inserted between two
+//! page requests never shift what the next page returns.
+
+use base64::Engine as _;
+
+pub const DEFAULT_LIMIT: i32 = 50;
+pub const MAX_LIMIT: i32 = 200;
+
+#[derive(Clone, Debug)]
+pub struct PageRequest {
+    pub limit: usize,
+    /// Return items strictly after this id (in list order).
+    pub after: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cursor: not a cursor this server issued")]
+pub struct InvalidCursor;
+
+impl PageRequest {
+    pub fn parse(limit: Option<i32>, cursor: Option<&str>) -> Result<PageRequest, InvalidCursor> {
+        let limit = limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT) as usize;
+        let after = match cursor {
+            None | Some("") => None,
+            Some(c) => {
+                let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).map_err(|_| InvalidCursor)?;
+                let id = String::from_utf8(bytes).map_err(|_| InvalidCursor)?;
+                if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                    return Err(InvalidCursor);
+                }
+                Some(id)
+            }
+        };
+        Ok(PageRequest { limit, after })
+    }
+
+    /// How many rows to fetch: one more than the page, to know if another
+    /// page follows.
+    pub fn fetch_limit(&self) -> i64 {
+        self.limit as i64 + 1
+    }
+
+    pub fn finish<T>(&self, mut rows: Vec<T>, id_of: impl Fn(&T) -> String) -> Page<T> {
+        let next_cursor = if rows.len() > self.limit {
+            rows.truncate(self.limit);
+            rows.last().map(|last| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id_of(last)))
+        } else {
+            None
+        };
+        Page { items: rows, next_cursor }
+    }
+}
+
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next_cursor: Option<String>,
+}

@@ -1,0 +1,118 @@
+//! Users: created on first sign-in with an ID token (keyed by issuer and
+//! subject), by `sparring admin create-key`, or as the admin of a fresh
+//! database.
+
+use rusqlite::{params, OptionalExtension as _};
+
+use crate::api_keys::{self, ApiKeyLabel, RawKey};
+use crate::auth::Actor;
+use crate::ids;
+use crate::oidc::Identity;
+use crate::store::{Store, StoreError};
+
+pub const ADMIN_EMAIL: &str = "admin@localhost";
+
+/// The user with this email, created if there is none.
+pub fn ensure_by_email(tx: &rusqlite::Transaction<'_>, email: &str) -> Result<String, StoreError> {
+    if let Some(id) =
+        tx.query_row("SELECT id FROM users WHERE email = ?1", params![email], |r| r.get::<_, String>(0)).optional()?
+    {
+        return Ok(id);
+    }
+    let id = ids::new_id("usr");
+    let name = email.split('@').next().unwrap_or(email);
+    tx.execute(
+        "INSERT INTO users (id, email, name, created_at) VALUES (?1, ?2, ?3, ?4)",
+        params![id, email, name, ids::format_time(&ids::now())],
+    )?;
+    Ok(id)
+}
+
+/// The user an ID token identifies, created on first sign-in.
+pub async fn ensure_for_identity(store: &Store, identity: Identity) -> Result<String, StoreError> {
+    let lookup = identity.clone();
+    let found = store
+        .read(move |tx| {
+            Ok::<_, StoreError>(
+                tx.query_row(
+                    "SELECT id FROM users WHERE oidc_issuer = ?1 AND oidc_subject = ?2",
+                    params![lookup.issuer, lookup.subject],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()?,
+            )
+        })
+        .await?;
+    if let Some(id) = found {
+        return Ok(id);
+    }
+    store
+        .write(move |tx| {
+            // Another request may have created it since the read.
+            if let Some(id) = tx
+                .query_row(
+                    "SELECT id FROM users WHERE oidc_issuer = ?1 AND oidc_subject = ?2",
+                    params![identity.issuer, identity.subject],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()?
+            {
+                return Ok(id);
+            }
+            // The email is informational for ID-token users; keep it only if
+            // no other user has it.
+            let email_taken = match &identity.email {
+                Some(e) => tx.query_row("SELECT 1 FROM users WHERE email = ?1", params![e], |_| Ok(())).optional()?.is_some(),
+                None => true,
+            };
+            let id = ids::new_id("usr");
+            let name = identity.name.clone().or_else(|| identity.email.clone()).unwrap_or_else(|| identity.subject.clone());
+            tx.execute(
+                "INSERT INTO users (id, email, name, oidc_issuer, oidc_subject, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    id,
+                    if email_taken { None } else { identity.email.clone() },
+                    name,
+                    identity.issuer,
+                    identity.subject,
+                    ids::format_time(&ids::now())
+                ],
+            )?;
+            Ok(id)
+        })
+        .await
+}
+
+/// On a database with no user yet: creates the admin user and one API key
+/// for it, and returns the key (to print once).
+pub async fn bootstrap_admin(store: &Store) -> Result<Option<RawKey>, api_keys::ApiKeyError> {
+    store
+        .write(|tx| {
+            let users: i64 = tx.query_row("SELECT count(*) FROM users", [], |r| r.get(0)).map_err(StoreError::from)?;
+            if users > 0 {
+                return Ok(None);
+            }
+            let id = ensure_by_email(tx, ADMIN_EMAIL)?;
+            tx.execute("UPDATE users SET is_admin = 1 WHERE id = ?1", params![id]).map_err(StoreError::from)?;
+            let label = ApiKeyLabel::parse("admin (first start)")?;
+            let (_, raw) = api_keys::insert(tx, &Actor::System, &id, &label)?;
+            Ok(Some(raw))
+        })
+        .await
+}
+
+/// `sparring admin create-key`: a key for the user with this email, created
+/// if needed.
+pub async fn create_key_for_email(
+    store: &Store,
+    email: String,
+    label: ApiKeyLabel,
+) -> Result<RawKey, api_keys::ApiKeyError> {
+    store
+        .write(move |tx| {
+            let id = ensure_by_email(tx, &email)?;
+            let (_, raw) = api_keys::insert(tx, &Actor::System, &id, &label)?;
+            Ok(raw)
+        })
+        .await
+}

@@ -1,0 +1,180 @@
+use std::fmt;
+use std::marker::PhantomData;
+
+use dropshot::{ErrorStatusCode, HttpError, HttpResponseError};
+use schemars::JsonSchema;
+use serde::ser::SerializeStruct;
+
+/// Stable, machine-readable error codes shared by every operation.
+///
+/// Codes specific to one resource (`invalid_label`, `key_limit_reached`)
+/// are plain strings at their call site; these are the ones the generated
+/// code and extractors produce.
+pub struct ErrorCode;
+
+impl ErrorCode {
+    pub const UNAUTHENTICATED: &'static str = "unauthenticated";
+    pub const INVALID_BODY: &'static str = "invalid_body";
+    pub const INVALID_QUERY: &'static str = "invalid_query";
+    pub const INVALID_PATH: &'static str = "invalid_path";
+    pub const BODY_TOO_LARGE: &'static str = "body_too_large";
+    pub const UNSUPPORTED_MEDIA_TYPE: &'static str = "unsupported_media_type";
+    pub const NOT_FOUND: &'static str = "not_found";
+    pub const NOT_IMPLEMENTED: &'static str = "not_implemented";
+    pub const INTERNAL: &'static str = "internal_error";
+}
+
+/// An error response: `{error_code, message, request_id}` with its status.
+///
+/// `B` is the spec schema the body is documented as (`types::Error`,
+/// `types::ApiKeyError`); it only names the schema in the OpenAPI document,
+/// the body is always built from the fields here. The request id is filled in
+/// by the generated endpoint, which knows it.
+pub struct ApiError<B> {
+    status: ErrorStatusCode,
+    error_code: String,
+    message: String,
+    request_id: String,
+    /// Logged by dropshot, never sent: details for the operator.
+    internal: Option<String>,
+    schema: PhantomData<fn() -> B>,
+}
+
+impl<B> ApiError<B> {
+    pub fn new(status: ErrorStatusCode, error_code: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            error_code: error_code.into(),
+            message: message.into(),
+            request_id: String::new(),
+            internal: None,
+            schema: PhantomData,
+        }
+    }
+
+    pub fn bad_request(error_code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(ErrorStatusCode::BAD_REQUEST, error_code, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorStatusCode::NOT_FOUND, ErrorCode::NOT_FOUND, message)
+    }
+
+    pub fn conflict(error_code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(ErrorStatusCode::CONFLICT, error_code, message)
+    }
+
+    /// For an operation whose implementation has not been built yet.
+    pub fn not_implemented(operation_id: &str) -> Self {
+        Self::new(
+            ErrorStatusCode::NOT_IMPLEMENTED,
+            ErrorCode::NOT_IMPLEMENTED,
+            format!("`{operation_id}` is part of the API but not implemented by this server yet"),
+        )
+    }
+
+    /// A 500 whose details go to the log only.
+    pub fn internal(detail: impl fmt::Display) -> Self {
+        let mut e = Self::new(ErrorStatusCode::INTERNAL_SERVER_ERROR, ErrorCode::INTERNAL, "internal error");
+        e.internal = Some(detail.to_string());
+        e
+    }
+
+    pub fn with_request_id(mut self, request_id: impl Into<String>) -> Self {
+        self.request_id = request_id.into();
+        self
+    }
+
+    /// The same error documented under another schema.
+    pub fn retype<C>(self) -> ApiError<C> {
+        ApiError {
+            status: self.status,
+            error_code: self.error_code,
+            message: self.message,
+            request_id: self.request_id,
+            internal: self.internal,
+            schema: PhantomData,
+        }
+    }
+
+    pub fn status(&self) -> ErrorStatusCode {
+        self.status
+    }
+
+    pub fn error_code(&self) -> &str {
+        &self.error_code
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl<B> fmt::Debug for ApiError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiError")
+            .field("status", &self.status)
+            .field("error_code", &self.error_code)
+            .field("message", &self.message)
+            .field("internal", &self.internal)
+            .finish()
+    }
+}
+
+impl<B> fmt::Display for ApiError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.internal {
+            Some(internal) => write!(f, "{}: {} ({internal})", self.error_code, self.message),
+            None => write!(f, "{}: {}", self.error_code, self.message),
+        }
+    }
+}
+
+impl<B> serde::Serialize for ApiError<B> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut s = serializer.serialize_struct("Error", 3)?;
+        s.serialize_field("error_code", &self.error_code)?;
+        s.serialize_field("message", &self.message)?;
+        s.serialize_field("request_id", &self.request_id)?;
+        s.end()
+    }
+}
+
+impl<B: JsonSchema> JsonSchema for ApiError<B> {
+    fn schema_name() -> String {
+        B::schema_name()
+    }
+
+    fn json_schema(generator: &mut schemars::r#gen::SchemaGenerator) -> schemars::schema::Schema {
+        B::json_schema(generator)
+    }
+}
+
+impl<B> From<HttpError> for ApiError<B> {
+    /// Only dropshot's own failures after the handler ran (serializing a
+    /// response) arrive here; extractor errors never do.
+    fn from(error: HttpError) -> Self {
+        let code = error.error_code.clone().unwrap_or_else(|| code_for_status(error.status_code).to_string());
+        let mut e = Self::new(error.status_code, code, error.external_message);
+        e.internal = Some(error.internal_message);
+        e
+    }
+}
+
+impl<B: JsonSchema + Send + Sync + 'static> HttpResponseError for ApiError<B> {
+    fn status_code(&self) -> ErrorStatusCode {
+        self.status
+    }
+}
+
+pub(crate) fn code_for_status(status: ErrorStatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => ErrorCode::UNAUTHENTICATED,
+        404 => ErrorCode::NOT_FOUND,
+        413 => ErrorCode::BODY_TOO_LARGE,
+        415 => ErrorCode::UNSUPPORTED_MEDIA_TYPE,
+        501 => ErrorCode::NOT_IMPLEMENTED,
+        s if s >= 500 => ErrorCode::INTERNAL,
+        _ => "bad_request",
+    }
+}

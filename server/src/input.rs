@@ -1,0 +1,266 @@
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use dropshot::{
+    ApiEndpointBodyContentType, ExclusiveExtractor, ExtensionMode, ExtractorMetadata, HttpError, RequestContext,
+    RequestInfo, ServerContext, SharedExtractor, TypedBody, UntypedBody,
+};
+use serde::de::DeserializeOwned;
+
+use crate::error::{code_for_status, ErrorCode};
+
+/// Who is calling: the user a credential belongs to, and the credential.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub user_id: String,
+    pub credential: Credential,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Credential {
+    /// `x-api-key`; the key's id (never the secret).
+    ApiKey { key_id: String },
+    /// `Authorization: Bearer` with an OpenID Connect ID token.
+    IdToken { issuer: String, subject: String },
+}
+
+/// Checks a request's credential. An `Err` is the response: use
+/// [`unauthorized`] for a missing or invalid credential.
+pub trait Authenticator: Send + Sync + 'static {
+    fn authenticate<'a>(
+        &'a self,
+        request: &'a RequestInfo,
+    ) -> Pin<Box<dyn Future<Output = Result<Caller, HttpError>> + Send + 'a>>;
+}
+
+/// The dropshot server context of every Sparring server: the authenticator
+/// the generated endpoints call before they look at anything else, and the
+/// implementation's own state.
+///
+/// dropshot does not let an extractor's type name the API trait's
+/// `Self::Context`, so [`Input`] cannot be generic over it; it finds this
+/// concrete type instead, and the implementation gets its state back with
+/// [`ApiContext::state`].
+pub struct ApiContext {
+    authenticator: Arc<dyn Authenticator>,
+    state: Arc<dyn Any + Send + Sync>,
+}
+
+impl ApiContext {
+    pub fn new<S: Authenticator>(state: Arc<S>) -> Self {
+        ApiContext { authenticator: state.clone(), state }
+    }
+
+    /// The implementation's state, if it is an `S`.
+    pub fn state<S: Any>(&self) -> Option<&S> {
+        self.state.downcast_ref::<S>()
+    }
+}
+
+/// The 401 every operation gives for a missing or invalid credential, with
+/// the `WWW-Authenticate` challenge for both accepted credentials.
+pub fn unauthorized(message: impl Into<String>) -> HttpError {
+    let mut e = HttpError::for_client_error(
+        Some(ErrorCode::UNAUTHENTICATED.to_string()),
+        dropshot::ClientErrorStatusCode::UNAUTHORIZED,
+        message.into(),
+    );
+    // Both values are static and valid header text.
+    let _ = e.add_header(http::header::WWW_AUTHENTICATE, "Bearer realm=\"sparring\"");
+    let _ = e.add_header(http::header::WWW_AUTHENTICATE, "ApiKey realm=\"sparring\", header=\"x-api-key\"");
+    e
+}
+
+/// Everything an endpoint takes from a request, extracted in a fixed order:
+/// the caller first, then path, query and body.
+///
+/// (The server context must be [`ApiContext`].)
+///
+/// dropshot runs separate extractors concurrently, so which error wins would
+/// depend on timing; one extractor makes the order part of the contract.
+/// `P` and `Q` are `dropshot::Path<_>`/`dropshot::Query<_>` or [`Nothing`];
+/// `B` is `dropshot::TypedBody<_>`, [`OptionalJsonBody`] or [`Nothing`]. The
+/// OpenAPI metadata is theirs, so the document is what dropshot would emit
+/// for them as separate arguments.
+pub struct Input<P, Q, B> {
+    pub caller: Caller,
+    pub path: P,
+    pub query: Q,
+    pub body: B,
+}
+
+#[async_trait]
+impl<P, Q, B> ExclusiveExtractor for Input<P, Q, B>
+where
+    P: SharedExtractor + 'static,
+    Q: SharedExtractor + 'static,
+    B: ExclusiveExtractor + 'static,
+{
+    async fn from_request<Context: ServerContext>(
+        rqctx: &RequestContext<Context>,
+        request: hyper::Request<dropshot::Body>,
+    ) -> Result<Self, HttpError> {
+        let context = (&rqctx.server.private as &dyn Any).downcast_ref::<ApiContext>().ok_or_else(|| {
+            HttpError::for_internal_error("the server context must be sparring_server::ApiContext".to_string())
+        })?;
+        let caller = context.authenticator.authenticate(&rqctx.request).await?;
+        let path = P::from_request(rqctx).await.map_err(|e| coded(e, ErrorCode::INVALID_PATH))?;
+        let query = Q::from_request(rqctx).await.map_err(|e| coded(e, ErrorCode::INVALID_QUERY))?;
+        let body = B::from_request(rqctx, request).await.map_err(|e| coded(e, ErrorCode::INVALID_BODY))?;
+        Ok(Input { caller, path, query, body })
+    }
+
+    fn metadata(body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
+        let mut parameters = P::metadata(body_content_type.clone()).parameters;
+        parameters.extend(Q::metadata(body_content_type.clone()).parameters);
+        parameters.extend(B::metadata(body_content_type).parameters);
+        ExtractorMetadata { extension_mode: ExtensionMode::None, parameters }
+    }
+}
+
+/// Gives dropshot's extractor errors (which carry no code) a stable one.
+fn coded(mut error: HttpError, bad_request_code: &str) -> HttpError {
+    if error.error_code.is_none() {
+        let code = match error.status_code.as_u16() {
+            400 => bad_request_code,
+            _ => code_for_status(error.status_code),
+        };
+        error.error_code = Some(code.to_string());
+    }
+    error
+}
+
+/// The absent part of an [`Input`]: extracts nothing, documents nothing.
+pub struct Nothing;
+
+#[async_trait]
+impl SharedExtractor for Nothing {
+    async fn from_request<Context: ServerContext>(_rqctx: &RequestContext<Context>) -> Result<Self, HttpError> {
+        Ok(Nothing)
+    }
+
+    fn metadata(_body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
+        ExtractorMetadata { extension_mode: ExtensionMode::None, parameters: Vec::new() }
+    }
+}
+
+/// A required JSON body. Like `dropshot::TypedBody<T>` (whose OpenAPI
+/// metadata it uses), but a parse error names the field it is about
+/// (`label: invalid type: null, expected a string`) and carries the code
+/// `invalid_<field>`, so a client can tell which input to fix.
+pub struct JsonBody<T>(T);
+
+impl<T> JsonBody<T> {
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+#[async_trait]
+impl<T> ExclusiveExtractor for JsonBody<T>
+where
+    T: DeserializeOwned + schemars::JsonSchema + Send + Sync + 'static,
+{
+    async fn from_request<Context: ServerContext>(
+        rqctx: &RequestContext<Context>,
+        request: hyper::Request<dropshot::Body>,
+    ) -> Result<Self, HttpError> {
+        check_json_content_type(&request)?;
+        let raw = UntypedBody::from_request(rqctx, request).await?;
+        parse_json(raw.as_bytes()).map(JsonBody)
+    }
+
+    fn metadata(body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
+        <TypedBody<T> as ExclusiveExtractor>::metadata(body_content_type)
+    }
+}
+
+/// A body that is not JSON is refused; no `content-type` at all is read as
+/// JSON (what most clients mean).
+fn check_json_content_type(request: &hyper::Request<dropshot::Body>) -> Result<(), HttpError> {
+    let Some(value) = request.headers().get(http::header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let mime = value.to_str().unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if mime == "application/json" || mime.ends_with("+json") {
+        return Ok(());
+    }
+    Err(HttpError::for_client_error(
+        Some(ErrorCode::UNSUPPORTED_MEDIA_TYPE.to_string()),
+        dropshot::ClientErrorStatusCode::UNSUPPORTED_MEDIA_TYPE,
+        format!("request bodies are JSON: send `content-type: application/json`, not `{mime}`"),
+    ))
+}
+
+fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        // The field the error is about: where it happened, or the one
+        // serde reports missing.
+        let field = if path != "." {
+            path.rsplit(['.', '[']).next().map(|s| s.trim_end_matches(']').to_string())
+        } else {
+            let msg = inner.to_string();
+            msg.strip_prefix("missing field `").and_then(|rest| rest.split('`').next()).map(str::to_string)
+        };
+        let code = match &field {
+            Some(f)
+                if !f.is_empty()
+                    && f.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && !f.chars().all(|c| c.is_ascii_digit()) =>
+            {
+                format!("invalid_{f}")
+            }
+            _ => ErrorCode::INVALID_BODY.to_string(),
+        };
+        let message = if path != "." { format!("{path}: {inner}") } else { inner.to_string() };
+        HttpError::for_bad_request(Some(code), format!("invalid JSON body: {message}"))
+    })?;
+    // Trailing characters after the value are an error too.
+    de.end().map_err(|e| {
+        HttpError::for_bad_request(Some(ErrorCode::INVALID_BODY.to_string()), format!("invalid JSON body: {e}"))
+    })?;
+    Ok(value)
+}
+
+/// A JSON body the client may omit (`requestBody.required: false`): an empty
+/// body is `None`, anything else must parse as `T`.
+///
+/// dropshot has no optional typed body; this documents itself as
+/// `TypedBody<T>` would (dropshot marks every body required, which the drift
+/// check's normalization records).
+pub struct OptionalJsonBody<T>(Option<T>);
+
+impl<T> OptionalJsonBody<T> {
+    pub fn into_inner(self) -> Option<T> {
+        self.0
+    }
+}
+
+#[async_trait]
+impl<T> ExclusiveExtractor for OptionalJsonBody<T>
+where
+    T: DeserializeOwned + schemars::JsonSchema + Send + Sync + 'static,
+{
+    async fn from_request<Context: ServerContext>(
+        rqctx: &RequestContext<Context>,
+        request: hyper::Request<dropshot::Body>,
+    ) -> Result<Self, HttpError> {
+        check_json_content_type(&request)?;
+        let raw = UntypedBody::from_request(rqctx, request).await?;
+        let bytes = raw.as_bytes();
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalJsonBody(None));
+        }
+        parse_json(bytes).map(|v| OptionalJsonBody(Some(v)))
+    }
+
+    fn metadata(body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
+        <TypedBody<T> as ExclusiveExtractor>::metadata(body_content_type)
+    }
+}

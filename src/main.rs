@@ -1,0 +1,201 @@
+//! `sparring`: the server binary and its admin commands.
+//!
+//! `sparring` (or `sparring serve`) serves the API; `sparring admin …` works
+//! on a data dir directly, for scripts and bootstrapping.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use slog::Drain as _;
+use sparring_impl::api_keys::ApiKeyLabel;
+use sparring_impl::oidc::IssuerConfig;
+
+#[derive(Parser)]
+#[command(name = "sparring", version, about = "Sparring: tests voice-AI agents with simulated callers")]
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the API (the default).
+    Serve(ServeArgs),
+    /// Administer a data dir directly.
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Create an API key for a user (created if needed); prints the raw key
+    /// alone on stdout.
+    CreateKey {
+        #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
+        data_dir: PathBuf,
+        /// The user's email.
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        label: String,
+    },
+}
+
+#[derive(Args, Clone)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "SPARRING_BIND", default_value = "127.0.0.1:8080")]
+    bind: SocketAddr,
+    /// Where the database and other state live (created if missing).
+    #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
+    data_dir: PathBuf,
+    /// Accept ID tokens from this OpenID Connect issuer (repeatable).
+    #[arg(long = "oidc-issuer", env = "SPARRING_OIDC_ISSUER", value_delimiter = ',')]
+    oidc_issuers: Vec<String>,
+    /// The audience (client id) ID tokens must carry: once for all issuers,
+    /// or once per issuer in the same order.
+    #[arg(long = "oidc-audience", env = "SPARRING_OIDC_AUDIENCE", value_delimiter = ',')]
+    oidc_audiences: Vec<String>,
+    /// Read the issuer's keys from this JWKS file instead of discovering them
+    /// over HTTP (offline): once per issuer, in the same order.
+    #[arg(long = "oidc-jwks", env = "SPARRING_OIDC_JWKS", value_delimiter = ',')]
+    oidc_jwks: Vec<PathBuf>,
+    /// Log format: JSON lines (bunyan) or human-readable.
+    #[arg(long, env = "SPARRING_LOG_FORMAT", value_enum, default_value = "json")]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Json,
+    Pretty,
+}
+
+impl ServeArgs {
+    fn issuers(&self) -> anyhow::Result<Vec<IssuerConfig>> {
+        let n = self.oidc_issuers.len();
+        let audiences = &self.oidc_audiences;
+        if n == 0 && (!audiences.is_empty() || !self.oidc_jwks.is_empty()) {
+            anyhow::bail!("--oidc-audience and --oidc-jwks need --oidc-issuer");
+        }
+        if n > 0 && audiences.len() != 1 && audiences.len() != n {
+            anyhow::bail!("give --oidc-audience once, or once per --oidc-issuer ({n})");
+        }
+        if !self.oidc_jwks.is_empty() && self.oidc_jwks.len() != n {
+            anyhow::bail!("give --oidc-jwks once per --oidc-issuer ({n}), or not at all");
+        }
+        Ok(self
+            .oidc_issuers
+            .iter()
+            .enumerate()
+            .map(|(i, issuer)| IssuerConfig {
+                issuer: issuer.clone(),
+                audience: audiences.get(i).unwrap_or(&audiences[0]).clone(),
+                jwks_file: self.oidc_jwks.get(i).cloned(),
+            })
+            .collect())
+    }
+}
+
+fn logger(format: LogFormat) -> slog::Logger {
+    match format {
+        LogFormat::Json => {
+            let drain = slog_bunyan::with_name("sparring", std::io::stderr()).build().fuse();
+            slog::Logger::root(slog_async::Async::new(drain).build().fuse(), slog::o!())
+        }
+        LogFormat::Pretty => {
+            let decorator = slog_term::TermDecorator::new().stderr().build();
+            let drain = slog_term::FullFormat::new(decorator).build().fuse();
+            slog::Logger::root(slog_async::Async::new(drain).build().fuse(), slog::o!())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            None => serve(cli.serve).await,
+            Some(Command::Serve(args)) => serve(args).await,
+            Some(Command::Admin { command }) => admin(command).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let log = logger(args.log_format);
+    let config = sparring_impl::Config { bind: args.bind, data_dir: args.data_dir.clone(), oidc: args.issuers()? };
+    let server = sparring_impl::start(config, log.clone()).await?;
+    let addr = server.local_addr();
+    slog::info!(log, "serving"; "address" => %addr, "data_dir" => %args.data_dir.display());
+    if let Some(key) = &server.first_start_key {
+        // Shown once: only its hash is stored.
+        println!(
+            "\nA new database was created in {dir}, with an admin user and this API key.\n\
+             It is shown only now; keep it somewhere safe:\n\n    {key}\n\n\
+             Try it:\n\n    curl -H 'x-api-key: {key}' http://{addr}/v1/api-keys\n",
+            dir = args.data_dir.display()
+        );
+    }
+    shutdown_signal().await;
+    slog::info!(log, "shutting down: finishing in-flight requests");
+    server.shutdown().await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+async fn admin(command: AdminCommand) -> anyhow::Result<()> {
+    match command {
+        AdminCommand::CreateKey { data_dir, user, label } => {
+            let label = ApiKeyLabel::parse(&label)?;
+            if !user.contains('@') {
+                anyhow::bail!("--user must be an email address");
+            }
+            let store = sparring_impl::open_store(&data_dir)?;
+            let raw =
+                sparring_impl::users::create_key_for_email(&store, user, label).await.context("creating the key")?;
+            println!("{}", raw.expose());
+            Ok(())
+        }
+    }
+}

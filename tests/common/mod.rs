@@ -1,0 +1,134 @@
+//! A real Sparring server for tests: `sparring_impl::start` on an ephemeral
+//! loopback port, over a fresh SQLite file in a temporary data dir, with its
+//! log captured so tests can check what it wrote.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use slog::Drain as _;
+use sparring_impl::oidc::IssuerConfig;
+
+#[derive(Clone, Default)]
+pub struct LogBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogBuffer {
+    pub fn contents(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+pub struct TestServer {
+    pub base: String,
+    pub admin_key: String,
+    pub log: LogBuffer,
+    pub data_dir: tempfile::TempDir,
+    pub http: reqwest::Client,
+    server: Option<sparring_impl::RunningServer>,
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        Self::start_with_oidc(Vec::new()).await
+    }
+
+    pub async fn start_with_oidc(oidc: Vec<IssuerConfig>) -> TestServer {
+        let data_dir = tempfile::tempdir().unwrap();
+        let log = LogBuffer::default();
+        // Debug level, so that anything a handler logs is in the buffer.
+        let drain = slog_bunyan::with_name("sparring-test", log.clone()).build();
+        let logger = slog::Logger::root(Mutex::new(drain).fuse(), slog::o!());
+        let config = sparring_impl::Config {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            data_dir: data_dir.path().to_path_buf(),
+            oidc,
+        };
+        let server = sparring_impl::start(config, logger).await.unwrap();
+        let admin_key = server.first_start_key.clone().expect("a fresh database gets an admin key");
+        TestServer {
+            base: format!("http://{}", server.local_addr()),
+            admin_key,
+            log,
+            data_dir,
+            http: reqwest::Client::new(),
+            server: Some(server),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// The generated client, authenticated with `key`.
+    pub fn client(&self, key: &str) -> sparring_client::Client {
+        sparring_client::Client::with_api_key(&format!("{}/v1", self.base), key).unwrap()
+    }
+
+    /// A key for another user, made the way an operator would.
+    pub async fn key_for_user(&self, email: &str) -> String {
+        let store = sparring_impl::open_store(self.data_dir.path()).unwrap();
+        let label = sparring_impl::api_keys::ApiKeyLabel::parse("test").unwrap();
+        sparring_impl::users::create_key_for_email(&store, email.to_string(), label).await.unwrap().expose()
+    }
+
+    pub async fn get(&self, path: &str, key: &str) -> reqwest::Response {
+        self.http.get(self.url(path)).header("x-api-key", key).send().await.unwrap()
+    }
+
+    pub async fn post_json(&self, path: &str, key: &str, body: &str) -> reqwest::Response {
+        self.http
+            .post(self.url(path))
+            .header("x-api-key", key)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Stops the server and returns the database file's bytes (WAL
+    /// checkpointed into it by the close).
+    pub async fn stop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.shutdown().await.unwrap();
+        }
+    }
+
+    /// Every byte the server stored: the database and its WAL.
+    pub fn stored_bytes(&self) -> Vec<u8> {
+        let mut all = Vec::new();
+        for entry in std::fs::read_dir(self.data_dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                all.extend(std::fs::read(path).unwrap());
+            }
+        }
+        all
+    }
+}
+
+/// `{error_code, message, request_id}`, checked for shape.
+pub async fn error_body(resp: reqwest::Response) -> (u16, serde_json::Value) {
+    let status = resp.status().as_u16();
+    let header_id = resp.headers().get("x-request-id").map(|v| v.to_str().unwrap().to_string());
+    let body: serde_json::Value = resp.json().await.unwrap();
+    for field in ["error_code", "message", "request_id"] {
+        assert!(body[field].is_string(), "error body lacks {field}: {body}");
+    }
+    assert_eq!(Some(body["request_id"].as_str().unwrap().to_string()), header_id, "request id in body and header");
+    (status, body)
+}
+
+pub fn contains(haystack: &[u8], needle: &str) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle.as_bytes())
+}

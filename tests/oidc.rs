@@ -1,0 +1,239 @@
+//! ID tokens from a loopback OpenID Connect issuer that this test runs: its
+//! own RSA keys, discovery document and JWKS served over HTTP.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use base64::Engine as _;
+use common::{error_body, TestServer};
+use dropshot::{ApiDescription, HttpError, HttpResponseOk, RequestContext, ServerBuilder};
+use openidconnect::core::{
+    CoreIdToken, CoreIdTokenClaims, CoreJsonWebKeySet, CoreJwsSigningAlgorithm, CoreRsaPrivateSigningKey,
+};
+use openidconnect::{
+    Audience, EmptyAdditionalClaims, EndUserEmail, IssuerUrl, JsonWebKeyId, PrivateSigningKey as _, StandardClaims,
+    SubjectIdentifier,
+};
+use sparring_impl::oidc::IssuerConfig;
+
+const AUDIENCE: &str = "sparring-test";
+const ISSUER_KEY: &str = include_str!("fixtures/issuer-key.pem");
+const OTHER_KEY: &str = include_str!("fixtures/other-key.pem");
+
+struct Issuer {
+    url: String,
+    jwks: serde_json::Value,
+    jwks_fetches: AtomicUsize,
+}
+
+#[dropshot::endpoint { method = GET, path = "/.well-known/openid-configuration" }]
+async fn discovery(rqctx: RequestContext<Arc<Issuer>>) -> Result<HttpResponseOk<serde_json::Value>, HttpError> {
+    let url = &rqctx.context().url;
+    Ok(HttpResponseOk(serde_json::json!({
+        "issuer": url,
+        "authorization_endpoint": format!("{url}/authorize"),
+        "jwks_uri": format!("{url}/jwks"),
+        "response_types_supported": ["id_token"],
+        "subject_types_supported": ["public"],
+        "id_token_signing_alg_values_supported": ["RS256"],
+    })))
+}
+
+#[dropshot::endpoint { method = GET, path = "/jwks" }]
+async fn jwks_document(rqctx: RequestContext<Arc<Issuer>>) -> Result<HttpResponseOk<serde_json::Value>, HttpError> {
+    rqctx.context().jwks_fetches.fetch_add(1, Ordering::SeqCst);
+    Ok(HttpResponseOk(rqctx.context().jwks.clone()))
+}
+
+fn signing_key(pem: &str, kid: &str) -> CoreRsaPrivateSigningKey {
+    CoreRsaPrivateSigningKey::from_pem(pem, Some(JsonWebKeyId::new(kid.to_string()))).unwrap()
+}
+
+fn published_jwks() -> serde_json::Value {
+    let jwks = CoreJsonWebKeySet::new(vec![signing_key(ISSUER_KEY, "k1").as_verification_key()]);
+    serde_json::to_value(jwks).unwrap()
+}
+
+/// Starts the loopback issuer; returns it and its URL.
+async fn start_issuer() -> (Arc<Issuer>, dropshot::HttpServer<Arc<Issuer>>) {
+    // Bind first to learn the URL the documents must name.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let issuer =
+        Arc::new(Issuer { url: format!("http://{addr}"), jwks: published_jwks(), jwks_fetches: AtomicUsize::new(0) });
+    let mut api = ApiDescription::new();
+    api.register(discovery).unwrap();
+    api.register(jwks_document).unwrap();
+    let log = slog::Logger::root(slog::Discard, slog::o!());
+    let server = ServerBuilder::new(api, issuer.clone(), log)
+        .config(dropshot::ConfigDropshot { bind_address: addr, ..Default::default() })
+        .start()
+        .unwrap();
+    (issuer, server)
+}
+
+struct Token<'a> {
+    issuer: &'a str,
+    audience: &'a str,
+    subject: &'a str,
+    expires_in: i64,
+    key_pem: &'a str,
+    kid: &'a str,
+}
+
+fn sign(t: Token<'_>) -> String {
+    let now = chrono::Utc::now();
+    let claims = CoreIdTokenClaims::new(
+        IssuerUrl::new(t.issuer.to_string()).unwrap(),
+        vec![Audience::new(t.audience.to_string())],
+        now + chrono::Duration::seconds(t.expires_in),
+        now - chrono::Duration::seconds(60),
+        StandardClaims::new(SubjectIdentifier::new(t.subject.to_string()))
+            .set_email(Some(EndUserEmail::new(format!("{}@example.com", t.subject)))),
+        EmptyAdditionalClaims {},
+    );
+    CoreIdToken::new(claims, &signing_key(t.key_pem, t.kid), CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256, None, None)
+        .unwrap()
+        .to_string()
+}
+
+fn valid<'a>(issuer: &'a str, subject: &'a str) -> Token<'a> {
+    Token { issuer, audience: AUDIENCE, subject, expires_in: 600, key_pem: ISSUER_KEY, kid: "k1" }
+}
+
+async fn status_with_token(s: &TestServer, token: &str) -> u16 {
+    let resp = s.http.get(s.url("/v1/api-keys")).bearer_auth(token).send().await.unwrap();
+    let status = resp.status().as_u16();
+    if status == 401 {
+        assert!(resp.headers().get("www-authenticate").is_some());
+        let (_, body) = error_body(resp).await;
+        assert_eq!(body["error_code"], "unauthenticated");
+    }
+    status
+}
+
+async fn oidc_users(s: &TestServer, subject: &str) -> i64 {
+    let store = sparring_impl::open_store(s.data_dir.path()).unwrap();
+    let subject = subject.to_string();
+    store
+        .read::<_, sparring_impl::store::StoreError, _>(move |tx| {
+            Ok(tx.query_row("SELECT count(*) FROM users WHERE oidc_subject = ?1", [subject], |r| r.get(0))?)
+        })
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn id_tokens_from_a_discovered_issuer() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url.clone();
+    let s = TestServer::start_with_oidc(vec![IssuerConfig {
+        issuer: url.clone(),
+        audience: AUDIENCE.into(),
+        jwks_file: None,
+    }])
+    .await;
+
+    // Valid: 200, and the user exists (once, however often they call).
+    assert_eq!(status_with_token(&s, &sign(valid(&url, "alice"))).await, 200);
+    assert_eq!(status_with_token(&s, &sign(valid(&url, "alice"))).await, 200);
+    assert_eq!(oidc_users(&s, "alice").await, 1);
+
+    // Each way a token can be wrong: 401.
+    let expired = sign(Token { expires_in: -120, ..valid(&url, "alice") });
+    let wrong_audience = sign(Token { audience: "someone-else", ..valid(&url, "alice") });
+    let wrong_issuer = sign(Token { issuer: "http://127.0.0.1:1", ..valid(&url, "alice") });
+    let bad_signature = sign(Token { key_pem: OTHER_KEY, ..valid(&url, "alice") });
+    let unknown_kid = sign(Token { key_pem: OTHER_KEY, kid: "k2", ..valid(&url, "alice") });
+    let alg_none = {
+        let b64 = |v: serde_json::Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+        let payload = valid_payload(&url);
+        format!("{}.{}.", b64(serde_json::json!({"alg": "none", "typ": "JWT"})), b64(payload))
+    };
+    for (name, token) in [
+        ("expired", expired),
+        ("wrong audience", wrong_audience),
+        ("wrong issuer", wrong_issuer),
+        ("bad signature", bad_signature),
+        ("unknown kid", unknown_kid.clone()),
+        ("alg none", alg_none),
+        ("garbage", "not.a.token".to_string()),
+    ] {
+        assert_eq!(status_with_token(&s, &token).await, 401, "{name}");
+    }
+
+    // Unknown kids refetch the keys at most once a minute.
+    let before = issuer.jwks_fetches.load(Ordering::SeqCst);
+    for _ in 0..5 {
+        assert_eq!(status_with_token(&s, &unknown_kid).await, 401);
+    }
+    assert!(issuer.jwks_fetches.load(Ordering::SeqCst) - before <= 1);
+
+    // If x-api-key is present it alone decides: a bad key with a good
+    // token is a 401.
+    let resp = s
+        .http
+        .get(s.url("/v1/api-keys"))
+        .header("x-api-key", "spk_wrong")
+        .bearer_auth(sign(valid(&url, "alice")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+}
+
+fn valid_payload(url: &str) -> serde_json::Value {
+    let now = chrono::Utc::now().timestamp();
+    serde_json::json!({"iss": url, "aud": AUDIENCE, "sub": "alice", "exp": now + 600, "iat": now - 60})
+}
+
+#[tokio::test]
+async fn fifty_concurrent_creates_from_zero_keys_give_exactly_twenty_five() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url.clone();
+    let s = TestServer::start_with_oidc(vec![IssuerConfig {
+        issuer: url.clone(),
+        audience: AUDIENCE.into(),
+        jwks_file: None,
+    }])
+    .await;
+    let token = sign(valid(&url, "carol"));
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let http = s.http.clone();
+        let (u, token) = (s.url("/v1/api-keys"), token.clone());
+        tasks.push(tokio::spawn(async move {
+            http.post(u)
+                .bearer_auth(token)
+                .json(&serde_json::json!({"label": format!("k{i}")}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+    }
+    let statuses: Vec<u16> = futures::future::join_all(tasks).await.into_iter().map(Result::unwrap).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 25, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 409).count(), 25, "{statuses:?}");
+}
+
+#[tokio::test]
+async fn id_tokens_verified_with_an_offline_key_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks_path = dir.path().join("jwks.json");
+    std::fs::write(&jwks_path, published_jwks().to_string()).unwrap();
+    // Nothing listens at this issuer URL: the keys come from the file only.
+    let url = "https://issuer.invalid";
+    let s = TestServer::start_with_oidc(vec![IssuerConfig {
+        issuer: url.into(),
+        audience: AUDIENCE.into(),
+        jwks_file: Some(jwks_path),
+    }])
+    .await;
+    assert_eq!(status_with_token(&s, &sign(valid(url, "dave"))).await, 200);
+    assert_eq!(status_with_token(&s, &sign(Token { key_pem: OTHER_KEY, kid: "k2", ..valid(url, "dave") })).await, 401);
+}

@@ -1,0 +1,55 @@
+//! Project chores: `cargo xtask <verb>`.
+//!
+//! - `regen [--check]`: generate `server/src/generated.rs` (the dropshot API
+//!   trait and its types) and `client/src/generated.rs` (the progenitor
+//!   client) from `spec/openapi.json`; with `--check`, fail with a diff when
+//!   the checked-in files differ from what the spec generates.
+
+mod regen;
+mod routes;
+mod server_gen;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "Sparring's project chores")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Regenerate the server trait and the client from spec/openapi.json.
+    Regen {
+        /// Generate in memory and fail (with a diff) if the files would change.
+        #[arg(long)]
+        check: bool,
+        /// Read this spec instead of spec/openapi.json (for trying a change).
+        #[arg(long, hide = true)]
+        spec: Option<PathBuf>,
+    },
+}
+
+fn workspace_root() -> PathBuf {
+    // xtask/ is one level below the workspace root.
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default()
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    let result = match cli.command {
+        Command::Regen { check, spec } => regen::run(&root, spec.as_deref(), check),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

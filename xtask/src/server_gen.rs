@@ -1,0 +1,513 @@
+//! Emits the dropshot API trait for `server/`.
+//!
+//! For every operation of the spec the trait gets two items:
+//! - `<op>`: a required method without `#[endpoint]`, taking plain values
+//!   (`caller`, then path, query and body types) and returning the success
+//!   body. This is what `impl/` writes; a new or changed operation breaks its
+//!   compile until it does.
+//! - `<op>_endpoint`: the `#[endpoint]` dropshot registers, with a provided
+//!   body that unpacks the request, applies the route bridge when the
+//!   documented path had to be changed (see `routes.rs`), calls `<op>`, and
+//!   stamps the request id into errors. Its `operation_id` is the spec's, so
+//!   dropshot's document names operations as the spec does.
+
+use anyhow::{bail, Context as _, Result};
+use heck::{ToSnakeCase, ToUpperCamelCase};
+use openapiv3::{OpenAPI, Operation, Parameter, ParameterSchemaOrContent, ReferenceOr, Schema, SchemaKind, Type};
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote};
+
+use crate::routes::{self, Route};
+
+/// One operation as the generator sees it.
+struct Op<'a> {
+    method: &'static str,
+    spec_path: String,
+    op: &'a Operation,
+    id: String,
+    route: Route,
+}
+
+pub fn base_path(spec: &OpenAPI) -> Result<String> {
+    let url = &spec.servers.first().context("the spec needs a `servers` entry")?.url;
+    let after_scheme = url.split_once("://").map(|(_, rest)| rest).unwrap_or(url);
+    let path = after_scheme.find('/').map(|i| &after_scheme[i..]).unwrap_or("");
+    Ok(path.trim_end_matches('/').to_string())
+}
+
+fn operations(spec: &OpenAPI) -> Result<Vec<Op<'_>>> {
+    let mut found = Vec::new();
+    for (path, item) in spec.paths.paths.iter() {
+        let item = item.as_item().with_context(|| format!("path item {path} must not be a $ref"))?;
+        for (method, op) in [
+            ("GET", &item.get),
+            ("PUT", &item.put),
+            ("POST", &item.post),
+            ("DELETE", &item.delete),
+            ("PATCH", &item.patch),
+        ] {
+            if let Some(op) = op {
+                let id = op.operation_id.clone().with_context(|| format!("{method} {path} has no operationId"))?;
+                found.push((method, path.clone(), op, id));
+            }
+        }
+        if item.head.is_some() || item.options.is_some() || item.trace.is_some() {
+            bail!("{path}: only GET, PUT, POST, DELETE and PATCH are supported");
+        }
+    }
+    let paths: Vec<String> = found.iter().map(|(_, p, _, _)| p.clone()).collect();
+    let routes = routes::bridge(&paths);
+    Ok(found
+        .into_iter()
+        .zip(routes)
+        .map(|((method, spec_path, op, id), route)| Op { method, spec_path, op, id, route })
+        .collect())
+}
+
+fn ref_name(reference: &str) -> Result<&str> {
+    reference
+        .strip_prefix("#/components/schemas/")
+        .with_context(|| format!("unsupported $ref {reference}: only #/components/schemas/ is supported"))
+}
+
+/// The Rust type of a component schema, as typify names it.
+fn type_path(reference: &str) -> Result<TokenStream> {
+    let ident = format_ident!("{}", ref_name(reference)?.to_upper_camel_case());
+    Ok(quote!(types::#ident))
+}
+
+struct Param {
+    name: String,
+    required: bool,
+    description: Option<String>,
+    ty: TokenStream,
+    /// `#[schemars(...)]` attributes that reproduce the spec's bounds.
+    attrs: TokenStream,
+    /// Bounds the endpoint checks before calling the implementation.
+    range: Option<(Option<i64>, Option<i64>)>,
+}
+
+fn param_type(
+    name: &str,
+    schema: &ReferenceOr<Schema>,
+) -> Result<(TokenStream, TokenStream, Option<(Option<i64>, Option<i64>)>)> {
+    let schema = match schema {
+        ReferenceOr::Reference { reference } => return Ok((type_path(reference)?, quote!(), None)),
+        ReferenceOr::Item(s) => s,
+    };
+    Ok(match &schema.schema_kind {
+        SchemaKind::Type(Type::String(s)) => {
+            if !s.enumeration.is_empty() {
+                bail!("parameter {name}: an enum must be a named component schema");
+            }
+            let attrs = match (s.min_length, s.max_length) {
+                (None, None) => quote!(),
+                (Some(min), None) => quote!(#[schemars(length(min = #min))]),
+                (None, Some(max)) => quote!(#[schemars(length(max = #max))]),
+                (Some(min), Some(max)) => quote!(#[schemars(length(min = #min, max = #max))]),
+            };
+            match &s.format {
+                openapiv3::VariantOrUnknownOrEmpty::Item(openapiv3::StringFormat::DateTime) => {
+                    (quote!(chrono::DateTime<chrono::Utc>), attrs, None)
+                }
+                openapiv3::VariantOrUnknownOrEmpty::Empty => (quote!(String), attrs, None),
+                other => bail!("parameter {name}: unsupported string format {other:?}"),
+            }
+        }
+        SchemaKind::Type(Type::Integer(i)) => {
+            let ty = match &i.format {
+                openapiv3::VariantOrUnknownOrEmpty::Item(openapiv3::IntegerFormat::Int32) => quote!(i32),
+                openapiv3::VariantOrUnknownOrEmpty::Item(openapiv3::IntegerFormat::Int64) => quote!(i64),
+                _ => bail!("parameter {name}: an integer needs format int32 or int64"),
+            };
+            if i.exclusive_minimum || i.exclusive_maximum {
+                bail!("parameter {name}: exclusive bounds are not supported");
+            }
+            let attrs = match (i.minimum, i.maximum) {
+                (None, None) => quote!(),
+                (Some(min), None) => quote!(#[schemars(range(min = #min))]),
+                (None, Some(max)) => quote!(#[schemars(range(max = #max))]),
+                (Some(min), Some(max)) => quote!(#[schemars(range(min = #min, max = #max))]),
+            };
+            let range = (i.minimum.is_some() || i.maximum.is_some()).then_some((i.minimum, i.maximum));
+            (ty, attrs, range)
+        }
+        SchemaKind::Type(Type::Boolean(_)) => (quote!(bool), quote!(), None),
+        _ => bail!("parameter {name}: unsupported schema (string, integer, boolean or a $ref)"),
+    })
+}
+
+fn params_of(op: &Operation, location: &str) -> Result<Vec<Param>> {
+    let mut out = Vec::new();
+    for p in &op.parameters {
+        let p = p.as_item().context("parameters must not be $refs")?;
+        let (data, here) = match p {
+            Parameter::Path { parameter_data, .. } => (parameter_data, "path"),
+            Parameter::Query { parameter_data, .. } => (parameter_data, "query"),
+            Parameter::Header { parameter_data, .. } => {
+                bail!("header parameter {} is not supported", parameter_data.name)
+            }
+            Parameter::Cookie { parameter_data, .. } => {
+                bail!("cookie parameter {} is not supported", parameter_data.name)
+            }
+        };
+        if here != location {
+            continue;
+        }
+        let ParameterSchemaOrContent::Schema(schema) = &data.format else {
+            bail!("parameter {} must have a schema", data.name);
+        };
+        let (ty, attrs, range) = param_type(&data.name, schema)?;
+        out.push(Param {
+            name: data.name.clone(),
+            required: data.required,
+            description: data.description.clone(),
+            ty,
+            attrs,
+            range,
+        });
+    }
+    Ok(out)
+}
+
+fn doc_attrs(text: &str) -> TokenStream {
+    let lines = text.lines().map(|l| format!(" {l}"));
+    quote!(#(#[doc = #lines])*)
+}
+
+fn field_ident(name: &str) -> proc_macro2::Ident {
+    format_ident!("{}", name.to_snake_case())
+}
+
+/// A struct of parameters, as dropshot's `Path`/`Query` extract them.
+fn params_struct(name: &proc_macro2::Ident, doc: &str, params: &[Param]) -> TokenStream {
+    let fields = params.iter().map(|p| {
+        let ident = field_ident(&p.name);
+        let rename = (ident != p.name).then(|| {
+            let n = &p.name;
+            quote!(#[serde(rename = #n)])
+        });
+        let doc = p.description.as_deref().map(doc_attrs).unwrap_or_default();
+        let attrs = &p.attrs;
+        let ty = &p.ty;
+        if p.required {
+            quote!(#doc #rename #attrs pub #ident: #ty,)
+        } else {
+            quote!(#doc #rename #attrs #[serde(default)] pub #ident: Option<#ty>,)
+        }
+    });
+    let doc = doc_attrs(doc);
+    quote! {
+        #doc
+        #[derive(Clone, Debug, serde::Deserialize, schemars::JsonSchema)]
+        pub struct #name { #(#fields)* }
+    }
+}
+
+/// What the generated server file holds besides `types`.
+pub struct ServerItems {
+    pub params: TokenStream,
+    pub trait_items: TokenStream,
+    pub bridged: TokenStream,
+}
+
+pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
+    let base = base_path(spec)?;
+    let ops = operations(spec)?;
+    let mut params = Vec::new();
+    let mut trait_items = Vec::new();
+    let mut bridged = Vec::new();
+
+    // dropshot registers one endpoint per (method, route); a documented
+    // operation may not share one with another.
+    let mut seen = std::collections::BTreeMap::new();
+    for op in &ops {
+        if let Some(other) = seen.insert((op.method, op.route.route_path.clone()), op.id.clone()) {
+            bail!(
+                "{} and {} both route to {} {}: the bridge serves one operation per route",
+                other,
+                op.id,
+                op.method,
+                op.route.route_path
+            );
+        }
+    }
+
+    for op in &ops {
+        let o = op.op;
+        let id = &op.id;
+        let pascal = id.to_upper_camel_case();
+        let method_ident = format_ident!("{}", id.to_snake_case());
+        let endpoint_ident = format_ident!("{}_endpoint", id.to_snake_case());
+        let summary = o.summary.clone().unwrap_or_default();
+        let mut doc = summary.clone();
+        if let Some(d) = &o.description {
+            doc.push_str("\n\n");
+            doc.push_str(d);
+        }
+        let doc_tokens = doc_attrs(&doc);
+
+        // Path parameters: the operation's own struct, and for a bridged
+        // route the struct of the route's variables.
+        let path_params = params_of(o, "path")?;
+        let query_params = params_of(o, "query")?;
+        let path_ty = format_ident!("{pascal}Path");
+        let query_ty = format_ident!("{pascal}Query");
+        let route_ty = format_ident!("{pascal}Route");
+        if !path_params.is_empty() {
+            params.push(params_struct(
+                &path_ty,
+                &format!("Path parameters of `{id}` ({} {}).", op.method, op.spec_path),
+                &path_params,
+            ));
+        }
+        if !query_params.is_empty() {
+            params.push(params_struct(&query_ty, &format!("Query parameters of `{id}`."), &query_params));
+        }
+        let route = &op.route;
+        if route.is_bridged() {
+            let mut route_params: Vec<Param> = route
+                .literals
+                .iter()
+                .map(|(var, lit)| Param {
+                    name: var.clone(),
+                    required: true,
+                    description: Some(format!("Always `{lit}` (the documented path's literal segment).")),
+                    ty: quote!(String),
+                    attrs: quote!(),
+                    range: None,
+                })
+                .collect();
+            for (var, spec_name) in &route.variables {
+                let p = path_params.iter().find(|p| &p.name == spec_name).with_context(|| {
+                    format!("{id}: path variable {{{spec_name}}} is not declared as a path parameter")
+                })?;
+                route_params.push(Param {
+                    name: var.clone(),
+                    required: true,
+                    description: p.description.clone(),
+                    ty: p.ty.clone(),
+                    attrs: quote!(),
+                    range: None,
+                });
+            }
+            // Keep the order of the route's segments.
+            let order: Vec<&str> = route
+                .route_path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                .collect();
+            route_params.sort_by_key(|p| order.iter().position(|o| *o == p.name));
+            params.push(params_struct(
+                &route_ty,
+                &format!(
+                    "The route variables serving `{id}` ({} {} is routed as {}).",
+                    op.method, op.spec_path, route.route_path
+                ),
+                &route_params,
+            ));
+            let literals = route.literals.iter().map(|(v, l)| quote!((#v, #l)));
+            let renames = route.renames.iter().map(|(v, s)| quote!((#v, #s)));
+            let method = op.method;
+            let spec_path = format!("{base}{}", op.spec_path);
+            let route_path = format!("{base}{}", route.route_path);
+            bridged.push(quote! {
+                BridgedRoute {
+                    operation_id: #id,
+                    method: #method,
+                    spec_path: #spec_path,
+                    route_path: #route_path,
+                    literals: &[#(#literals),*],
+                    renames: &[#(#renames),*],
+                }
+            });
+        }
+
+        // Body.
+        let (body_extractor, body_arg) = match &o.request_body {
+            None => (quote!(Nothing), None),
+            Some(ReferenceOr::Reference { .. }) => bail!("{id}: request bodies must be inline with a schema $ref"),
+            Some(ReferenceOr::Item(body)) => {
+                let media = body
+                    .content
+                    .get("application/json")
+                    .with_context(|| format!("{id}: only application/json request bodies are supported"))?;
+                let Some(ReferenceOr::Reference { reference }) = &media.schema else {
+                    bail!("{id}: the request body schema must be a $ref to a component");
+                };
+                let ty = type_path(reference)?;
+                if body.required {
+                    (quote!(JsonBody<#ty>), Some(quote!(body: #ty)))
+                } else {
+                    (quote!(OptionalJsonBody<#ty>), Some(quote!(body: Option<#ty>)))
+                }
+            }
+        };
+
+        // Responses: one success with a $ref body, errors all of one schema.
+        let mut success = None;
+        let mut error_schema: Option<String> = None;
+        for (status, response) in o.responses.responses.iter() {
+            let response = response.as_item().with_context(|| format!("{id}: responses must be inline"))?;
+            let code = match status {
+                openapiv3::StatusCode::Code(c) => *c,
+                openapiv3::StatusCode::Range(_) => bail!("{id}: use explicit status codes"),
+            };
+            let media = response
+                .content
+                .get("application/json")
+                .with_context(|| format!("{id}: response {code} needs an application/json schema"))?;
+            let Some(ReferenceOr::Reference { reference }) = &media.schema else {
+                bail!("{id}: response {code} schema must be a $ref to a component");
+            };
+            if (200..300).contains(&code) {
+                if success.replace((code, reference.clone())).is_some() {
+                    bail!("{id}: exactly one success response is supported");
+                }
+            } else if let Some(existing) = &error_schema {
+                if existing != reference {
+                    bail!("{id}: every error response must use the same schema ({existing} vs {reference})");
+                }
+            } else {
+                error_schema = Some(reference.clone());
+            }
+        }
+        let (status, success_ref) = success.with_context(|| format!("{id}: no success response"))?;
+        let success_ty = type_path(&success_ref)?;
+        let error_ty = type_path(&error_schema.with_context(|| format!("{id}: no error response"))?)?;
+        let wrapper = match status {
+            200 => quote!(dropshot::HttpResponseOk),
+            201 => quote!(dropshot::HttpResponseCreated),
+            202 => quote!(dropshot::HttpResponseAccepted),
+            other => bail!("{id}: success status {other} is not supported"),
+        };
+
+        // The implementation's method.
+        let path_extractor = if route.is_bridged() {
+            quote!(dropshot::Path<params::#route_ty>)
+        } else if path_params.is_empty() {
+            quote!(Nothing)
+        } else {
+            quote!(dropshot::Path<params::#path_ty>)
+        };
+        let query_extractor =
+            if query_params.is_empty() { quote!(Nothing) } else { quote!(dropshot::Query<params::#query_ty>) };
+        let mut impl_args = Vec::new();
+        let mut call_args = Vec::new();
+        if !path_params.is_empty() {
+            impl_args.push(quote!(path: params::#path_ty));
+            call_args.push(quote!(path));
+        }
+        if !query_params.is_empty() {
+            impl_args.push(quote!(query: params::#query_ty));
+            call_args.push(quote!(query));
+        }
+        if let Some(arg) = &body_arg {
+            impl_args.push(arg.clone());
+            call_args.push(quote!(body));
+        }
+        let impl_doc = doc_attrs(&format!(
+            "{summary}\n\nImplements `{id}` ({} {}); dropshot calls it through `{endpoint_ident}`.",
+            op.method, op.spec_path
+        ));
+        trait_items.push(quote! {
+            #impl_doc
+            fn #method_ident(
+                rqctx: dropshot::RequestContext<Self::Context>,
+                caller: Caller,
+                #(#impl_args),*
+            ) -> impl std::future::Future<Output = Result<#success_ty, ApiError<#error_ty>>> + Send;
+        });
+
+        // The endpoint.
+        let unpack_path = if route.is_bridged() {
+            let checks = route.literals.iter().map(|(var, lit)| {
+                let f = field_ident(var);
+                quote! {
+                    if route.#f != #lit {
+                        return Err(ApiError::not_found("no route matches this path").with_request_id(request_id));
+                    }
+                }
+            });
+            let fields = route.variables.iter().map(|(var, spec_name)| {
+                let to = field_ident(spec_name);
+                let from = field_ident(var);
+                quote!(#to: route.#from)
+            });
+            let build =
+                if path_params.is_empty() { quote!() } else { quote!(let path = params::#path_ty { #(#fields),* };) };
+            quote! {
+                let route = input.path.into_inner();
+                #(#checks)*
+                #build
+            }
+        } else if path_params.is_empty() {
+            quote!()
+        } else {
+            quote!(let path = input.path.into_inner();)
+        };
+        let unpack_query = if query_params.is_empty() {
+            quote!()
+        } else {
+            let checks = query_params.iter().filter_map(|p| {
+                let (min, max) = p.range?;
+                let f = field_ident(&p.name);
+                let name = &p.name;
+                let value = if p.required { quote!(Some(query.#f)) } else { quote!(query.#f) };
+                let cond_min = min.map(|m| quote!(v < #m)).unwrap_or(quote!(false));
+                let cond_max = max.map(|m| quote!(v > #m)).unwrap_or(quote!(false));
+                let bounds = match (min, max) {
+                    (Some(a), Some(b)) => format!("from {a} to {b}"),
+                    (Some(a), None) => format!("at least {a}"),
+                    (None, Some(b)) => format!("at most {b}"),
+                    (None, None) => String::new(),
+                };
+                Some(quote! {
+                    if let Some(v) = #value {
+                        let v = i64::from(v);
+                        if #cond_min || #cond_max {
+                            return Err(ApiError::bad_request(
+                                ErrorCode::INVALID_QUERY,
+                                format!("query parameter `{}` must be {}, got {v}", #name, #bounds),
+                            ).with_request_id(request_id));
+                        }
+                    }
+                })
+            });
+            quote! {
+                let query = input.query.into_inner();
+                #(#checks)*
+            }
+        };
+        let unpack_body = if body_arg.is_some() { quote!(let body = input.body.into_inner();) } else { quote!() };
+        let method_tok = format_ident!("{}", op.method);
+        let route_path = format!("{base}{}", route.route_path);
+        let tags = &o.tags;
+        if tags.len() != 1 {
+            bail!("{id}: exactly one tag per operation");
+        }
+        trait_items.push(quote! {
+            #doc_tokens
+            #[endpoint { method = #method_tok, path = #route_path, operation_id = #id, tags = [#(#tags),*] }]
+            async fn #endpoint_ident(
+                rqctx: dropshot::RequestContext<Self::Context>,
+                input: Input<#path_extractor, #query_extractor, #body_extractor>,
+            ) -> Result<#wrapper<#success_ty>, ApiError<#error_ty>> {
+                let request_id = rqctx.request_id.clone();
+                #unpack_path
+                #unpack_query
+                #unpack_body
+                match Self::#method_ident(rqctx, input.caller, #(#call_args),*).await {
+                    Ok(value) => Ok(#wrapper(value)),
+                    Err(error) => Err(error.with_request_id(request_id)),
+                }
+            }
+        });
+    }
+
+    Ok(ServerItems {
+        params: quote!(#(#params)*),
+        trait_items: quote!(#(#trait_items)*),
+        bridged: quote!(#(#bridged),*),
+    })
+}
