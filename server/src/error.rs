@@ -1,9 +1,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use dropshot::{ErrorStatusCode, HttpError, HttpResponseError};
-use schemars::JsonSchema;
-use serde::ser::SerializeStruct;
+use dropshot::{ErrorStatusCode, HttpError};
 
 /// Stable, machine-readable error codes shared by every operation.
 ///
@@ -27,14 +25,12 @@ impl ErrorCode {
 /// An error response: `{error_code, message, request_id}` with its status.
 ///
 /// `B` is the spec schema the body is documented as (`types::Error`,
-/// `types::ApiKeyError`); it only names the schema in the OpenAPI document,
-/// the body is always built from the fields here. The request id is filled in
-/// by the generated endpoint, which knows it.
+/// `types::ApiKeyError`), which the implementation's method signatures
+/// state; the generated endpoint turns it into dropshot's `HttpError`.
 pub struct ApiError<B> {
     status: ErrorStatusCode,
     error_code: String,
     message: String,
-    request_id: String,
     /// Logged by dropshot, never sent: details for the operator.
     internal: Option<String>,
     schema: PhantomData<fn() -> B>,
@@ -46,7 +42,6 @@ impl<B> ApiError<B> {
             status,
             error_code: error_code.into(),
             message: message.into(),
-            request_id: String::new(),
             internal: None,
             schema: PhantomData,
         }
@@ -80,18 +75,12 @@ impl<B> ApiError<B> {
         e
     }
 
-    pub fn with_request_id(mut self, request_id: impl Into<String>) -> Self {
-        self.request_id = request_id.into();
-        self
-    }
-
     /// The same error documented under another schema.
     pub fn retype<C>(self) -> ApiError<C> {
         ApiError {
             status: self.status,
             error_code: self.error_code,
             message: self.message,
-            request_id: self.request_id,
             internal: self.internal,
             schema: PhantomData,
         }
@@ -130,40 +119,18 @@ impl<B> fmt::Display for ApiError<B> {
     }
 }
 
-impl<B> serde::Serialize for ApiError<B> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut s = serializer.serialize_struct("Error", 3)?;
-        s.serialize_field("error_code", &self.error_code)?;
-        s.serialize_field("message", &self.message)?;
-        s.serialize_field("request_id", &self.request_id)?;
-        s.end()
-    }
-}
-
-impl<B: JsonSchema> JsonSchema for ApiError<B> {
-    fn schema_name() -> String {
-        B::schema_name()
-    }
-
-    fn json_schema(generator: &mut schemars::r#gen::SchemaGenerator) -> schemars::schema::Schema {
-        B::json_schema(generator)
-    }
-}
-
-impl<B> From<HttpError> for ApiError<B> {
-    /// Only dropshot's own failures after the handler ran (serializing a
-    /// response) arrive here; extractor errors never do.
-    fn from(error: HttpError) -> Self {
-        let code = error.error_code.clone().unwrap_or_else(|| code_for_status(error.status_code).to_string());
-        let mut e = Self::new(error.status_code, code, error.external_message);
-        e.internal = Some(error.internal_message);
-        e
-    }
-}
-
-impl<B: JsonSchema + Send + Sync + 'static> HttpResponseError for ApiError<B> {
-    fn status_code(&self) -> ErrorStatusCode {
-        self.status
+/// What dropshot sends. Endpoints return `HttpError` because only it can
+/// carry response headers (the 401's `WWW-Authenticate`) and the request id
+/// dropshot assigns; its body is `{error_code, message, request_id}`.
+impl<B> From<ApiError<B>> for HttpError {
+    fn from(e: ApiError<B>) -> Self {
+        HttpError {
+            status_code: e.status,
+            internal_message: e.internal.unwrap_or_else(|| e.message.clone()),
+            external_message: e.message,
+            error_code: Some(e.error_code),
+            headers: None,
+        }
     }
 }
 

@@ -5017,22 +5017,21 @@ pub trait SparringApi {
     async fn list_activity_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListActivityQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ActivityList>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::ActivityList>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
             if v < 1i64 || v > 200i64 {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::<types::Error>::bad_request(
                     ErrorCode::INVALID_QUERY,
                     format!("query parameter `{}` must be {}, got {v}", "limit", "from 1 to 200"),
                 )
-                .with_request_id(request_id));
+                .into());
             }
         }
         match Self::list_activity(rqctx, input.caller, query).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// List a resource's activity
@@ -5058,11 +5057,10 @@ pub trait SparringApi {
             dropshot::Query<params::ListResourceActivityQuery>,
             Nothing,
         >,
-    ) -> Result<dropshot::HttpResponseOk<types::ActivityList>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::ActivityList>, dropshot::HttpError> {
         let route = input.path.into_inner();
         if route.id != "resource" {
-            return Err(ApiError::not_found("no route matches this path").with_request_id(request_id));
+            return Err(ApiError::<types::Error>::not_found("no route matches this path").into());
         }
         let path =
             params::ListResourceActivityPath { resource_type: route.resource_type, resource_id: route.resource_id };
@@ -5070,16 +5068,16 @@ pub trait SparringApi {
         if let Some(v) = query.limit {
             let v = i64::from(v);
             if v < 1i64 || v > 200i64 {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::<types::Error>::bad_request(
                     ErrorCode::INVALID_QUERY,
                     format!("query parameter `{}` must be {}, got {v}", "limit", "from 1 to 200"),
                 )
-                .with_request_id(request_id));
+                .into());
             }
         }
         match Self::list_resource_activity(rqctx, input.caller, path, query).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Get an activity record
@@ -5100,12 +5098,11 @@ pub trait SparringApi {
     async fn get_activity_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetActivityPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Activity>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Activity>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_activity(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// List API keys
@@ -5126,22 +5123,21 @@ pub trait SparringApi {
     async fn list_api_keys_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListApiKeysQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ApiKeyList>, ApiError<types::ApiKeyError>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::ApiKeyList>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
             if v < 1i64 || v > 200i64 {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::<types::ApiKeyError>::bad_request(
                     ErrorCode::INVALID_QUERY,
                     format!("query parameter `{}` must be {}, got {v}", "limit", "from 1 to 200"),
                 )
-                .with_request_id(request_id));
+                .into());
             }
         }
         match Self::list_api_keys(rqctx, input.caller, query).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Create an API key
@@ -5162,12 +5158,11 @@ pub trait SparringApi {
     async fn create_api_key_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreateApiKeyRequest>>,
-    ) -> Result<dropshot::HttpResponseCreated<types::ApiKeySecret>, ApiError<types::ApiKeyError>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseCreated<types::ApiKeySecret>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_api_key(rqctx, input.caller, body).await {
             Ok(value) => Ok(dropshot::HttpResponseCreated(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Revoke an API key
@@ -5188,12 +5183,11 @@ pub trait SparringApi {
     async fn revoke_api_key_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::RevokeApiKeyPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ApiKeySuccessMessage>, ApiError<types::ApiKeyError>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::ApiKeySuccessMessage>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::revoke_api_key(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Rotate an API key
@@ -5215,13 +5209,12 @@ pub trait SparringApi {
     async fn rotate_api_key_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::RotateApiKeyPath>, Nothing, OptionalJsonBody<types::RotateApiKeyRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::ApiKeySecret>, ApiError<types::ApiKeyError>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::ApiKeySecret>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::rotate_api_key(rqctx, input.caller, path, body).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// List the runs of a batch run
@@ -5247,23 +5240,22 @@ pub trait SparringApi {
             dropshot::Query<params::ListBatchRunRunsQuery>,
             Nothing,
         >,
-    ) -> Result<dropshot::HttpResponseOk<types::RunList>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::RunList>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
             if v < 1i64 || v > 200i64 {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::<types::Error>::bad_request(
                     ErrorCode::INVALID_QUERY,
                     format!("query parameter `{}` must be {}, got {v}", "limit", "from 1 to 200"),
                 )
-                .with_request_id(request_id));
+                .into());
             }
         }
         match Self::list_batch_run_runs(rqctx, input.caller, path, query).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Get a batch run
@@ -5284,13 +5276,12 @@ pub trait SparringApi {
     async fn get_batch_run_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetBatchRunRoute>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::BatchRun>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::BatchRun>, dropshot::HttpError> {
         let route = input.path.into_inner();
         let path = params::GetBatchRunPath { id: route.batch_id };
         match Self::get_batch_run(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// List batches
@@ -5311,22 +5302,21 @@ pub trait SparringApi {
     async fn list_batches_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListBatchesQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::BatchList>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::BatchList>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
             if v < 1i64 || v > 200i64 {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::<types::Error>::bad_request(
                     ErrorCode::INVALID_QUERY,
                     format!("query parameter `{}` must be {}, got {v}", "limit", "from 1 to 200"),
                 )
-                .with_request_id(request_id));
+                .into());
             }
         }
         match Self::list_batches(rqctx, input.caller, query).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Run a batch
@@ -5348,13 +5338,12 @@ pub trait SparringApi {
     async fn run_batch_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::RunBatchPath>, Nothing, JsonBody<types::RunBatchRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::BatchRun>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::BatchRun>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::run_batch(rqctx, input.caller, path, body).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Run a channel's tests
@@ -5376,13 +5365,12 @@ pub trait SparringApi {
     async fn run_channel_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::RunChannelPath>, Nothing, JsonBody<types::RunChannelRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::BatchRun>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::BatchRun>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::run_channel(rqctx, input.caller, path, body).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Create an integration
@@ -5403,12 +5391,11 @@ pub trait SparringApi {
     async fn create_integration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreateIntegrationRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Integration>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Integration>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_integration(rqctx, input.caller, body).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Delete an integration
@@ -5429,12 +5416,11 @@ pub trait SparringApi {
     async fn delete_integration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::DeleteIntegrationPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::delete_integration(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Update an integration
@@ -5456,13 +5442,12 @@ pub trait SparringApi {
     async fn update_integration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::UpdateIntegrationPath>, Nothing, JsonBody<types::UpdateIntegrationRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Integration>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Integration>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::update_integration(rqctx, input.caller, path, body).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// List an integration's phone numbers
@@ -5488,23 +5473,22 @@ pub trait SparringApi {
             dropshot::Query<params::ListIntegrationPhoneNumbersQuery>,
             Nothing,
         >,
-    ) -> Result<dropshot::HttpResponseOk<types::PhoneNumberList>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::PhoneNumberList>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
             if v < 1i64 || v > 200i64 {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::<types::Error>::bad_request(
                     ErrorCode::INVALID_QUERY,
                     format!("query parameter `{}` must be {}, got {v}", "limit", "from 1 to 200"),
                 )
-                .with_request_id(request_id));
+                .into());
             }
         }
         match Self::list_integration_phone_numbers(rqctx, input.caller, path, query).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Create a persona
@@ -5525,12 +5509,11 @@ pub trait SparringApi {
     async fn create_persona_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreatePersonaRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Persona>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Persona>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_persona(rqctx, input.caller, body).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Delete a persona
@@ -5551,12 +5534,11 @@ pub trait SparringApi {
     async fn delete_persona_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::DeletePersonaPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::delete_persona(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// List projects
@@ -5577,22 +5559,21 @@ pub trait SparringApi {
     async fn list_projects_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListProjectsQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ProjectList>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::ProjectList>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
             if v < 1i64 || v > 200i64 {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::<types::Error>::bad_request(
                     ErrorCode::INVALID_QUERY,
                     format!("query parameter `{}` must be {}, got {v}", "limit", "from 1 to 200"),
                 )
-                .with_request_id(request_id));
+                .into());
             }
         }
         match Self::list_projects(rqctx, input.caller, query).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Replace a project
@@ -5614,13 +5595,12 @@ pub trait SparringApi {
     async fn replace_project_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::ReplaceProjectPath>, Nothing, JsonBody<types::ReplaceProjectRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Project>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Project>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::replace_project(rqctx, input.caller, path, body).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Delete a project
@@ -5641,12 +5621,11 @@ pub trait SparringApi {
     async fn delete_project_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::DeleteProjectPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::delete_project(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Get queue statistics
@@ -5666,11 +5645,10 @@ pub trait SparringApi {
     async fn get_queue_stats_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::QueueStats>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::QueueStats>, dropshot::HttpError> {
         match Self::get_queue_stats(rqctx, input.caller).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// List reviews
@@ -5691,22 +5669,21 @@ pub trait SparringApi {
     async fn list_reviews_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListReviewsQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ReviewList>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::ReviewList>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
             if v < 1i64 || v > 200i64 {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::<types::Error>::bad_request(
                     ErrorCode::INVALID_QUERY,
                     format!("query parameter `{}` must be {}, got {v}", "limit", "from 1 to 200"),
                 )
-                .with_request_id(request_id));
+                .into());
             }
         }
         match Self::list_reviews(rqctx, input.caller, query).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Get a calibration review
@@ -5727,12 +5704,11 @@ pub trait SparringApi {
     async fn get_calibration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetCalibrationPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Calibration>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Calibration>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_calibration(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// List reviewers
@@ -5753,22 +5729,21 @@ pub trait SparringApi {
     async fn list_reviewers_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListReviewersQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ReviewerList>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::ReviewerList>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
             if v < 1i64 || v > 200i64 {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::<types::Error>::bad_request(
                     ErrorCode::INVALID_QUERY,
                     format!("query parameter `{}` must be {}, got {v}", "limit", "from 1 to 200"),
                 )
-                .with_request_id(request_id));
+                .into());
             }
         }
         match Self::list_reviewers(rqctx, input.caller, query).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Get a scenario
@@ -5789,12 +5764,11 @@ pub trait SparringApi {
     async fn get_scenario_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetScenarioPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Scenario>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Scenario>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_scenario(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Replace a scenario
@@ -5816,13 +5790,12 @@ pub trait SparringApi {
     async fn replace_scenario_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::ReplaceScenarioPath>, Nothing, JsonBody<types::ReplaceScenarioRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Scenario>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Scenario>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::replace_scenario(rqctx, input.caller, path, body).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Get a test result by call id
@@ -5843,16 +5816,15 @@ pub trait SparringApi {
     async fn get_test_result_by_call_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetTestResultByCallRoute>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::TestResult>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::TestResult>, dropshot::HttpError> {
         let route = input.path.into_inner();
         if route.id != "by-call" {
-            return Err(ApiError::not_found("no route matches this path").with_request_id(request_id));
+            return Err(ApiError::<types::Error>::not_found("no route matches this path").into());
         }
         let path = params::GetTestResultByCallPath { call_id: route.call_id };
         match Self::get_test_result_by_call(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Get a test result
@@ -5873,12 +5845,11 @@ pub trait SparringApi {
     async fn get_test_result_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetTestResultPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::TestResult>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::TestResult>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_test_result(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Create a test
@@ -5899,12 +5870,11 @@ pub trait SparringApi {
     async fn create_test_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreateTestRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Test>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Test>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_test(rqctx, input.caller, body).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Get a test
@@ -5925,12 +5895,11 @@ pub trait SparringApi {
     async fn get_test_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetTestPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Test>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Test>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_test(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Delete a test
@@ -5951,12 +5920,11 @@ pub trait SparringApi {
     async fn delete_test_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::DeleteTestPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::delete_test(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// List a test's results
@@ -5982,23 +5950,22 @@ pub trait SparringApi {
             dropshot::Query<params::ListTestResultsQuery>,
             Nothing,
         >,
-    ) -> Result<dropshot::HttpResponseOk<types::TestResultList>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::TestResultList>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
             if v < 1i64 || v > 200i64 {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::<types::Error>::bad_request(
                     ErrorCode::INVALID_QUERY,
                     format!("query parameter `{}` must be {}, got {v}", "limit", "from 1 to 200"),
                 )
-                .with_request_id(request_id));
+                .into());
             }
         }
         match Self::list_test_results(rqctx, input.caller, path, query).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// List transactions
@@ -6019,22 +5986,21 @@ pub trait SparringApi {
     async fn list_transactions_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListTransactionsQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::TransactionList>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::TransactionList>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
             if v < 1i64 || v > 200i64 {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::<types::Error>::bad_request(
                     ErrorCode::INVALID_QUERY,
                     format!("query parameter `{}` must be {}, got {v}", "limit", "from 1 to 200"),
                 )
-                .with_request_id(request_id));
+                .into());
             }
         }
         match Self::list_transactions(rqctx, input.caller, query).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
     /// Get a transaction
@@ -6055,12 +6021,11 @@ pub trait SparringApi {
     async fn get_transaction_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetTransactionPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Transaction>, ApiError<types::Error>> {
-        let request_id = rqctx.request_id.clone();
+    ) -> Result<dropshot::HttpResponseOk<types::Transaction>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_transaction(rqctx, input.caller, path).await {
             Ok(value) => Ok(dropshot::HttpResponseOk(value)),
-            Err(error) => Err(error.with_request_id(request_id)),
+            Err(error) => Err(error.into()),
         }
     }
 }

@@ -196,13 +196,25 @@ fn check_json_content_type(request: &hyper::Request<dropshot::Body>) -> Result<(
 }
 
 fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
+    // Every request body of the API is an object; serde would otherwise
+    // also accept a struct written as an array (`["ci"]`).
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(HttpError::for_bad_request(
+            Some(ErrorCode::INVALID_BODY.to_string()),
+            "invalid JSON body: the body must be a JSON object".to_string(),
+        ));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         // The field the error is about: where it happened, or the one
         // serde reports missing.
-        let field = if path != "." {
+        let unknown = inner.to_string().starts_with("unknown field");
+        let field = if unknown {
+            // The field is not ours to name a code after.
+            None
+        } else if path != "." {
             path.rsplit(['.', '[']).next().map(|s| s.trim_end_matches(']').to_string())
         } else {
             let msg = inner.to_string();

@@ -425,7 +425,7 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                 let f = field_ident(var);
                 quote! {
                     if route.#f != #lit {
-                        return Err(ApiError::not_found("no route matches this path").with_request_id(request_id));
+                        return Err(ApiError::<#error_ty>::not_found("no route matches this path").into());
                     }
                 }
             });
@@ -466,10 +466,10 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                     if let Some(v) = #value {
                         let v = i64::from(v);
                         if #cond_min || #cond_max {
-                            return Err(ApiError::bad_request(
+                            return Err(ApiError::<#error_ty>::bad_request(
                                 ErrorCode::INVALID_QUERY,
                                 format!("query parameter `{}` must be {}, got {v}", #name, #bounds),
-                            ).with_request_id(request_id));
+                            ).into());
                         }
                     }
                 })
@@ -492,14 +492,13 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
             async fn #endpoint_ident(
                 rqctx: dropshot::RequestContext<Self::Context>,
                 input: Input<#path_extractor, #query_extractor, #body_extractor>,
-            ) -> Result<#wrapper<#success_ty>, ApiError<#error_ty>> {
-                let request_id = rqctx.request_id.clone();
+            ) -> Result<#wrapper<#success_ty>, dropshot::HttpError> {
                 #unpack_path
                 #unpack_query
                 #unpack_body
                 match Self::#method_ident(rqctx, input.caller, #(#call_args),*).await {
                     Ok(value) => Ok(#wrapper(value)),
-                    Err(error) => Err(error.with_request_id(request_id)),
+                    Err(error) => Err(error.into()),
                 }
             }
         });
