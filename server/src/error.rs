@@ -38,13 +38,7 @@ pub struct ApiError<B> {
 
 impl<B> ApiError<B> {
     pub fn new(status: ErrorStatusCode, error_code: impl Into<String>, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            error_code: error_code.into(),
-            message: message.into(),
-            internal: None,
-            schema: PhantomData,
-        }
+        ApiError { status, error_code: error_code.into(), message: message.into(), internal: None, schema: PhantomData }
     }
 
     pub fn bad_request(error_code: impl Into<String>, message: impl Into<String>) -> Self {
