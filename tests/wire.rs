@@ -1,0 +1,417 @@
+//! Every documented URL, over raw HTTP, against the real server: the spec's
+//! operations are read from `spec/openapi.json` at run time, so an operation
+//! added to the spec is covered here without touching this file.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+
+use common::{error_body, TestServer};
+use serde_json::{json, Value};
+
+const SPEC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/spec/openapi.json");
+
+fn spec() -> Value {
+    let text = std::fs::read_to_string(SPEC_PATH).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// One documented operation.
+#[derive(Clone, Debug)]
+struct Operation {
+    method: String,
+    /// As documented, relative to the base path (`/api-keys/{id}`).
+    path: String,
+    operation_id: String,
+    tags: Vec<String>,
+    /// The `application/json` request body schema, if there is a body.
+    body_schema: Option<Value>,
+}
+
+impl Operation {
+    fn has_body_method(&self) -> bool {
+        matches!(self.method.as_str(), "POST" | "PUT" | "PATCH")
+    }
+
+    /// The concrete URL path: `/v1` + the path with every `{param}` replaced
+    /// by a plausible value.
+    fn concrete_path(&self) -> String {
+        let mut out = String::from("/v1");
+        let mut rest = self.path.as_str();
+        while let Some(start) = rest.find('{') {
+            let end = rest[start..].find('}').unwrap() + start;
+            out.push_str(&rest[..start]);
+            let name = &rest[start + 1..end];
+            out.push_str(match name {
+                "resourceType" => "test",
+                _ => "x_1",
+            });
+            rest = &rest[end + 1..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    fn request(&self, s: &TestServer) -> reqwest::RequestBuilder {
+        let method = reqwest::Method::from_bytes(self.method.as_bytes()).unwrap();
+        s.http.request(method, s.url(&self.concrete_path()))
+    }
+
+    fn is_api_keys(&self) -> bool {
+        self.tags.iter().any(|t| t == "API Keys")
+    }
+
+    fn describe(&self) -> String {
+        format!("{} {} ({})", self.method, self.concrete_path(), self.operation_id)
+    }
+}
+
+fn operations(spec: &Value) -> Vec<Operation> {
+    let mut ops = Vec::new();
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            if !matches!(method.as_str(), "get" | "post" | "put" | "patch" | "delete" | "head" | "options") {
+                continue;
+            }
+            let body_schema = op
+                .get("requestBody")
+                .map(|rb| resolve(spec, rb))
+                .map(|rb| rb["content"]["application/json"]["schema"].clone());
+            ops.push(Operation {
+                method: method.to_ascii_uppercase(),
+                path: path.clone(),
+                operation_id: op["operationId"].as_str().unwrap().to_string(),
+                tags: op["tags"]
+                    .as_array()
+                    .map(|t| t.iter().map(|t| t.as_str().unwrap().to_string()).collect())
+                    .unwrap_or_default(),
+                body_schema,
+            });
+        }
+    }
+    ops
+}
+
+/// Follows a local `$ref` (`#/components/...`), repeatedly.
+fn resolve<'a>(spec: &'a Value, mut schema: &'a Value) -> &'a Value {
+    while let Some(r) = schema.get("$ref").and_then(Value::as_str) {
+        let pointer = r.strip_prefix('#').expect("local $ref");
+        schema = spec.pointer(pointer).unwrap_or_else(|| panic!("dangling $ref {r}"));
+    }
+    schema
+}
+
+/// The smallest value the schema accepts: required properties only, strings
+/// as short as allowed, the first enum value, the first variant.
+fn minimal_value(spec: &Value, schema: &Value) -> Value {
+    let schema = resolve(spec, schema);
+    if let Some(values) = schema.get("enum").and_then(Value::as_array) {
+        return values[0].clone();
+    }
+    for key in ["oneOf", "anyOf", "allOf"] {
+        if let Some(variants) = schema.get(key).and_then(Value::as_array) {
+            if key == "allOf" {
+                let mut merged = json!({});
+                for v in variants {
+                    if let (Value::Object(m), Value::Object(add)) = (&mut merged, minimal_value(spec, v)) {
+                        m.extend(add);
+                    }
+                }
+                return merged;
+            }
+            return minimal_value(spec, &variants[0]);
+        }
+    }
+    let min = |k: &str| schema.get(k).and_then(Value::as_f64);
+    match schema.get("type").and_then(Value::as_str).unwrap_or("object") {
+        "string" => match schema.get("format").and_then(Value::as_str) {
+            Some("date-time") => json!("2024-01-01T00:00:00Z"),
+            Some("date") => json!("2024-01-01"),
+            Some("uuid") => json!("00000000-0000-0000-0000-000000000000"),
+            Some("uri") | Some("url") => json!("https://example.com/"),
+            _ => json!("x".repeat(min("minLength").unwrap_or(1.0).max(1.0) as usize)),
+        },
+        "integer" => json!(min("minimum").unwrap_or(1.0) as i64),
+        "number" => json!(min("minimum").unwrap_or(0.0)),
+        "boolean" => json!(false),
+        "array" => {
+            let n = min("minItems").unwrap_or(0.0) as usize;
+            Value::Array((0..n).map(|_| minimal_value(spec, &schema["items"])).collect())
+        }
+        _ => {
+            let mut obj = serde_json::Map::new();
+            let props = schema.get("properties").cloned().unwrap_or(json!({}));
+            for name in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
+                let name = name.as_str().unwrap();
+                obj.insert(name.to_string(), minimal_value(spec, &props[name]));
+            }
+            Value::Object(obj)
+        }
+    }
+}
+
+fn www_authenticate(resp: &reqwest::Response) -> Vec<String> {
+    resp.headers().get_all("www-authenticate").iter().map(|v| v.to_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn the_spec_has_the_operations_this_file_expects() {
+    // Guards the loop-based tests below against silently iterating over
+    // nothing (a moved spec, a changed layout).
+    let spec = spec();
+    let ops = operations(&spec);
+    assert_eq!(ops.len(), 35, "operations in the spec");
+    let ids: HashSet<_> = ops.iter().map(|o| o.operation_id.as_str()).collect();
+    assert_eq!(ids.len(), ops.len(), "operationIds are unique");
+    for id in ["list_api_keys", "get_test_result_by_call", "list_resource_activity", "get_batch_run"] {
+        assert!(ids.contains(id), "{id} is documented");
+    }
+    assert_eq!(ops.iter().filter(|o| o.is_api_keys()).count(), 4);
+}
+
+#[tokio::test]
+async fn every_operation_requires_a_credential() {
+    let s = TestServer::start().await;
+    let spec = spec();
+    let ops = operations(&spec);
+    assert!(!ops.is_empty());
+    let unknown_key = format!("spk_{}", "A".repeat(43));
+    let credentials: [(&str, Option<(&str, &str)>); 3] = [
+        ("no credential", None),
+        ("unknown API key", Some(("x-api-key", unknown_key.as_str()))),
+        ("bearer token without an issuer", Some(("authorization", "Bearer abc"))),
+    ];
+    for op in &ops {
+        for (what, header) in &credentials {
+            let mut req = op.request(&s);
+            if let Some((name, value)) = header {
+                req = req.header(*name, *value);
+            }
+            if op.has_body_method() {
+                req = req.header("content-type", "application/json").body("{}");
+            }
+            let resp = req.send().await.unwrap();
+            let challenges = www_authenticate(&resp);
+            let (status, body) = error_body(resp).await;
+            assert_eq!(status, 401, "{} with {what}: {body}", op.describe());
+            assert_eq!(body["error_code"], "unauthenticated", "{} with {what}: {body}", op.describe());
+            assert!(!challenges.is_empty(), "{} with {what}: no www-authenticate", op.describe());
+        }
+    }
+
+    // Authentication comes before the body is looked at.
+    let resp = s
+        .http
+        .post(s.url("/v1/api-keys"))
+        .header("content-type", "application/json")
+        .body("{\"label\":")
+        .send()
+        .await
+        .unwrap();
+    assert!(!www_authenticate(&resp).is_empty());
+    let (status, body) = error_body(resp).await;
+    assert_eq!((status, body["error_code"].as_str().unwrap()), (401, "unauthenticated"), "{body}");
+}
+
+/// The body to send to an operation that takes one: the smallest valid one.
+fn body_for(spec: &Value, op: &Operation) -> String {
+    match &op.body_schema {
+        Some(schema) => minimal_value(spec, schema).to_string(),
+        None => "{}".to_string(),
+    }
+}
+
+async fn assert_not_implemented(resp: reqwest::Response, what: &str, operation_id: &str) {
+    let (status, body) = error_body(resp).await;
+    assert_eq!(status, 501, "{what}: {body}");
+    assert_eq!(body["error_code"], "not_implemented", "{what}: {body}");
+    // Backquoted, so `get_test_result` does not match `get_test_result_by_call`.
+    let needle = format!("`{operation_id}`");
+    assert!(body["message"].as_str().unwrap().contains(&needle), "{what}: message does not name {needle}: {body}");
+}
+
+#[tokio::test]
+async fn every_documented_url_reaches_its_operation() {
+    let s = TestServer::start().await;
+    let spec = spec();
+    let ops = operations(&spec);
+    let mut not_implemented = 0;
+    for op in &ops {
+        let mut req = op.request(&s).header("x-api-key", &s.admin_key);
+        if op.has_body_method() {
+            req = req.header("content-type", "application/json").body(body_for(&spec, op));
+        }
+        let resp = req.send().await.unwrap();
+        if op.is_api_keys() {
+            // Implemented: whatever they answer, it is not 501, and not a
+            // routing 404/405 for the collection.
+            let status = resp.status().as_u16();
+            let expected = match (op.method.as_str(), op.path.as_str()) {
+                ("GET", "/api-keys") => 200,
+                ("POST", "/api-keys") => 201,
+                // `x_1` is no key of this user.
+                ("DELETE", "/api-keys/{id}") | ("POST", "/api-keys/{id}/rotate") => 404,
+                _ => panic!("an API-key operation this test does not know: {}", op.describe()),
+            };
+            assert_eq!(status, expected, "{}", op.describe());
+            if status == 404 {
+                let (_, body) = error_body(resp).await;
+                assert_eq!(body["error_code"], "not_found", "{}", op.describe());
+                assert!(body["message"].as_str().unwrap().contains("x_1"), "{}: {body}", op.describe());
+            }
+            continue;
+        }
+        assert_not_implemented(resp, &op.describe(), &op.operation_id).await;
+        not_implemented += 1;
+    }
+    assert_eq!(not_implemented, ops.len() - 4);
+
+    // The routes dropshot cannot hold as written, with exact URLs.
+    for (path, operation_id) in [
+        ("/v1/test-results/by-call/call_123", "get_test_result_by_call"),
+        ("/v1/test-results/trs_1", "get_test_result"),
+        ("/v1/activity/resource/test/tst_1", "list_resource_activity"),
+        ("/v1/activity/act_1", "get_activity"),
+        ("/v1/batch-runs/brn_1/runs", "list_batch_run_runs"),
+        ("/v1/batch-runs/brn_1", "get_batch_run"),
+    ] {
+        assert_not_implemented(s.get(path, &s.admin_key).await, path, operation_id).await;
+    }
+
+    // The bridge does not over-match: another literal is no route.
+    for path in ["/v1/test-results/other/call_123", "/v1/activity/other/test/tst_1"] {
+        let (status, body) = error_body(s.get(path, &s.admin_key).await).await;
+        assert_eq!((status, body["error_code"].as_str().unwrap()), (404, "not_found"), "{path}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn openapi_document_is_served_without_credential() {
+    let s = TestServer::start().await;
+    let resp = s.http.get(s.url("/v1/openapi.json")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let content_type = resp.headers().get("content-type").unwrap().to_str().unwrap().to_string();
+    assert!(content_type.starts_with("application/json"), "{content_type}");
+    let served: Value = resp.json().await.unwrap();
+    assert_eq!(served, spec());
+}
+
+#[tokio::test]
+async fn query_parameters_are_validated() {
+    let s = TestServer::start().await;
+    for (query, code) in [
+        ("limit=0", "invalid_query"),
+        ("limit=201", "invalid_query"),
+        ("limit=-1", "invalid_query"),
+        ("limit=abc", "invalid_query"),
+        ("cursor=!!!", "invalid_cursor"),
+    ] {
+        let (status, body) = error_body(s.get(&format!("/v1/api-keys?{query}"), &s.admin_key).await).await;
+        assert_eq!(status, 400, "{query}: {body}");
+        assert_eq!(body["error_code"], code, "{query}: {body}");
+    }
+    // The bounds themselves are fine.
+    for query in ["limit=1", "limit=200"] {
+        assert_eq!(s.get(&format!("/v1/api-keys?{query}"), &s.admin_key).await.status().as_u16(), 200, "{query}");
+    }
+}
+
+#[tokio::test]
+async fn request_bodies_over_one_mib_are_refused() {
+    let s = TestServer::start().await;
+    let body = json!({ "label": "x".repeat(2 * 1024 * 1024) }).to_string();
+    assert!(body.len() > 2 * 1024 * 1024);
+    let resp = s.post_json("/v1/api-keys", &s.admin_key, &body).await;
+    let status = resp.status().as_u16();
+    assert_eq!(status, 413);
+    let is_json = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        let (_, body) = error_body(resp).await;
+        assert_eq!(body["error_code"], "body_too_large", "{body}");
+    }
+    // Nothing was created.
+    let list: Value = s.get("/v1/api-keys", &s.admin_key).await.json().await.unwrap();
+    assert_eq!(list["keys"].as_array().unwrap().len(), 1, "{list}");
+}
+
+async fn create_key(s: &TestServer, label: &str) -> String {
+    let resp = s.post_json("/v1/api-keys", &s.admin_key, &json!({ "label": label }).to_string()).await;
+    assert_eq!(resp.status().as_u16(), 201, "creating {label}");
+    let body: Value = resp.json().await.unwrap();
+    body["id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn pagination_returns_every_key_once() {
+    let s = TestServer::start().await;
+    for i in 0..23 {
+        create_key(&s, &format!("page {i}")).await;
+    }
+    let all: Value = s.get("/v1/api-keys?limit=200", &s.admin_key).await.json().await.unwrap();
+    let before: Vec<String> =
+        all["keys"].as_array().unwrap().iter().map(|k| k["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(before.len(), 24, "23 created and the first-start key");
+    assert!(all["next_cursor"].is_null());
+
+    // At most 25 active keys per user: revoke some (they are still listed)
+    // to make room for the keys created while paging.
+    for id in &before[..12] {
+        let resp = s.http.delete(s.url(&format!("/v1/api-keys/{id}"))).header("x-api-key", &s.admin_key).send().await;
+        assert_eq!(resp.unwrap().status().as_u16(), 200);
+    }
+
+    let mut seen: Vec<String> = Vec::new();
+    let mut created_while_paging = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/api-keys?limit=5&cursor={c}"),
+            None => "/v1/api-keys?limit=5".to_string(),
+        };
+        let resp = s.get(&path, &s.admin_key).await;
+        assert_eq!(resp.status().as_u16(), 200, "{path}");
+        let page: Value = resp.json().await.unwrap();
+        pages += 1;
+        assert!(pages <= 10, "paging does not end");
+        let keys = page["keys"].as_array().unwrap();
+        assert!(keys.len() <= 5, "{page}");
+        seen.extend(keys.iter().map(|k| k["id"].as_str().unwrap().to_string()));
+        match page["next_cursor"].as_str() {
+            Some(c) => {
+                assert_eq!(keys.len(), 5, "a page before the last one is full");
+                cursor = Some(c.to_string());
+            }
+            None => {
+                assert!(page["next_cursor"].is_null(), "{page}");
+                break;
+            }
+        }
+        for j in 0..2 {
+            created_while_paging.push(create_key(&s, &format!("while paging {pages}.{j}")).await);
+        }
+    }
+    assert_eq!(pages, 5, "24 keys in pages of 5");
+    assert_eq!(created_while_paging.len(), 8);
+
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for id in &seen {
+        *counts.entry(id.as_str()).or_default() += 1;
+    }
+    for id in &before {
+        assert_eq!(counts.get(id.as_str()), Some(&1), "{id} is listed exactly once");
+    }
+    // Keys created after the first page are newer than every cursor, so
+    // they do not show up in later pages.
+    for id in &created_while_paging {
+        assert!(!counts.contains_key(id.as_str()), "{id} was created while paging and still listed");
+    }
+    assert_eq!(seen, before, "newest first, and nothing else");
+    let mut descending = seen.clone();
+    descending.sort_by(|a, b| b.cmp(a));
+    assert_eq!(seen, descending, "ids descending");
+}
