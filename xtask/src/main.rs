@@ -35,8 +35,12 @@ enum Command {
 }
 
 fn workspace_root() -> PathBuf {
-    // xtask/ is one level below the workspace root.
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default()
+    // xtask/ is one level below the workspace root. `cargo run` sets the
+    // variable at run time too, which is right even when the binary was built
+    // from another copy of the tree.
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    let manifest_dir = manifest_dir.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir.parent().map(PathBuf::from).unwrap_or_default()
 }
 
 fn main() -> ExitCode {
