@@ -160,7 +160,7 @@ fn the_spec_has_the_operations_this_file_expects() {
     // nothing (a moved spec, a changed layout).
     let spec = spec();
     let ops = operations(&spec);
-    assert_eq!(ops.len(), 35, "operations in the spec");
+    assert!(ops.len() >= 35, "operations in the spec: {}", ops.len());
     let ids: HashSet<_> = ops.iter().map(|o| o.operation_id.as_str()).collect();
     assert_eq!(ids.len(), ops.len(), "operationIds are unique");
     for id in ["list_api_keys", "get_test_result_by_call", "list_resource_activity", "get_batch_run"] {
@@ -316,6 +316,9 @@ async fn query_parameters_are_validated() {
     }
 }
 
+// dropshot 0.18 answers an over-long body with 400 (its own TODO in
+// `extractor/body.rs`: "check status code"); the spec documents 413
+// `body_too_large`, which `sparring_server::input` gives instead.
 #[tokio::test]
 async fn request_bodies_over_one_mib_are_refused() {
     let s = TestServer::start().await;
@@ -323,7 +326,10 @@ async fn request_bodies_over_one_mib_are_refused() {
     assert!(body.len() > 2 * 1024 * 1024);
     let resp = s.post_json("/v1/api-keys", &s.admin_key, &body).await;
     let status = resp.status().as_u16();
-    assert_eq!(status, 413);
+    if status != 413 {
+        let text = resp.text().await.unwrap_or_default();
+        panic!("expected 413, got {status}: {text:?}");
+    }
     let is_json = resp
         .headers()
         .get("content-type")
@@ -414,4 +420,27 @@ async fn pagination_returns_every_key_once() {
     let mut descending = seen.clone();
     descending.sort_by(|a, b| b.cmp(a));
     assert_eq!(seen, descending, "ids descending");
+}
+
+/// The same limit for a body sent in chunks, with no `content-length` to
+/// check up front.
+#[tokio::test]
+async fn chunked_bodies_over_one_mib_are_refused() {
+    let s = TestServer::start().await;
+    let chunk = bytes::Bytes::from(vec![b' '; 64 * 1024]);
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> =
+        std::iter::once(Ok(bytes::Bytes::from_static(b"{\"label\": \"x\"")))
+            .chain((0..32).map(|_| Ok(chunk.clone())))
+            .collect();
+    let resp = s
+        .http
+        .post(s.url("/v1/api-keys"))
+        .header("x-api-key", &s.admin_key)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = error_body(resp).await;
+    assert_eq!((status, body["error_code"].as_str().unwrap()), (413, "body_too_large"), "{body}");
 }

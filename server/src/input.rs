@@ -169,13 +169,45 @@ where
         request: hyper::Request<dropshot::Body>,
     ) -> Result<Self, HttpError> {
         check_json_content_type(&request)?;
-        let raw = UntypedBody::from_request(rqctx, request).await?;
+        let raw = read_body(rqctx, request).await?;
         parse_json(raw.as_bytes()).map(JsonBody)
     }
 
     fn metadata(body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
         <TypedBody<T> as ExclusiveExtractor>::metadata(body_content_type)
     }
+}
+
+/// Reads the whole body. Over the server's limit is a 413: dropshot's own
+/// extractors answer 400 there, so the declared length is checked first and
+/// dropshot's streaming check (for bodies without one) is mapped.
+async fn read_body<Context: ServerContext>(
+    rqctx: &RequestContext<Context>,
+    request: hyper::Request<dropshot::Body>,
+) -> Result<UntypedBody, HttpError> {
+    let max = rqctx.request_body_max_bytes();
+    let too_large = || {
+        HttpError::for_client_error(
+            Some(ErrorCode::BODY_TOO_LARGE.to_string()),
+            dropshot::ClientErrorStatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body is larger than the limit of {max} bytes"),
+        )
+    };
+    let declared = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    UntypedBody::from_request(rqctx, request).await.map_err(|e| {
+        if e.external_message.starts_with("request body exceeded maximum size") {
+            too_large()
+        } else {
+            e
+        }
+    })
 }
 
 /// A body that is not JSON is refused; no `content-type` at all is read as
@@ -264,7 +296,7 @@ where
         request: hyper::Request<dropshot::Body>,
     ) -> Result<Self, HttpError> {
         check_json_content_type(&request)?;
-        let raw = UntypedBody::from_request(rqctx, request).await?;
+        let raw = read_body(rqctx, request).await?;
         let bytes = raw.as_bytes();
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(OptionalJsonBody(None));

@@ -1,0 +1,343 @@
+//! The real `sparring` binary as a child process: first-start key, admin
+//! commands, signals, logs.
+//!
+//! Nothing here sleeps to wait for an event: the child's output is read by
+//! threads that wake the test on every line, and every wait has a deadline.
+
+use std::io::{BufRead as _, BufReader, Read};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sparring");
+const DEADLINE: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+struct Output {
+    stdout: String,
+    stderr: String,
+    stdout_closed: bool,
+    stderr_closed: bool,
+}
+
+impl Output {
+    fn closed(&self) -> bool {
+        self.stdout_closed && self.stderr_closed
+    }
+}
+
+#[derive(Default)]
+struct Captured {
+    output: Mutex<Output>,
+    changed: Condvar,
+}
+
+/// A child process whose stdout and stderr are collected as they come. It is
+/// killed on drop, so a failing test never leaks it.
+struct Proc {
+    child: Child,
+    captured: Arc<Captured>,
+    what: String,
+}
+
+fn read_into(stream: impl Read + Send + 'static, captured: Arc<Captured>, stdout: bool) {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = reader.read_until(b'\n', &mut line).unwrap_or(0);
+            let mut out = captured.output.lock().unwrap();
+            if n == 0 {
+                if stdout {
+                    out.stdout_closed = true;
+                } else {
+                    out.stderr_closed = true;
+                }
+                captured.changed.notify_all();
+                return;
+            }
+            let text = String::from_utf8_lossy(&line);
+            if stdout {
+                out.stdout.push_str(&text);
+            } else {
+                out.stderr.push_str(&text);
+            }
+            captured.changed.notify_all();
+        }
+    });
+}
+
+impl Proc {
+    fn spawn(args: &[&str]) -> Proc {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // Only the arguments configure it.
+        for var in [
+            "SPARRING_BIND",
+            "SPARRING_DATA_DIR",
+            "SPARRING_OIDC_ISSUER",
+            "SPARRING_OIDC_AUDIENCE",
+            "SPARRING_OIDC_JWKS",
+            "SPARRING_LOG_FORMAT",
+        ] {
+            cmd.env_remove(var);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let captured = Arc::new(Captured::default());
+        read_into(child.stdout.take().unwrap(), captured.clone(), true);
+        read_into(child.stderr.take().unwrap(), captured.clone(), false);
+        Proc { child, captured, what: format!("sparring {}", args.join(" ")) }
+    }
+
+    /// Waits until `done` holds for the output so far. `Err` with the output
+    /// if the process closed its output (exited) first or the deadline passed.
+    fn wait_for(&self, done: impl Fn(&Output) -> bool) -> Result<(), String> {
+        let deadline = Instant::now() + DEADLINE;
+        let mut out = self.captured.output.lock().unwrap();
+        loop {
+            if done(&out) {
+                return Ok(());
+            }
+            let why = if out.closed() {
+                "the process ended"
+            } else if Instant::now() >= deadline {
+                "timed out"
+            } else {
+                let left = deadline.saturating_duration_since(Instant::now());
+                out = self.captured.changed.wait_timeout(out, left).unwrap().0;
+                continue;
+            };
+            return Err(format!("{}: {why}\n--- stdout\n{}\n--- stderr\n{}", self.what, out.stdout, out.stderr));
+        }
+    }
+
+    fn expect(&self, what: &str, done: impl Fn(&Output) -> bool) {
+        if let Err(e) = self.wait_for(done) {
+            panic!("waiting for {what}: {e}");
+        }
+    }
+
+    /// Waits (with the deadline) for the process to end.
+    fn wait_exit(&mut self) -> ExitStatus {
+        self.expect("the process to end", Output::closed);
+        // Both pipes are closed: the process is exiting.
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{}: closed its output but did not exit", self.what);
+            std::thread::yield_now();
+        }
+    }
+
+    /// SIGTERM, then wait for the exit.
+    fn terminate(&mut self) -> ExitStatus {
+        let status = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success(), "kill -TERM failed");
+        self.wait_exit()
+    }
+
+    fn stdout(&self) -> String {
+        self.captured.output.lock().unwrap().stdout.clone()
+    }
+
+    fn stderr(&self) -> String {
+        self.captured.output.lock().unwrap().stderr.clone()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs an admin command to its end.
+fn run(args: &[&str]) -> (ExitStatus, String, String) {
+    let mut p = Proc::spawn(args);
+    let status = p.wait_exit();
+    (status, p.stdout(), p.stderr())
+}
+
+/// A running `sparring serve`, and its base URL.
+struct Server {
+    proc: Proc,
+    base: String,
+}
+
+const SERVING: &str = "\"msg\":\"serving\"";
+
+/// Starts `sparring serve` on a free loopback port and waits until it logs
+/// that it is serving.
+fn serve(data_dir: &Path) -> Server {
+    let data_dir = data_dir.to_str().unwrap();
+    for _attempt in 0..3 {
+        // The port is free now; another process could take it before the
+        // server binds it, so a bind failure is retried on another port.
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let bind = format!("127.0.0.1:{port}");
+        let proc = Proc::spawn(&["serve", "--bind", &bind, "--data-dir", data_dir, "--log-format", "json"]);
+        match proc.wait_for(|o| o.stderr.contains(SERVING)) {
+            Ok(()) => return Server { proc, base: format!("http://{bind}") },
+            Err(e) if e.contains("starting the server") => continue,
+            Err(e) => panic!("starting the server: {e}"),
+        }
+    }
+    panic!("no free port after 3 attempts");
+}
+
+impl Server {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+fn is_key(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix("spk_") else { return false };
+    rest.len() == 43 && rest.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// Every `spk_…` token in `text`.
+fn keys_in(text: &str) -> Vec<String> {
+    let mut keys = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("spk_") {
+        let token: String =
+            rest[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_').collect();
+        rest = &rest[i + token.len()..];
+        keys.push(token);
+    }
+    keys
+}
+
+#[tokio::test]
+async fn first_start_prints_one_key_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = http();
+
+    let mut server = serve(dir.path());
+    // The message is printed whole; its last line is the curl example.
+    server
+        .proc
+        .expect("the first-start key on stdout", |o| o.stdout.contains("spk_") && o.stdout.contains("/v1/api-keys\n"));
+    let stdout = server.proc.stdout();
+    let keys = keys_in(&stdout);
+    assert!(!keys.is_empty(), "{stdout}");
+    let key = keys[0].clone();
+    assert!(is_key(&key), "not a key: {key}");
+    assert!(keys.iter().all(|k| *k == key), "one key only: {keys:?}");
+    let curl = stdout.lines().map(str::trim).find(|l| l.starts_with("curl")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(curl.contains(&key) && curl.contains(&server.url("/v1/api-keys")), "{curl}");
+
+    let resp = client.get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let list: Value = resp.json().await.unwrap();
+    assert_eq!(list["keys"].as_array().unwrap().len(), 1, "{list}");
+
+    let status = server.proc.terminate();
+    assert!(status.success(), "exit after SIGTERM: {status}\n{}", server.proc.stderr());
+
+    // Second start on the same data dir: no new key, the first one works.
+    let mut server = serve(dir.path());
+    let resp = client.get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let status = server.proc.terminate();
+    assert!(status.success(), "exit after SIGTERM: {status}\n{}", server.proc.stderr());
+    let stdout = server.proc.stdout();
+    assert!(!stdout.contains("spk_"), "a key on the second start: {stdout}");
+}
+
+#[tokio::test]
+async fn admin_create_key_prints_the_key_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let args = ["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "deploy"];
+    let mut keys = Vec::new();
+    for _ in 0..2 {
+        let (status, stdout, stderr) = run(&args);
+        assert!(status.success(), "{status}: {stderr}");
+        let printed = stdout.trim();
+        assert_eq!(printed.lines().count(), 1, "{stdout:?}");
+        assert!(is_key(printed), "not a key alone: {stdout:?}");
+        keys.push(printed.to_string());
+    }
+    assert_ne!(keys[0], keys[1], "each run makes a new key");
+
+    let client = http();
+    let mut server = serve(dir.path());
+    for key in &keys {
+        let resp = client.get(server.url("/v1/api-keys")).header("x-api-key", key).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let list: Value = resp.json().await.unwrap();
+        let listed = list["keys"].as_array().unwrap();
+        assert_eq!(listed.len(), 2, "{list}");
+        assert!(listed.iter().all(|k| k["label"] == "deploy"), "{list}");
+        assert!(listed.iter().any(|k| key.starts_with(k["prefix"].as_str().unwrap())), "{list}");
+    }
+    let status = server.proc.terminate();
+    assert!(status.success(), "{status}");
+    // The database already had a user: no first-start admin key.
+    assert!(!server.proc.stdout().contains("spk_"), "{}", server.proc.stdout());
+}
+
+#[test]
+fn bad_label_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    for label in ["", "   ", &"x".repeat(101)] {
+        let (status, stdout, stderr) =
+            run(&["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", label]);
+        assert!(!status.success(), "label {label:?} accepted: {stdout}");
+        assert!(stderr.contains("label"), "label {label:?}: stderr does not mention the label: {stderr}");
+        assert!(!stdout.contains("spk_"), "label {label:?}: a key was printed: {stdout}");
+    }
+}
+
+#[tokio::test]
+async fn logs_are_json_and_carry_the_request_id_but_no_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = serve(dir.path());
+    server.proc.expect("the first-start key on stdout", |o| o.stdout.contains("/v1/api-keys\n"));
+    let key = keys_in(&server.proc.stdout())[0].clone();
+    assert!(is_key(&key));
+
+    let client = http();
+    let resp = client.get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let req_id = resp.headers().get("x-request-id").expect("x-request-id header").to_str().unwrap().to_string();
+    assert!(!req_id.is_empty());
+    // A wrong key (one character changed) is not logged either.
+    let mut wrong = key.clone();
+    let last = wrong.pop().unwrap();
+    wrong.push(if last == 'A' { 'B' } else { 'A' });
+    let resp = client.get(server.url("/v1/api-keys")).header("x-api-key", &wrong).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+
+    let status = server.proc.terminate();
+    assert!(status.success(), "{status}");
+    let stderr = server.proc.stderr();
+    let mut lines = 0;
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        let parsed: Result<Value, _> = serde_json::from_str(line);
+        assert!(parsed.is_ok_and(|v| v.is_object()), "not a JSON log line: {line}");
+        lines += 1;
+    }
+    assert!(lines > 0);
+    let needle = format!("\"req_id\":\"{req_id}\"");
+    assert!(stderr.lines().any(|l| l.contains(&needle)), "no log line with {needle}:\n{stderr}");
+    assert!(!stderr.contains(&key[12..]), "the key is in the log");
+    assert!(!stderr.contains(&wrong[12..]), "a wrong key is in the log");
+}
