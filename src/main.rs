@@ -68,6 +68,10 @@ struct ServeArgs {
     /// over HTTP (offline): once per issuer, in the same order.
     #[arg(long = "oidc-jwks", env = "SPARRING_OIDC_JWKS", value_delimiter = ',')]
     oidc_jwks: Vec<PathBuf>,
+    /// The key that seals stored secrets (created if missing; default
+    /// `<data dir>/secret.key`).
+    #[arg(long, env = "SPARRING_SECRET_KEY_FILE")]
+    secret_key_file: Option<PathBuf>,
     /// Log format: JSON lines (bunyan) or human-readable.
     #[arg(long, env = "SPARRING_LOG_FORMAT", value_enum, default_value = "json")]
     log_format: LogFormat,
@@ -146,7 +150,12 @@ fn main() -> ExitCode {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let log = logger(args.log_format);
-    let config = sparring_impl::Config { bind: args.bind, data_dir: args.data_dir.clone(), oidc: args.issuers()? };
+    let config = sparring_impl::Config {
+        bind: args.bind,
+        data_dir: args.data_dir.clone(),
+        oidc: args.issuers()?,
+        secret_key_file: args.secret_key_file.clone(),
+    };
     let server = sparring_impl::start(config, log.clone()).await?;
     let addr = server.local_addr();
     slog::info!(log, "serving"; "address" => %addr, "data_dir" => %args.data_dir.display());

@@ -9,19 +9,25 @@
 //! - API keys (`/api-keys…`): [`http`] → [`api_keys`].
 //! - Authentication (every operation): [`auth`], [`oidc`], [`users`].
 //! - Activity records written by mutations: [`activity`].
-//! - Lists: [`pagination`].
+//! - Lists: [`pagination`]. Who may do what in a project: [`access`].
+//! - Input parsing shared by resources: [`validate`]; the domain's error:
+//!   [`failure`]; secrets at rest: [`secrets`].
 //! - Every other operation of the spec answers 501 `not_implemented` from
 //!   [`http`] until it is built.
 
+pub mod access;
 pub mod activity;
 pub mod api_keys;
 pub mod auth;
+pub mod failure;
 pub mod http;
 pub mod ids;
 pub mod oidc;
 pub mod pagination;
+pub mod secrets;
 pub mod store;
 pub mod users;
+pub mod validate;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -35,6 +41,7 @@ use sparring_server::ApiContext;
 use crate::api_keys::RawKey;
 use crate::auth::LastUsed;
 use crate::oidc::{IssuerConfig, Oidc};
+use crate::secrets::Secrets;
 use crate::store::Store;
 
 /// The largest request body accepted (413 above it).
@@ -46,11 +53,21 @@ pub struct Config {
     pub bind: SocketAddr,
     pub data_dir: PathBuf,
     pub oidc: Vec<IssuerConfig>,
+    /// The secret key sealing stored secrets; `<data dir>/secret.key` if
+    /// not given.
+    pub secret_key_file: Option<PathBuf>,
+}
+
+impl Config {
+    pub fn secret_key_path(&self) -> PathBuf {
+        self.secret_key_file.clone().unwrap_or_else(|| self.data_dir.join(secrets::KEY_FILE))
+    }
 }
 
 /// Everything a request handler can reach.
 pub struct AppState {
     pub store: Store,
+    pub secrets: Secrets,
     pub oidc: Oidc,
     pub last_used: LastUsed,
     /// (issuer, subject) → user id, for users already signed in.
@@ -91,10 +108,12 @@ impl RunningServer {
 
 pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningServer> {
     let store = open_store(&config.data_dir)?;
+    let secrets = Secrets::load_or_create(&config.secret_key_path())?;
     let first_start_key = users::bootstrap_admin(&store).await?.map(RawKey::expose);
     let oidc = Oidc::new(config.oidc.clone(), &log).await?;
     let state = Arc::new(AppState {
         store,
+        secrets,
         oidc,
         last_used: LastUsed::default(),
         oidc_users: Mutex::new(HashMap::new()),

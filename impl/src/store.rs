@@ -20,7 +20,10 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 /// The migrations, in order. Append only: a released file never changes.
-const MIGRATIONS: &[(&str, &str)] = &[("0001_foundation", include_str!("../migrations/0001_foundation.sql"))];
+const MIGRATIONS: &[(&str, &str)] = &[
+    ("0001_foundation", include_str!("../migrations/0001_foundation.sql")),
+    ("0002_projects_and_testing_model", include_str!("../migrations/0002_projects_and_testing_model.sql")),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -52,6 +52,7 @@ impl TestServer {
             bind: "127.0.0.1:0".parse().unwrap(),
             data_dir: data_dir.path().to_path_buf(),
             oidc,
+            secret_key_file: None,
         };
         let server = sparring_impl::start(config, logger).await.unwrap();
         let admin_key = server.first_start_key.clone().expect("a fresh database gets an admin key");

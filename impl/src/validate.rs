@@ -1,0 +1,181 @@
+//! Parsing of input fields shared by several resources. Each function takes
+//! the field's name (as the client wrote it, e.g. `steps[2].say`) so that a
+//! failure is a 400 `invalid_<field>` whose message names it.
+
+use crate::failure::{Failure, Result};
+
+pub const MAX_NAME: usize = 100;
+pub const MAX_DESCRIPTION: usize = 2000;
+pub const MAX_PROMPT: usize = 20_000;
+pub const MAX_TAGS: usize = 50;
+pub const MAX_TAG: usize = 50;
+
+/// A name: 1 to 100 characters, not blank, no control characters.
+pub fn name(field: &str, value: &str) -> Result<String> {
+    let n = value.chars().count();
+    if value.trim().is_empty() {
+        return Err(Failure::invalid(field, "must not be empty or blank"));
+    }
+    if n > MAX_NAME {
+        return Err(Failure::invalid(field, format_args!("must be at most {MAX_NAME} characters, got {n}")));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(Failure::invalid(field, "must not contain control characters"));
+    }
+    Ok(value.to_string())
+}
+
+/// Free text up to `max` characters; line breaks and tabs allowed, other
+/// control characters not.
+pub fn text(field: &str, value: &str, max: usize) -> Result<String> {
+    let n = value.chars().count();
+    if n > max {
+        return Err(Failure::invalid(field, format_args!("must be at most {max} characters, got {n}")));
+    }
+    if value.chars().any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r') {
+        return Err(Failure::invalid(field, "must not contain control characters other than line breaks and tabs"));
+    }
+    Ok(value.to_string())
+}
+
+/// Non-empty free text up to `max` characters.
+pub fn required_text(field: &str, value: &str, max: usize) -> Result<String> {
+    if value.trim().is_empty() {
+        return Err(Failure::invalid(field, "must not be empty or blank"));
+    }
+    text(field, value, max)
+}
+
+/// An E.164 phone number: `+`, then 2 to 15 digits, the first not 0.
+pub fn e164(field: &str, value: &str) -> Result<String> {
+    let digits = value.strip_prefix('+').unwrap_or("");
+    let ok = (2..=15).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()) && !digits.starts_with('0');
+    if !ok {
+        return Err(Failure::invalid(field, format_args!("`{value}` is not an E.164 number (like +14155550123)")));
+    }
+    Ok(value.to_string())
+}
+
+/// An absolute URL with one of `schemes` and a host.
+pub fn url(field: &str, value: &str, schemes: &[&str]) -> Result<String> {
+    let parsed =
+        url::Url::parse(value).map_err(|e| Failure::invalid(field, format_args!("`{value}` is not a URL ({e})")))?;
+    if !schemes.contains(&parsed.scheme()) {
+        return Err(Failure::invalid(
+            field,
+            format_args!("must be a {} URL, got `{}`", schemes.join(" or "), parsed.scheme()),
+        ));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(Failure::invalid(field, "must have a host"));
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(Failure::invalid(field, "must not carry credentials; use headers or credentials instead"));
+    }
+    Ok(value.to_string())
+}
+
+/// A BCP-47 language tag (`en`, `en-US`, `pt-BR`, `zh-Hant-TW`).
+pub fn language(field: &str, value: &str) -> Result<String> {
+    let tag = language_tags::LanguageTag::parse(value)
+        .map_err(|e| Failure::invalid(field, format_args!("`{value}` is not a BCP-47 language tag ({e})")))?;
+    tag.validate()
+        .map_err(|e| Failure::invalid(field, format_args!("`{value}` is not a valid BCP-47 language tag ({e})")))?;
+    Ok(value.to_string())
+}
+
+/// Tags: at most 50, each 1 to 50 characters without control characters;
+/// duplicates removed, order kept.
+pub fn tags(field: &str, values: &[String]) -> Result<Vec<String>> {
+    if values.len() > MAX_TAGS {
+        return Err(Failure::invalid(field, format_args!("at most {MAX_TAGS} tags, got {}", values.len())));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(values.len());
+    for (i, t) in values.iter().enumerate() {
+        let f = format!("{field}[{i}]");
+        let n = t.chars().count();
+        if t.trim().is_empty() || n > MAX_TAG || t.chars().any(char::is_control) {
+            return Err(Failure::invalid(
+                &f,
+                format_args!("a tag is 1 to {MAX_TAG} characters without control characters"),
+            ));
+        }
+        if !out.contains(t) {
+            out.push(t.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// An integer within `min..=max`.
+pub fn range<T: PartialOrd + std::fmt::Display + Copy>(field: &str, value: T, min: T, max: T) -> Result<T> {
+    if value < min || value > max {
+        return Err(Failure::invalid(field, format_args!("must be from {min} to {max}, got {value}")));
+    }
+    Ok(value)
+}
+
+/// A regular expression that compiles (so a bad one is a 400 now, not a
+/// failure when a test runs).
+pub fn regex(field: &str, pattern: &str) -> Result<String> {
+    if pattern.len() > 1000 {
+        return Err(Failure::invalid(field, "must be at most 1000 characters"));
+    }
+    regex::RegexBuilder::new(pattern)
+        .size_limit(1 << 20)
+        .build()
+        .map_err(|e| Failure::invalid(field, format_args!("is not a valid regular expression: {e}")))?;
+    Ok(pattern.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(r: Result<String>) -> String {
+        match r {
+            Err(Failure::Invalid { code, message }) => format!("{code}: {message}"),
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn fields_are_named_in_codes_and_messages() {
+        assert_eq!(code(name("name", " ")), "invalid_name: name: must not be empty or blank");
+        assert!(code(e164("phone_numbers[1].number", "555")).starts_with("invalid_number: phone_numbers[1].number:"));
+        assert!(code(text("steps[3]", &"x".repeat(11), 10)).starts_with("invalid_steps: steps[3]:"));
+    }
+
+    #[test]
+    fn e164_numbers() {
+        assert!(e164("n", "+14155550123").is_ok());
+        for bad in ["14155550123", "+0123", "+1", "+1234567890123456", "+1-415-555", ""] {
+            assert!(e164("n", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn urls() {
+        assert!(url("u", "https://agent.example.com/turn", &["http", "https"]).is_ok());
+        assert!(url("u", "wss://agent.example.com/ws", &["ws", "wss"]).is_ok());
+        assert!(url("u", "ftp://x", &["http", "https"]).is_err());
+        assert!(url("u", "https://user:pw@x.example", &["https"]).is_err());
+        assert!(url("u", "not a url", &["https"]).is_err());
+    }
+
+    #[test]
+    fn languages() {
+        for ok in ["en", "en-US", "pt-BR", "zh-Hant-TW", "es-419"] {
+            assert!(language("language", ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "english", "en_US", "e"] {
+            assert!(language("language", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn regexes() {
+        assert!(regex("pattern", r"^book(ed|ing)\s+\d+").is_ok());
+        assert!(regex("pattern", "(unclosed").is_err());
+    }
+}
