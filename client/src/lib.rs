@@ -2,13 +2,12 @@
 //! (`generated.rs`, never edited by hand), plus a constructor that
 //! authenticates every request with an API key.
 //!
-//! ```no_run
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = sparring_client::Client::with_api_key("http://127.0.0.1:8080/v1", "spk_…")?;
-//! let keys = client.list_api_keys().send().await?;
-//! println!("{} keys", keys.keys.len());
-//! # Ok(()) }
+//! ```text
+//! let client = sparring_client::Client::with_api_key("http://127.0.0.1:8080/v1", &key)?;
+//! let keys = client.list_api_keys().send().await?.into_inner();
 //! ```
+//!
+//! `client/examples/` has complete programs.
 
 #[allow(clippy::all, unused_imports, dead_code, missing_docs)]
 mod generated;
