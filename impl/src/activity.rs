@@ -39,3 +39,130 @@ pub fn record(tx: &rusqlite::Transaction<'_>, actor: &Actor, r: Record<'_>) -> R
     )?;
     Ok(())
 }
+
+// Reading the log. A record is visible to its actor and to the members of
+// its project; to anyone else it does not exist.
+
+use rusqlite::OptionalExtension as _;
+use sparring_server::{params as p, types, Caller};
+
+use crate::failure::{Failure, Result};
+use crate::pagination::PageRequest;
+use crate::store::Store;
+
+const COLUMNS: &str = "a.id, a.actor_user_id, a.credential, a.api_key_id, a.action, a.resource_type, a.resource_id, \
+                       a.project_id, a.summary, a.changes, a.created_at";
+
+/// Who may see a record: `?1` is the caller's user id.
+const VISIBLE: &str =
+    "(a.actor_user_id = ?1 OR a.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1))";
+
+fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Activity> {
+    let credential: String = row.get(2)?;
+    let changes: String = row.get(9)?;
+    let created: String = row.get(10)?;
+    Ok(types::Activity {
+        id: row.get(0)?,
+        actor: types::ActivityActor {
+            user_id: row.get(1)?,
+            credential: match credential.as_str() {
+                "api_key" => types::CredentialKind::ApiKey,
+                "id_token" => types::CredentialKind::IdToken,
+                _ => types::CredentialKind::System,
+            },
+            api_key_id: row.get(3)?,
+        },
+        action: row.get(4)?,
+        resource_type: row.get(5)?,
+        resource_id: row.get(6)?,
+        project_id: row.get(7)?,
+        summary: row.get(8)?,
+        changes: serde_json::from_str(&changes).unwrap_or_default(),
+        created_at: ids::parse_time(&created).unwrap_or_default(),
+    })
+}
+
+fn page_of(query_limit: Option<i32>, cursor: Option<&str>) -> Result<PageRequest> {
+    PageRequest::parse(query_limit, cursor).map_err(|e| Failure::invalid("cursor", e))
+}
+
+/// `GET /activity`: newest first, filtered by project, resource type,
+/// action and time.
+pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) -> Result<types::ActivityList> {
+    let page = page_of(query.limit, query.cursor.as_deref())?;
+    if let (Some(since), Some(until)) = (&query.since, &query.until) {
+        if since > until {
+            return Err(Failure::invalid("since", "must not be after `until`"));
+        }
+    }
+    let since = query.since.as_ref().map(ids::format_time);
+    let until = query.until.as_ref().map(ids::format_time);
+    store
+        .read(move |tx| {
+            let rows = tx
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM activity a WHERE {VISIBLE}
+                       AND (?2 IS NULL OR a.project_id = ?2) AND (?3 IS NULL OR a.resource_type = ?3)
+                       AND (?4 IS NULL OR a.action = ?4) AND (?5 IS NULL OR a.created_at >= ?5)
+                       AND (?6 IS NULL OR a.created_at <= ?6) AND (?7 IS NULL OR a.id < ?7)
+                     ORDER BY a.id DESC LIMIT ?8"
+                ))?
+                .query_map(
+                    params![
+                        caller.user_id,
+                        query.project_id,
+                        query.resource_type,
+                        query.action,
+                        since,
+                        until,
+                        page.after,
+                        page.fetch_limit()
+                    ],
+                    from_row,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |a| a.id.clone());
+            Ok(types::ActivityList { activity: page.items, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+pub async fn get(store: &Store, caller: Caller, path: p::GetActivityPath) -> Result<types::Activity> {
+    store
+        .read(move |tx| {
+            tx.prepare_cached(&format!("SELECT {COLUMNS} FROM activity a WHERE a.id = ?2 AND {VISIBLE}"))?
+                .query_row(params![caller.user_id, path.id], from_row)
+                .optional()?
+                .ok_or_else(|| Failure::not_found("activity record", &path.id))
+        })
+        .await
+}
+
+/// The history of one resource, oldest or newest first.
+pub async fn list_for_resource(
+    store: &Store,
+    caller: Caller,
+    path: p::ListResourceActivityPath,
+    query: p::ListResourceActivityQuery,
+) -> Result<types::ActivityList> {
+    let page = page_of(query.limit, query.cursor.as_deref())?;
+    let ascending = matches!(query.order, Some(types::SortOrder::Asc));
+    let (order, after) = if ascending { ("ASC", ">") } else { ("DESC", "<") };
+    store
+        .read(move |tx| {
+            let rows = tx
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM activity a WHERE {VISIBLE}
+                       AND a.resource_type = ?2 AND a.resource_id = ?3 AND (?4 IS NULL OR a.id {after} ?4)
+                     ORDER BY a.id {order} LIMIT ?5"
+                ))?
+                .query_map(
+                    params![caller.user_id, path.resource_type, path.resource_id, page.after, page.fetch_limit()],
+                    from_row,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |a| a.id.clone());
+            Ok(types::ActivityList { activity: page.items, next_cursor: page.next_cursor })
+        })
+        .await
+}

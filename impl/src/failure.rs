@@ -18,6 +18,9 @@ pub enum Failure {
     /// 409: the state does not allow it.
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
+    /// 501: part of the API, not built yet.
+    #[error("`{0}` is not implemented yet")]
+    NotImplemented(&'static str),
     #[error(transparent)]
     Store(#[from] StoreError),
 }

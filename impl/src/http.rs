@@ -5,11 +5,14 @@
 use dropshot::{Body, HttpError, RequestContext};
 use http::Response;
 use sparring_server::types;
-use sparring_server::{params, ApiContext, ApiError, Caller, SparringApi};
+use sparring_server::{params, ApiContext, ApiError, BodyFields, Caller, SparringApi};
 
 use crate::api_keys::{self, ApiKeyError, ApiKeyLabel};
 use crate::auth::Actor;
 use crate::pagination::{InvalidCursor, PageRequest};
+use dropshot::ErrorStatusCode;
+
+use crate::failure::Failure;
 use crate::AppState;
 
 pub enum ServerImpl {}
@@ -28,6 +31,17 @@ fn api_key_error<B>(e: ApiKeyError) -> ApiError<B> {
         ApiKeyError::NotFound(_) => ApiError::not_found(message),
         ApiKeyError::Revoked(_) => ApiError::conflict("key_revoked", message),
         ApiKeyError::Store(e) => ApiError::internal(e),
+    }
+}
+
+fn failure<B>(f: Failure) -> ApiError<B> {
+    match f {
+        Failure::Invalid { code, message } => ApiError::bad_request(code, message),
+        Failure::NotFound(message) => ApiError::not_found(message),
+        Failure::Forbidden(message) => ApiError::new(ErrorStatusCode::FORBIDDEN, "forbidden", message),
+        Failure::Conflict { code, message } => ApiError::conflict(code, message),
+        Failure::NotImplemented(operation) => ApiError::not_implemented(operation),
+        Failure::Store(e) => ApiError::internal(e),
     }
 }
 
@@ -144,29 +158,328 @@ impl SparringApi for ServerImpl {
             .map_err(api_key_error)?;
         Ok(api_key_secret(key, raw))
     }
-    // Operations built by later work answer 501 `not_implemented`.
+
+    // Everything else delegates to the module that owns the resource.
     async fn list_activity(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _query: params::ListActivityQuery,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListActivityQuery,
     ) -> Result<types::ActivityList, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("list_activity"))
+        crate::activity::list(&state(&rqctx).store, caller, query).await.map_err(failure)
     }
     async fn list_resource_activity(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::ListResourceActivityPath,
-        _query: params::ListResourceActivityQuery,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::ListResourceActivityPath,
+        query: params::ListResourceActivityQuery,
     ) -> Result<types::ActivityList, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("list_resource_activity"))
+        crate::activity::list_for_resource(&state(&rqctx).store, caller, path, query).await.map_err(failure)
     }
     async fn get_activity(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::GetActivityPath,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetActivityPath,
     ) -> Result<types::Activity, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("get_activity"))
+        crate::activity::get(&state(&rqctx).store, caller, path).await.map_err(failure)
     }
+    async fn list_batches(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListBatchesQuery,
+    ) -> Result<types::BatchList, ApiError<types::Error>> {
+        crate::batches::list(state(&rqctx), caller, query).await.map_err(failure)
+    }
+    async fn create_batch(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        body: types::CreateBatchRequest,
+    ) -> Result<types::Batch, ApiError<types::Error>> {
+        crate::batches::create(state(&rqctx), caller, body).await.map_err(failure)
+    }
+    async fn get_batch(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetBatchPath,
+    ) -> Result<types::Batch, ApiError<types::Error>> {
+        crate::batches::get(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn replace_batch(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::ReplaceBatchPath,
+        body: types::ReplaceBatchRequest,
+    ) -> Result<types::Batch, ApiError<types::Error>> {
+        crate::batches::replace(state(&rqctx), caller, path, body).await.map_err(failure)
+    }
+    async fn delete_batch(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::DeleteBatchPath,
+    ) -> Result<types::Deleted, ApiError<types::Error>> {
+        crate::batches::delete(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn list_channels(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListChannelsQuery,
+    ) -> Result<types::ChannelList, ApiError<types::Error>> {
+        crate::channels::list(state(&rqctx), caller, query).await.map_err(failure)
+    }
+    async fn create_channel(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        body: types::CreateChannelRequest,
+    ) -> Result<types::Channel, ApiError<types::Error>> {
+        crate::channels::create(state(&rqctx), caller, body).await.map_err(failure)
+    }
+    async fn get_channel(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetChannelPath,
+    ) -> Result<types::Channel, ApiError<types::Error>> {
+        crate::channels::get(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn delete_channel(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::DeleteChannelPath,
+    ) -> Result<types::Deleted, ApiError<types::Error>> {
+        crate::channels::delete(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn update_channel(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::UpdateChannelPath,
+        body: types::UpdateChannelRequest,
+        fields: BodyFields,
+    ) -> Result<types::Channel, ApiError<types::Error>> {
+        crate::channels::update(state(&rqctx), caller, path, body, fields).await.map_err(failure)
+    }
+    async fn list_integrations(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListIntegrationsQuery,
+    ) -> Result<types::IntegrationList, ApiError<types::Error>> {
+        crate::integrations::list(state(&rqctx), caller, query).await.map_err(failure)
+    }
+    async fn create_integration(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        body: types::CreateIntegrationRequest,
+    ) -> Result<types::Integration, ApiError<types::Error>> {
+        crate::integrations::create(state(&rqctx), caller, body).await.map_err(failure)
+    }
+    async fn get_integration(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetIntegrationPath,
+    ) -> Result<types::Integration, ApiError<types::Error>> {
+        crate::integrations::get(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn delete_integration(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::DeleteIntegrationPath,
+    ) -> Result<types::Deleted, ApiError<types::Error>> {
+        crate::integrations::delete(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn update_integration(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::UpdateIntegrationPath,
+        body: types::UpdateIntegrationRequest,
+        fields: BodyFields,
+    ) -> Result<types::Integration, ApiError<types::Error>> {
+        crate::integrations::update(state(&rqctx), caller, path, body, fields).await.map_err(failure)
+    }
+    async fn list_integration_phone_numbers(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::ListIntegrationPhoneNumbersPath,
+        query: params::ListIntegrationPhoneNumbersQuery,
+    ) -> Result<types::PhoneNumberList, ApiError<types::Error>> {
+        crate::integrations::list_phone_numbers(state(&rqctx), caller, path, query).await.map_err(failure)
+    }
+    async fn list_personas(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListPersonasQuery,
+    ) -> Result<types::PersonaList, ApiError<types::Error>> {
+        crate::personas::list(state(&rqctx), caller, query).await.map_err(failure)
+    }
+    async fn create_persona(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        body: types::CreatePersonaRequest,
+    ) -> Result<types::Persona, ApiError<types::Error>> {
+        crate::personas::create(state(&rqctx), caller, body).await.map_err(failure)
+    }
+    async fn get_persona(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetPersonaPath,
+    ) -> Result<types::Persona, ApiError<types::Error>> {
+        crate::personas::get(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn delete_persona(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::DeletePersonaPath,
+    ) -> Result<types::Deleted, ApiError<types::Error>> {
+        crate::personas::delete(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn update_persona(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::UpdatePersonaPath,
+        body: types::UpdatePersonaRequest,
+        fields: BodyFields,
+    ) -> Result<types::Persona, ApiError<types::Error>> {
+        crate::personas::update(state(&rqctx), caller, path, body, fields).await.map_err(failure)
+    }
+    async fn list_projects(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListProjectsQuery,
+    ) -> Result<types::ProjectList, ApiError<types::Error>> {
+        crate::projects::list(state(&rqctx), caller, query).await.map_err(failure)
+    }
+    async fn create_project(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        body: types::CreateProjectRequest,
+    ) -> Result<types::Project, ApiError<types::Error>> {
+        crate::projects::create(state(&rqctx), caller, body).await.map_err(failure)
+    }
+    async fn get_project(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetProjectPath,
+    ) -> Result<types::Project, ApiError<types::Error>> {
+        crate::projects::get(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn replace_project(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::ReplaceProjectPath,
+        body: types::ReplaceProjectRequest,
+    ) -> Result<types::Project, ApiError<types::Error>> {
+        crate::projects::replace(state(&rqctx), caller, path, body).await.map_err(failure)
+    }
+    async fn delete_project(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::DeleteProjectPath,
+    ) -> Result<types::Deleted, ApiError<types::Error>> {
+        crate::projects::delete(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn list_project_members(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::ListProjectMembersPath,
+        query: params::ListProjectMembersQuery,
+    ) -> Result<types::ProjectMemberList, ApiError<types::Error>> {
+        crate::projects::list_members(state(&rqctx), caller, path, query).await.map_err(failure)
+    }
+    async fn add_project_member(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::AddProjectMemberPath,
+        body: types::AddProjectMemberRequest,
+    ) -> Result<types::ProjectMember, ApiError<types::Error>> {
+        crate::projects::add_member(state(&rqctx), caller, path, body).await.map_err(failure)
+    }
+    async fn remove_project_member(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::RemoveProjectMemberPath,
+    ) -> Result<types::Deleted, ApiError<types::Error>> {
+        crate::projects::remove_member(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn update_project_member(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::UpdateProjectMemberPath,
+        body: types::UpdateProjectMemberRequest,
+        fields: BodyFields,
+    ) -> Result<types::ProjectMember, ApiError<types::Error>> {
+        crate::projects::update_member(state(&rqctx), caller, path, body, fields).await.map_err(failure)
+    }
+    async fn list_scenarios(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListScenariosQuery,
+    ) -> Result<types::ScenarioList, ApiError<types::Error>> {
+        crate::scenarios::list(state(&rqctx), caller, query).await.map_err(failure)
+    }
+    async fn create_scenario(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        body: types::CreateScenarioRequest,
+    ) -> Result<types::Scenario, ApiError<types::Error>> {
+        crate::scenarios::create(state(&rqctx), caller, body).await.map_err(failure)
+    }
+    async fn get_scenario(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetScenarioPath,
+    ) -> Result<types::Scenario, ApiError<types::Error>> {
+        crate::scenarios::get(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn replace_scenario(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::ReplaceScenarioPath,
+        body: types::ReplaceScenarioRequest,
+    ) -> Result<types::Scenario, ApiError<types::Error>> {
+        crate::scenarios::replace(state(&rqctx), caller, path, body).await.map_err(failure)
+    }
+    async fn delete_scenario(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::DeleteScenarioPath,
+    ) -> Result<types::Deleted, ApiError<types::Error>> {
+        crate::scenarios::delete(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn list_tests(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListTestsQuery,
+    ) -> Result<types::TestList, ApiError<types::Error>> {
+        crate::tests::list(state(&rqctx), caller, query).await.map_err(failure)
+    }
+    async fn create_test(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        body: types::CreateTestRequest,
+    ) -> Result<types::Test, ApiError<types::Error>> {
+        crate::tests::create(state(&rqctx), caller, body).await.map_err(failure)
+    }
+    async fn get_test(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetTestPath,
+    ) -> Result<types::Test, ApiError<types::Error>> {
+        crate::tests::get(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn delete_test(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::DeleteTestPath,
+    ) -> Result<types::Deleted, ApiError<types::Error>> {
+        crate::tests::delete(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn update_test(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::UpdateTestPath,
+        body: types::UpdateTestRequest,
+        fields: BodyFields,
+    ) -> Result<types::Test, ApiError<types::Error>> {
+        crate::tests::update(state(&rqctx), caller, path, body, fields).await.map_err(failure)
+    }
+
+    // Operations built by later work answer 501 `not_implemented`.
     async fn list_batch_run_runs(
         _rqctx: RequestContext<ApiContext>,
         _caller: Caller,
@@ -181,13 +494,6 @@ impl SparringApi for ServerImpl {
         _path: params::GetBatchRunPath,
     ) -> Result<types::BatchRun, ApiError<types::Error>> {
         Err(ApiError::not_implemented("get_batch_run"))
-    }
-    async fn list_batches(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _query: params::ListBatchesQuery,
-    ) -> Result<types::BatchList, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("list_batches"))
     }
     async fn run_batch(
         _rqctx: RequestContext<ApiContext>,
@@ -204,72 +510,6 @@ impl SparringApi for ServerImpl {
         _body: types::RunChannelRequest,
     ) -> Result<types::BatchRun, ApiError<types::Error>> {
         Err(ApiError::not_implemented("run_channel"))
-    }
-    async fn create_integration(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _body: types::CreateIntegrationRequest,
-    ) -> Result<types::Integration, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("create_integration"))
-    }
-    async fn delete_integration(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::DeleteIntegrationPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("delete_integration"))
-    }
-    async fn update_integration(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::UpdateIntegrationPath,
-        _body: types::UpdateIntegrationRequest,
-    ) -> Result<types::Integration, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("update_integration"))
-    }
-    async fn list_integration_phone_numbers(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::ListIntegrationPhoneNumbersPath,
-        _query: params::ListIntegrationPhoneNumbersQuery,
-    ) -> Result<types::PhoneNumberList, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("list_integration_phone_numbers"))
-    }
-    async fn create_persona(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _body: types::CreatePersonaRequest,
-    ) -> Result<types::Persona, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("create_persona"))
-    }
-    async fn delete_persona(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::DeletePersonaPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("delete_persona"))
-    }
-    async fn list_projects(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _query: params::ListProjectsQuery,
-    ) -> Result<types::ProjectList, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("list_projects"))
-    }
-    async fn replace_project(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::ReplaceProjectPath,
-        _body: types::ReplaceProjectRequest,
-    ) -> Result<types::Project, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("replace_project"))
-    }
-    async fn delete_project(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::DeleteProjectPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("delete_project"))
     }
     async fn get_queue_stats(
         _rqctx: RequestContext<ApiContext>,
@@ -298,21 +538,6 @@ impl SparringApi for ServerImpl {
     ) -> Result<types::ReviewerList, ApiError<types::Error>> {
         Err(ApiError::not_implemented("list_reviewers"))
     }
-    async fn get_scenario(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::GetScenarioPath,
-    ) -> Result<types::Scenario, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("get_scenario"))
-    }
-    async fn replace_scenario(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::ReplaceScenarioPath,
-        _body: types::ReplaceScenarioRequest,
-    ) -> Result<types::Scenario, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("replace_scenario"))
-    }
     async fn get_test_result_by_call(
         _rqctx: RequestContext<ApiContext>,
         _caller: Caller,
@@ -326,27 +551,6 @@ impl SparringApi for ServerImpl {
         _path: params::GetTestResultPath,
     ) -> Result<types::TestResult, ApiError<types::Error>> {
         Err(ApiError::not_implemented("get_test_result"))
-    }
-    async fn create_test(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _body: types::CreateTestRequest,
-    ) -> Result<types::Test, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("create_test"))
-    }
-    async fn get_test(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::GetTestPath,
-    ) -> Result<types::Test, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("get_test"))
-    }
-    async fn delete_test(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::DeleteTestPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("delete_test"))
     }
     async fn list_test_results(
         _rqctx: RequestContext<ApiContext>,

@@ -151,11 +151,50 @@ impl SharedExtractor for Nothing {
 /// metadata it uses), but a parse error names the field it is about
 /// (`label: invalid type: null, expected a string`) and carries the code
 /// `invalid_<field>`, so a client can tell which input to fix.
-pub struct JsonBody<T>(T);
+pub struct JsonBody<T>(T, BodyFields);
 
 impl<T> JsonBody<T> {
     pub fn into_inner(self) -> T {
         self.0
+    }
+
+    /// The body and which of its fields the client sent (for `PATCH`).
+    pub fn into_parts(self) -> (T, BodyFields) {
+        (self.0, self.1)
+    }
+}
+
+/// The top-level fields a request body had. A `PATCH` merges: an absent
+/// field is unchanged, `null` clears it, a value replaces it; the generated
+/// types cannot tell absent from `null` (both are `None`), this can.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BodyFields {
+    present: std::collections::BTreeSet<String>,
+    null: std::collections::BTreeSet<String>,
+}
+
+impl BodyFields {
+    fn of(bytes: &[u8]) -> BodyFields {
+        let mut fields = BodyFields::default();
+        if let Ok(map) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(bytes) {
+            for (k, v) in map {
+                if v.is_null() {
+                    fields.null.insert(k.clone());
+                }
+                fields.present.insert(k);
+            }
+        }
+        fields
+    }
+
+    /// Whether the body had this field (with any value, `null` included).
+    pub fn has(&self, field: &str) -> bool {
+        self.present.contains(field)
+    }
+
+    /// Whether the body set this field to `null`.
+    pub fn is_null(&self, field: &str) -> bool {
+        self.null.contains(field)
     }
 }
 
@@ -170,7 +209,8 @@ where
     ) -> Result<Self, HttpError> {
         check_json_content_type(&request)?;
         let raw = read_body(rqctx, request).await?;
-        parse_json(raw.as_bytes()).map(JsonBody)
+        let value = parse_json(raw.as_bytes())?;
+        Ok(JsonBody(value, BodyFields::of(raw.as_bytes())))
     }
 
     fn metadata(body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {

@@ -28,5 +28,5 @@ pub use bridge::BridgedRoute;
 pub use error::{ApiError, ErrorCode};
 pub use generated::*;
 pub use input::{
-    unauthorized, ApiContext, Authenticator, Caller, Credential, Input, JsonBody, Nothing, OptionalJsonBody,
+    unauthorized, ApiContext, Authenticator, BodyFields, Caller, Credential, Input, JsonBody, Nothing, OptionalJsonBody,
 };

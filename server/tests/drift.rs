@@ -33,8 +33,8 @@
 //!    properties are required *and* not nullable, and `nullable` is removed
 //!    from property and query-parameter schemas.
 //! 8. Shapes typify rewrites: a one-item `allOf` (how an optional `$ref`
-//!    is written) is its item; a `oneOf` with a `discriminator` (typify makes
-//!    it an enum whose schema is `anyOf`) is compared as `anyOf`; a `$ref` to
+//!    is written) is its item; a `discriminator` is dropped (schemars writes
+//!    none for the tagged enum typify makes of it); a `$ref` to
 //!    a schema the spec does not have (typify names inline enums, e.g.
 //!    `EvaluatorContainsType`) is compared by its content.
 //! 9. Request bodies: dropshot marks every body required; an optional body
@@ -117,10 +117,6 @@ fn normalize_schema(schema: &Value, names: &Names<'_>) -> Value {
                 {
                     continue;
                 }
-                if k == "oneOf" && map.contains_key("discriminator") {
-                    out.insert("anyOf".into(), normalize_schema(v, names));
-                    continue;
-                }
                 if k == "format" {
                     let f = v.as_str().unwrap_or_default();
                     out.insert(k.clone(), json!(f.strip_prefix('u').unwrap_or(f)));
@@ -189,7 +185,6 @@ fn collect_refs(v: &Value, out: &mut BTreeSet<String>) {
 
 /// The schemas the operations reach, except the error bodies (rule 4).
 fn reachable_schemas(
-    doc: &Value,
     roots: BTreeSet<String>,
     error_names: &BTreeSet<String>,
     names: &Names<'_>,
@@ -297,7 +292,7 @@ fn normalize(
             }
         }
     }
-    let schemas = reachable_schemas(doc, roots, &error_names, &names);
+    let schemas = reachable_schemas(roots, &error_names, &names);
     Ok(Normalized { operations, schemas })
 }
 

@@ -93,7 +93,7 @@ pub fn generate(root: &Path, spec_bytes: &[u8]) -> Result<Vec<(String, String)>>
         let trait_items = items.trait_items;
         let bridged = items.bridged;
         let tokens = quote! {
-            use crate::{ApiContext, ApiError, BridgedRoute, Caller, ErrorCode, Input, JsonBody, Nothing, OptionalJsonBody};
+            use crate::{ApiContext, ApiError, BodyFields, BridgedRoute, Caller, ErrorCode, Input, JsonBody, Nothing, OptionalJsonBody};
             use dropshot::endpoint;
 
             /// blake3 of the spec this file was generated from.

@@ -328,6 +328,9 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
             None => (quote!(Nothing), None),
             Some(ReferenceOr::Reference { .. }) => bail!("{id}: request bodies must be inline with a schema $ref"),
             Some(ReferenceOr::Item(body)) => {
+                if op.method == "PATCH" && !body.required {
+                    bail!("{id}: a PATCH body must be required");
+                }
                 let media = body
                     .content
                     .get("application/json")
@@ -402,9 +405,15 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
             impl_args.push(quote!(query: params::#query_ty));
             call_args.push(quote!(query));
         }
+        // A PATCH merges: its method also learns which fields were sent.
+        let merge = op.method == "PATCH" && body_arg.is_some();
         if let Some(arg) = &body_arg {
             impl_args.push(arg.clone());
             call_args.push(quote!(body));
+            if merge {
+                impl_args.push(quote!(fields: BodyFields));
+                call_args.push(quote!(fields));
+            }
         }
         let impl_doc = doc_attrs(&format!(
             "{summary}\n\nImplements `{id}` ({} {}); dropshot calls it through `{endpoint_ident}`.",
@@ -479,7 +488,13 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                 #(#checks)*
             }
         };
-        let unpack_body = if body_arg.is_some() { quote!(let body = input.body.into_inner();) } else { quote!() };
+        let unpack_body = if merge {
+            quote!(let (body, fields) = input.body.into_parts();)
+        } else if body_arg.is_some() {
+            quote!(let body = input.body.into_inner();)
+        } else {
+            quote!()
+        };
         let method_tok = format_ident!("{}", op.method);
         let route_path = format!("{base}{}", route.route_path);
         let tags = &o.tags;

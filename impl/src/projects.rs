@@ -1,0 +1,502 @@
+//! Projects and their members.
+//!
+//! Anyone signed in can create a project and becomes its owner. Members see
+//! the project and everything in it; editors change it; owners also manage
+//! members and webhooks and delete it. A project always keeps at least one
+//! owner. Deleting a project removes everything in it in one transaction
+//! (the schema cascades).
+//!
+//! This module is also the pattern the other resource modules follow: parse
+//! the request into checked values before the transaction, then in one
+//! write transaction check access, change, and record the activity.
+
+use rusqlite::{params, OptionalExtension as _};
+use serde_json::json;
+use sparring_server::{params as p, types, BodyFields, Caller};
+
+use crate::access::{self, Need, Role};
+use crate::activity::{self, Record};
+use crate::auth::Actor;
+use crate::failure::{Failure, Result};
+use crate::pagination::PageRequest;
+use crate::{ids, validate, AppState};
+
+pub const DEFAULT_MAX_CALL_DURATION_S: u32 = 600;
+pub const DEFAULT_CONCURRENCY: u32 = 10;
+const MAX_WEBHOOK_SECRET: usize = 500;
+const MASKED: &str = "***";
+
+/// The editable part of a project, checked.
+struct ProjectInput {
+    name: String,
+    description: String,
+    webhook_url: Option<String>,
+    /// `None`: keep the stored secret; `Some(None)`: clear it.
+    webhook_secret: Option<Option<String>>,
+    max_call_duration_s: u32,
+    default_concurrency: u32,
+}
+
+impl ProjectInput {
+    fn parse(
+        name: &str,
+        description: Option<&str>,
+        webhook_url: Option<&str>,
+        webhook_secret: Option<&str>,
+        settings: Option<&types::ProjectSettings>,
+    ) -> Result<ProjectInput> {
+        let webhook_secret = match webhook_secret {
+            None => None,
+            Some("") => Some(None),
+            Some(s) => Some(Some(validate::text("webhook_secret", s, MAX_WEBHOOK_SECRET)?)),
+        };
+        let (max_call_duration_s, default_concurrency) = match settings {
+            Some(s) => (
+                validate::range("settings.max_call_duration_s", s.max_call_duration_s.get(), 1, 3600)?,
+                validate::range("settings.default_concurrency", s.default_concurrency.get(), 1, 100)?,
+            ),
+            None => (DEFAULT_MAX_CALL_DURATION_S, DEFAULT_CONCURRENCY),
+        };
+        Ok(ProjectInput {
+            name: validate::name("name", name)?,
+            description: validate::text("description", description.unwrap_or(""), validate::MAX_DESCRIPTION)?,
+            webhook_url: webhook_url.map(|u| validate::url("webhook_url", u, &["http", "https"])).transpose()?,
+            webhook_secret,
+            max_call_duration_s,
+            default_concurrency,
+        })
+    }
+
+    /// The fields as the activity log shows them (the secret masked).
+    fn changes(&self) -> serde_json::Value {
+        let mut c = json!({
+            "name": self.name,
+            "description": self.description,
+            "webhook_url": self.webhook_url,
+            "settings": {"max_call_duration_s": self.max_call_duration_s, "default_concurrency": self.default_concurrency},
+        });
+        if let Some(secret) = &self.webhook_secret {
+            c["webhook_secret"] = json!(secret.as_ref().map(|_| MASKED));
+        }
+        c
+    }
+}
+
+fn secret_context(project_id: &str) -> String {
+    format!("project:{project_id}:webhook_secret")
+}
+
+const COLUMNS: &str = "p.id, p.name, p.description, p.webhook_url, p.webhook_secret IS NOT NULL, \
+                       p.max_call_duration_s, p.default_concurrency, p.created_at, p.updated_at, m.role";
+
+fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Project> {
+    let time = |i: usize| row.get::<_, String>(i).map(|s| ids::parse_time(&s).unwrap_or_default());
+    let count = |i: usize| -> rusqlite::Result<std::num::NonZeroU32> {
+        let n: u32 = row.get(i)?;
+        Ok(std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN))
+    };
+    let role: String = row.get(9)?;
+    Ok(types::Project {
+        id: row.get(0)?,
+        name: row.get(1)?,
+        description: row.get(2)?,
+        webhook_url: row.get(3)?,
+        webhook_secret_configured: row.get(4)?,
+        settings: types::ProjectSettings { max_call_duration_s: count(5)?, default_concurrency: count(6)? },
+        created_at: time(7)?,
+        updated_at: time(8)?,
+        role: wire_role(Role::parse(&role).unwrap_or(Role::Viewer)),
+    })
+}
+
+fn wire_role(role: Role) -> types::ProjectRole {
+    match role {
+        Role::Owner => types::ProjectRole::Owner,
+        Role::Editor => types::ProjectRole::Editor,
+        Role::Reviewer => types::ProjectRole::Reviewer,
+        Role::Viewer => types::ProjectRole::Viewer,
+    }
+}
+
+fn role_of(role: types::ProjectRole) -> Role {
+    match role {
+        types::ProjectRole::Owner => Role::Owner,
+        types::ProjectRole::Editor => Role::Editor,
+        types::ProjectRole::Reviewer => Role::Reviewer,
+        types::ProjectRole::Viewer => Role::Viewer,
+    }
+}
+
+/// The project as `user_id` sees it (their role included).
+fn load(tx: &rusqlite::Transaction<'_>, user_id: &str, project_id: &str) -> Result<types::Project> {
+    tx.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM projects p JOIN project_members m ON m.project_id = p.id AND m.user_id = ?2 WHERE p.id = ?1"
+    ))?
+    .query_row(params![project_id, user_id], from_row)
+    .optional()?
+    .ok_or_else(|| Failure::not_found("project", project_id))
+}
+
+pub async fn list(state: &AppState, caller: Caller, query: p::ListProjectsQuery) -> Result<types::ProjectList> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    state
+        .store
+        .read(move |tx| {
+            let rows = tx
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM projects p JOIN project_members m ON m.project_id = p.id AND m.user_id = ?1
+                     WHERE (?2 IS NULL OR p.id < ?2) ORDER BY p.id DESC LIMIT ?3"
+                ))?
+                .query_map(params![caller.user_id, page.after, page.fetch_limit()], from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |p| p.id.clone());
+            Ok(types::ProjectList { projects: page.items, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+pub async fn create(state: &AppState, caller: Caller, body: types::CreateProjectRequest) -> Result<types::Project> {
+    let input = ProjectInput::parse(
+        &body.name,
+        body.description.as_deref().map(|s| s.as_str()),
+        body.webhook_url.as_deref().map(|s| s.as_str()),
+        body.webhook_secret.as_deref().map(|s| s.as_str()),
+        body.settings.as_ref(),
+    )?;
+    let id = ids::new_id("prj");
+    let sealed = match &input.webhook_secret {
+        Some(Some(secret)) => Some(state.secrets.seal(secret.as_bytes(), &secret_context(&id))),
+        _ => None,
+    };
+    state
+        .store
+        .write(move |tx| {
+            let now = ids::format_time(&ids::now());
+            tx.execute(
+                "INSERT INTO projects (id, name, description, webhook_url, webhook_secret, max_call_duration_s,
+                                       default_concurrency, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)",
+                params![
+                    id,
+                    input.name,
+                    input.description,
+                    input.webhook_url,
+                    sealed,
+                    input.max_call_duration_s,
+                    input.default_concurrency,
+                    now
+                ],
+            )?;
+            tx.execute(
+                "INSERT INTO project_members (project_id, user_id, role, added_at) VALUES (?1, ?2, 'owner', ?3)",
+                params![id, caller.user_id, now],
+            )?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller.clone()),
+                Record {
+                    action: "project.create",
+                    resource_type: "project",
+                    resource_id: &id,
+                    project_id: Some(&id),
+                    summary: format!("created project \"{}\"", input.name),
+                    changes: input.changes(),
+                },
+            )?;
+            load(tx, &caller.user_id, &id)
+        })
+        .await
+}
+
+pub async fn get(state: &AppState, caller: Caller, path: p::GetProjectPath) -> Result<types::Project> {
+    state.store.read(move |tx| load(tx, &caller.user_id, &path.id)).await
+}
+
+/// `PUT`: replaces the editable part. Editors may change everything but the
+/// webhook, which is the owners'.
+pub async fn replace(
+    state: &AppState,
+    caller: Caller,
+    path: p::ReplaceProjectPath,
+    body: types::ReplaceProjectRequest,
+) -> Result<types::Project> {
+    let input = ProjectInput::parse(
+        &body.name,
+        body.description.as_deref().map(|s| s.as_str()),
+        body.webhook_url.as_deref().map(|s| s.as_str()),
+        body.webhook_secret.as_deref().map(|s| s.as_str()),
+        body.settings.as_ref(),
+    )?;
+    let sealed = match &input.webhook_secret {
+        Some(Some(secret)) => Some(state.secrets.seal(secret.as_bytes(), &secret_context(&path.id))),
+        _ => None,
+    };
+    state
+        .store
+        .write(move |tx| {
+            let role = access::require(tx, &caller.user_id, &path.id, Need::Edit)?;
+            let before = load(tx, &caller.user_id, &path.id)?;
+            let webhook_changes = before.webhook_url != input.webhook_url || input.webhook_secret.is_some();
+            if webhook_changes {
+                access::check(role, Need::Own)
+                    .map_err(|_| Failure::Forbidden("only owners change a project's webhook".into()))?;
+            }
+            let now = ids::format_time(&ids::now());
+            tx.execute(
+                "UPDATE projects SET name = ?2, description = ?3, webhook_url = ?4, max_call_duration_s = ?5,
+                        default_concurrency = ?6, updated_at = ?7 WHERE id = ?1",
+                params![
+                    path.id,
+                    input.name,
+                    input.description,
+                    input.webhook_url,
+                    input.max_call_duration_s,
+                    input.default_concurrency,
+                    now
+                ],
+            )?;
+            if let Some(secret) = &input.webhook_secret {
+                let value = secret.as_ref().and(sealed.as_ref());
+                tx.execute("UPDATE projects SET webhook_secret = ?2 WHERE id = ?1", params![path.id, value])?;
+            }
+            activity::record(
+                tx,
+                &Actor::Caller(caller.clone()),
+                Record {
+                    action: "project.update",
+                    resource_type: "project",
+                    resource_id: &path.id,
+                    project_id: Some(&path.id),
+                    summary: format!("updated project \"{}\"", input.name),
+                    changes: input.changes(),
+                },
+            )?;
+            load(tx, &caller.user_id, &path.id)
+        })
+        .await
+}
+
+pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteProjectPath) -> Result<types::Deleted> {
+    state
+        .store
+        .write(move |tx| {
+            access::require(tx, &caller.user_id, &path.id, Need::Own)?;
+            let name: String =
+                tx.query_row("SELECT name FROM projects WHERE id = ?1", params![path.id], |r| r.get(0))?;
+            // Everything in the project goes with it (ON DELETE CASCADE).
+            tx.execute("DELETE FROM projects WHERE id = ?1", params![path.id])?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "project.delete",
+                    resource_type: "project",
+                    resource_id: &path.id,
+                    project_id: Some(&path.id),
+                    summary: format!("deleted project \"{name}\" and everything in it"),
+                    changes: json!({"deleted": true}),
+                },
+            )?;
+            Ok(types::Deleted { id: path.id, deleted: true })
+        })
+        .await
+}
+
+// Members.
+
+const MEMBER_COLUMNS: &str = "u.id, u.email, u.name, m.role, m.added_at";
+
+fn member_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::ProjectMember> {
+    let role: String = row.get(3)?;
+    let added: String = row.get(4)?;
+    Ok(types::ProjectMember {
+        user_id: row.get(0)?,
+        email: row.get(1)?,
+        name: row.get(2)?,
+        role: wire_role(Role::parse(&role).unwrap_or(Role::Viewer)),
+        added_at: ids::parse_time(&added).unwrap_or_default(),
+    })
+}
+
+fn load_member(tx: &rusqlite::Transaction<'_>, project_id: &str, user_id: &str) -> Result<types::ProjectMember> {
+    tx.prepare_cached(&format!(
+        "SELECT {MEMBER_COLUMNS} FROM project_members m JOIN users u ON u.id = m.user_id
+         WHERE m.project_id = ?1 AND m.user_id = ?2"
+    ))?
+    .query_row(params![project_id, user_id], member_from_row)
+    .optional()?
+    .ok_or_else(|| Failure::NotFound(format!("user `{user_id}` is not a member of this project")))
+}
+
+fn owners(tx: &rusqlite::Transaction<'_>, project_id: &str) -> Result<i64> {
+    Ok(tx.query_row(
+        "SELECT count(*) FROM project_members WHERE project_id = ?1 AND role = 'owner'",
+        params![project_id],
+        |r| r.get(0),
+    )?)
+}
+
+pub async fn list_members(
+    state: &AppState,
+    caller: Caller,
+    path: p::ListProjectMembersPath,
+    query: p::ListProjectMembersQuery,
+) -> Result<types::ProjectMemberList> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    state
+        .store
+        .read(move |tx| {
+            access::require(tx, &caller.user_id, &path.id, Need::Read)?;
+            let rows = tx
+                .prepare_cached(&format!(
+                    "SELECT {MEMBER_COLUMNS} FROM project_members m JOIN users u ON u.id = m.user_id
+                     WHERE m.project_id = ?1 AND (?2 IS NULL OR u.id < ?2) ORDER BY u.id DESC LIMIT ?3"
+                ))?
+                .query_map(params![path.id, page.after, page.fetch_limit()], member_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |m| m.user_id.clone());
+            Ok(types::ProjectMemberList { members: page.items, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+pub async fn add_member(
+    state: &AppState,
+    caller: Caller,
+    path: p::AddProjectMemberPath,
+    body: types::AddProjectMemberRequest,
+) -> Result<types::ProjectMember> {
+    let role = role_of(body.role);
+    let who = match (body.email, body.user_id) {
+        (Some(email), None) => Who::Email(email.trim().to_string()),
+        (None, Some(user_id)) => Who::Id(user_id),
+        _ => return Err(Failure::invalid("email", "give exactly one of `email` and `user_id`")),
+    };
+    state
+        .store
+        .write(move |tx| {
+            access::require(tx, &caller.user_id, &path.id, Need::Own)?;
+            let (field, lookup, value) = match &who {
+                Who::Email(e) => ("email", "SELECT id FROM users WHERE email = ?1 COLLATE NOCASE", e),
+                Who::Id(i) => ("user_id", "SELECT id FROM users WHERE id = ?1", i),
+            };
+            let user_id: String = tx.query_row(lookup, params![value], |r| r.get(0)).optional()?.ok_or_else(|| {
+                Failure::invalid(field, format_args!("no user `{value}`; they must sign in once first"))
+            })?;
+            if access::role_in(tx, &user_id, &path.id)?.is_some() {
+                return Err(Failure::Conflict {
+                    code: "already_member",
+                    message: format!("user `{user_id}` is already a member; change their role instead"),
+                });
+            }
+            tx.execute(
+                "INSERT INTO project_members (project_id, user_id, role, added_at) VALUES (?1, ?2, ?3, ?4)",
+                params![path.id, user_id, role.as_str(), ids::format_time(&ids::now())],
+            )?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "project_member.add",
+                    resource_type: "project_member",
+                    resource_id: &user_id,
+                    project_id: Some(&path.id),
+                    summary: format!("added `{user_id}` as {}", role.as_str()),
+                    changes: json!({"user_id": user_id, "role": role.as_str()}),
+                },
+            )?;
+            load_member(tx, &path.id, &user_id)
+        })
+        .await
+}
+
+enum Who {
+    Email(String),
+    Id(String),
+}
+
+pub async fn update_member(
+    state: &AppState,
+    caller: Caller,
+    path: p::UpdateProjectMemberPath,
+    body: types::UpdateProjectMemberRequest,
+    _fields: BodyFields,
+) -> Result<types::ProjectMember> {
+    let role = role_of(body.role);
+    state
+        .store
+        .write(move |tx| {
+            access::require(tx, &caller.user_id, &path.id, Need::Own)?;
+            let before = access::role_in(tx, &path.user_id, &path.id)?
+                .ok_or_else(|| Failure::NotFound(format!("user `{}` is not a member of this project", path.user_id)))?;
+            if before == Role::Owner && role != Role::Owner && owners(tx, &path.id)? == 1 {
+                return Err(Failure::Conflict {
+                    code: "last_owner",
+                    message: "a project keeps at least one owner; make someone else owner first".into(),
+                });
+            }
+            tx.execute(
+                "UPDATE project_members SET role = ?3 WHERE project_id = ?1 AND user_id = ?2",
+                params![path.id, path.user_id, role.as_str()],
+            )?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "project_member.update",
+                    resource_type: "project_member",
+                    resource_id: &path.user_id,
+                    project_id: Some(&path.id),
+                    summary: format!(
+                        "changed the role of `{}` from {} to {}",
+                        path.user_id,
+                        before.as_str(),
+                        role.as_str()
+                    ),
+                    changes: json!({"role": {"from": before.as_str(), "to": role.as_str()}}),
+                },
+            )?;
+            load_member(tx, &path.id, &path.user_id)
+        })
+        .await
+}
+
+/// Owners remove anyone; any member may leave.
+pub async fn remove_member(
+    state: &AppState,
+    caller: Caller,
+    path: p::RemoveProjectMemberPath,
+) -> Result<types::Deleted> {
+    state
+        .store
+        .write(move |tx| {
+            let need = if path.user_id == caller.user_id { Need::Read } else { Need::Own };
+            access::require(tx, &caller.user_id, &path.id, need)?;
+            let before = access::role_in(tx, &path.user_id, &path.id)?
+                .ok_or_else(|| Failure::NotFound(format!("user `{}` is not a member of this project", path.user_id)))?;
+            if before == Role::Owner && owners(tx, &path.id)? == 1 {
+                return Err(Failure::Conflict {
+                    code: "last_owner",
+                    message: "a project keeps at least one owner; make someone else owner first".into(),
+                });
+            }
+            tx.execute(
+                "DELETE FROM project_members WHERE project_id = ?1 AND user_id = ?2",
+                params![path.id, path.user_id],
+            )?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "project_member.remove",
+                    resource_type: "project_member",
+                    resource_id: &path.user_id,
+                    project_id: Some(&path.id),
+                    summary: format!("removed `{}` ({})", path.user_id, before.as_str()),
+                    changes: json!({"role": {"from": before.as_str(), "to": null}}),
+                },
+            )?;
+            Ok(types::Deleted { id: path.user_id, deleted: true })
+        })
+        .await
+}
