@@ -133,3 +133,105 @@ pub async fn error_body(resp: reqwest::Response) -> (u16, serde_json::Value) {
 pub fn contains(haystack: &[u8], needle: &str) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
+
+/// A project with one member of each role, and an outsider.
+pub struct Team {
+    pub project_id: String,
+    pub owner: String,
+    pub editor: String,
+    pub reviewer: String,
+    pub viewer: String,
+    /// Signed in, not a member.
+    pub outsider: String,
+}
+
+impl Team {
+    /// `(role name, key)` for every role and the outsider, most to least
+    /// privileged.
+    pub fn all(&self) -> [(&'static str, &str); 5] {
+        [
+            ("owner", &self.owner),
+            ("editor", &self.editor),
+            ("reviewer", &self.reviewer),
+            ("viewer", &self.viewer),
+            ("outsider", &self.outsider),
+        ]
+    }
+}
+
+impl TestServer {
+    pub async fn send_json(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: &str,
+        body: Option<serde_json::Value>,
+    ) -> reqwest::Response {
+        let mut req = self.http.request(method, self.url(path)).header("x-api-key", key);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        req.send().await.unwrap()
+    }
+
+    /// Sends and expects `status`, returning the JSON body.
+    pub async fn expect(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: &str,
+        body: Option<serde_json::Value>,
+        status: u16,
+    ) -> serde_json::Value {
+        let resp = self.send_json(method.clone(), path, key, body).await;
+        let got = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        assert_eq!(got, status, "{method} {path}: {text}");
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Creates a project owned by `key`'s user; returns its id.
+    pub async fn create_project(&self, key: &str, name: &str) -> String {
+        let body =
+            self.expect(reqwest::Method::POST, "/v1/projects", key, Some(serde_json::json!({"name": name})), 200).await;
+        body["id"].as_str().unwrap().to_string()
+    }
+
+    /// A user per role in a new project (each with their own key), and an
+    /// outsider.
+    pub async fn team(&self, name: &str) -> Team {
+        let tag = &uuid_like();
+        let owner = self.key_for_user(&format!("owner-{tag}@example.com")).await;
+        let project_id = self.create_project(&owner, name).await;
+        let mut keys = Vec::new();
+        for role in ["editor", "reviewer", "viewer"] {
+            let email = format!("{role}-{tag}@example.com");
+            let key = self.key_for_user(&email).await;
+            self.expect(
+                reqwest::Method::POST,
+                &format!("/v1/projects/{project_id}/members"),
+                &owner,
+                Some(serde_json::json!({"email": email, "role": role})),
+                200,
+            )
+            .await;
+            keys.push(key);
+        }
+        let outsider = self.key_for_user(&format!("outsider-{tag}@example.com")).await;
+        let mut keys = keys.into_iter();
+        Team {
+            project_id,
+            owner,
+            editor: keys.next().unwrap(),
+            reviewer: keys.next().unwrap(),
+            viewer: keys.next().unwrap(),
+            outsider,
+        }
+    }
+}
+
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+}

@@ -1,0 +1,133 @@
+//! Projects and members, against the real server.
+
+mod common;
+
+use common::{error_body, TestServer};
+use reqwest::Method;
+use serde_json::json;
+
+#[tokio::test]
+async fn roles_decide_what_members_may_do() {
+    let s = TestServer::start().await;
+    let t = s.team("roles").await;
+    let p = format!("/v1/projects/{}", t.project_id);
+    // Everyone in the project reads it, with their role; the outsider gets 404.
+    for (role, key) in t.all() {
+        let expected = if role == "outsider" { 404 } else { 200 };
+        let body = s.expect(Method::GET, &p, key, None, expected).await;
+        if expected == 200 {
+            assert_eq!(body["role"], role);
+        }
+    }
+    // Editors change the project; reviewers and viewers may not (403); the
+    // outsider does not see it (404).
+    for (role, key, status) in [
+        ("viewer", &t.viewer, 403),
+        ("reviewer", &t.reviewer, 403),
+        ("outsider", &t.outsider, 404),
+        ("editor", &t.editor, 200),
+    ] {
+        let resp = s.send_json(Method::PUT, &p, key, Some(json!({"name": format!("renamed by {role}")}))).await;
+        assert_eq!(resp.status().as_u16(), status, "{role}");
+    }
+    // Only owners touch the webhook.
+    let hook =
+        json!({"name": "x", "webhook_url": "https://hooks.example.com/sparring", "webhook_secret": "whsec_123456"});
+    let (status, body) = error_body(s.send_json(Method::PUT, &p, &t.editor, Some(hook.clone())).await).await;
+    assert_eq!((status, body["error_code"].as_str().unwrap()), (403, "forbidden"));
+    let project = s.expect(Method::PUT, &p, &t.owner, Some(hook), 200).await;
+    assert_eq!(project["webhook_secret_configured"], true);
+    assert!(!project.to_string().contains("whsec_123456"));
+    // Members: owners manage them; others may not.
+    let members = format!("{p}/members");
+    let listed = s.expect(Method::GET, &members, &t.viewer, None, 200).await;
+    assert_eq!(listed["members"].as_array().unwrap().len(), 4);
+    for key in [&t.editor, &t.reviewer, &t.viewer] {
+        let resp =
+            s.send_json(Method::POST, &members, key, Some(json!({"email": "x@example.com", "role": "viewer"}))).await;
+        assert_eq!(resp.status().as_u16(), 403);
+    }
+    // Only the owners delete the project.
+    for key in [&t.editor, &t.reviewer, &t.viewer] {
+        assert_eq!(s.send_json(Method::DELETE, &p, key, None).await.status().as_u16(), 403);
+    }
+    assert_eq!(s.send_json(Method::DELETE, &p, &t.outsider, None).await.status().as_u16(), 404);
+    s.expect(Method::DELETE, &p, &t.owner, None, 200).await;
+    assert_eq!(s.send_json(Method::GET, &p, &t.owner, None).await.status().as_u16(), 404);
+}
+
+#[tokio::test]
+async fn a_project_keeps_an_owner() {
+    let s = TestServer::start().await;
+    let t = s.team("owners").await;
+    let members = format!("/v1/projects/{}/members", t.project_id);
+    let owner_id = s.expect(Method::GET, &members, &t.owner, None, 200).await["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "owner")
+        .unwrap()["user_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (method, body) in [(Method::PATCH, Some(json!({"role": "editor"}))), (Method::DELETE, None)] {
+        let (status, e) = error_body(s.send_json(method, &format!("{members}/{owner_id}"), &t.owner, body).await).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "last_owner"));
+    }
+    // With a second owner, the first may step down.
+    let editor_id = s.expect(Method::GET, &members, &t.owner, None, 200).await["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "editor")
+        .unwrap()["user_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    s.expect(Method::PATCH, &format!("{members}/{editor_id}"), &t.owner, Some(json!({"role": "owner"})), 200).await;
+    s.expect(Method::PATCH, &format!("{members}/{owner_id}"), &t.owner, Some(json!({"role": "viewer"})), 200).await;
+    // Adding someone twice is a conflict; an unknown email a 400.
+    let (status, e) = error_body(
+        s.send_json(Method::POST, &members, &t.editor, Some(json!({"user_id": owner_id, "role": "viewer"}))).await,
+    )
+    .await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "already_member"));
+    let (status, e) = error_body(
+        s.send_json(Method::POST, &members, &t.editor, Some(json!({"email": "nobody@example.com", "role": "viewer"})))
+            .await,
+    )
+    .await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_email"));
+}
+
+#[tokio::test]
+async fn outsiders_never_see_a_project_in_lists() {
+    let s = TestServer::start().await;
+    let t = s.team("private").await;
+    let listed = s.expect(Method::GET, "/v1/projects", &t.outsider, None, 200).await;
+    assert_eq!(listed["projects"].as_array().unwrap().len(), 0);
+    let listed = s.expect(Method::GET, "/v1/projects", &t.viewer, None, 200).await;
+    assert_eq!(listed["projects"][0]["id"], t.project_id.as_str());
+    let resp = s.send_json(Method::GET, &format!("/v1/activity?project_id={}", t.project_id), &t.outsider, None).await;
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["activity"].as_array().unwrap().len(), 0, "{body}");
+}
+
+#[tokio::test]
+async fn validation_names_the_field() {
+    let s = TestServer::start().await;
+    let key = &s.admin_key;
+    for (body, code) in [
+        (json!({"name": "  "}), "invalid_name"),
+        (json!({"name": "x".repeat(101)}), "invalid_name"),
+        (json!({"name": "ok", "webhook_url": "ftp://x.example.com"}), "invalid_webhook_url"),
+        (
+            json!({"name": "ok", "settings": {"max_call_duration_s": 99999, "default_concurrency": 1}}),
+            "invalid_max_call_duration_s",
+        ),
+        (json!({"name": "ok", "unknown": 1}), "invalid_body"),
+    ] {
+        let (status, e) = error_body(s.send_json(Method::POST, "/v1/projects", key, Some(body.clone())).await).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (400, code), "{body}: {e}");
+    }
+}
