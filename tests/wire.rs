@@ -235,7 +235,6 @@ async fn every_documented_url_reaches_its_operation() {
     let s = TestServer::start().await;
     let spec = spec();
     let ops = operations(&spec);
-    let mut not_implemented = 0;
     for op in &ops {
         let mut req = op.request(&s).header("x-api-key", &s.admin_key);
         if op.has_body_method() {
@@ -243,8 +242,6 @@ async fn every_documented_url_reaches_its_operation() {
         }
         let resp = req.send().await.unwrap();
         if op.is_api_keys() {
-            // Implemented: whatever they answer, it is not 501, and not a
-            // routing 404/405 for the collection.
             let status = resp.status().as_u16();
             let expected = match (op.method.as_str(), op.path.as_str()) {
                 ("GET", "/api-keys") => 200,
@@ -261,27 +258,55 @@ async fn every_documented_url_reaches_its_operation() {
             }
             continue;
         }
-        assert_not_implemented(resp, &op.describe(), &op.operation_id).await;
-        not_implemented += 1;
+        assert_reached(resp, &op.describe(), &op.operation_id).await;
     }
-    assert_eq!(not_implemented, ops.len() - 4);
 
     // The routes dropshot cannot hold as written, with exact URLs.
     for (path, operation_id) in [
         ("/v1/test-results/by-call/call_123", "get_test_result_by_call"),
         ("/v1/test-results/trs_1", "get_test_result"),
-        ("/v1/activity/resource/test/tst_1", "list_resource_activity"),
-        ("/v1/activity/act_1", "get_activity"),
         ("/v1/batch-runs/brn_1/runs", "list_batch_run_runs"),
         ("/v1/batch-runs/brn_1", "get_batch_run"),
     ] {
         assert_not_implemented(s.get(path, &s.admin_key).await, path, operation_id).await;
     }
+    // Two of them are built: the history of a resource, and one record.
+    let history = s.get("/v1/activity/resource/api_key/key_1", &s.admin_key).await;
+    assert_eq!(history.status().as_u16(), 200);
+    let history: Value = history.json().await.unwrap();
+    assert!(history["activity"].as_array().unwrap().is_empty(), "{history}");
+    let (status, body) = error_body(s.get("/v1/activity/act_1", &s.admin_key).await).await;
+    assert_eq!((status, body["error_code"].as_str().unwrap()), (404, "not_found"));
+    assert!(body["message"].as_str().unwrap().contains("act_1"), "{body}");
 
     // The bridge does not over-match: another literal is no route.
     for path in ["/v1/test-results/other/call_123", "/v1/activity/other/test/tst_1"] {
         let (status, body) = error_body(s.get(path, &s.admin_key).await).await;
         assert_eq!((status, body["error_code"].as_str().unwrap()), (404, "not_found"), "{path}: {body}");
+        assert!(body["message"].as_str().unwrap().contains("no route"), "{path}: {body}");
+    }
+}
+
+/// The request reached the operation's own code: it answered 501 naming
+/// itself, or a success, or an error only the operation gives (a 404 naming
+/// the id it looked for, a 400 about a field's value rather than the
+/// request's shape).
+async fn assert_reached(resp: reqwest::Response, what: &str, operation_id: &str) {
+    match resp.status().as_u16() {
+        501 => assert_not_implemented(resp, what, operation_id).await,
+        200 | 201 => {}
+        404 => {
+            let (_, body) = error_body(resp).await;
+            assert_eq!(body["error_code"], "not_found", "{what}: {body}");
+            let message = body["message"].as_str().unwrap();
+            assert!(message.contains("`x"), "{what}: the 404 does not name the id it looked for: {body}");
+        }
+        400 => {
+            let (_, body) = error_body(resp).await;
+            let code = body["error_code"].as_str().unwrap();
+            assert!(!["invalid_body", "invalid_query", "invalid_path"].contains(&code), "{what}: {body}");
+        }
+        other => panic!("{what}: unexpected status {other}"),
     }
 }
 
