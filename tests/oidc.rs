@@ -237,3 +237,36 @@ async fn id_tokens_verified_with_an_offline_key_set() {
     assert_eq!(status_with_token(&s, &sign(valid(url, "dave"))).await, 200);
     assert_eq!(status_with_token(&s, &sign(Token { key_pem: OTHER_KEY, kid: "k2", ..valid(url, "dave") })).await, 401);
 }
+
+#[tokio::test]
+async fn activity_records_name_the_id_token_actor() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url.clone();
+    let s = TestServer::start_with_oidc(vec![IssuerConfig {
+        issuer: url.clone(),
+        audience: AUDIENCE.into(),
+        jwks_file: None,
+    }])
+    .await;
+    let token = sign(valid(&url, "erin"));
+    let resp = s
+        .http
+        .post(s.url("/v1/projects"))
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"name": "by token"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let project: serde_json::Value = resp.json().await.unwrap();
+    let id = project["id"].as_str().unwrap();
+    let resp =
+        s.http.get(s.url(&format!("/v1/activity/resource/project/{id}"))).bearer_auth(&token).send().await.unwrap();
+    let history: serde_json::Value = resp.json().await.unwrap();
+    let record = &history["activity"][0];
+    assert_eq!(record["action"], "project.create");
+    assert_eq!(record["actor"]["credential"], "id_token");
+    assert!(record["actor"]["api_key_id"].is_null());
+    assert!(record["actor"]["user_id"].as_str().unwrap().starts_with("usr_"));
+    assert!(!history.to_string().contains(&token), "the token is never recorded");
+}
