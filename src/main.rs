@@ -47,6 +47,15 @@ enum AdminCommand {
         #[arg(long)]
         label: String,
     },
+    /// Make a new secret key and re-seal every stored secret with it, in one
+    /// transaction. Run it with the server stopped.
+    RotateSecretKey {
+        #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
+        data_dir: PathBuf,
+        /// The key file, if not `<data dir>/secret.key`.
+        #[arg(long, env = "SPARRING_SECRET_KEY_FILE")]
+        secret_key_file: Option<PathBuf>,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -204,6 +213,11 @@ async fn admin(command: AdminCommand) -> anyhow::Result<()> {
             let raw =
                 sparring_impl::users::create_key_for_email(&store, user, label).await.context("creating the key")?;
             println!("{}", raw.expose());
+            Ok(())
+        }
+        AdminCommand::RotateSecretKey { data_dir, secret_key_file } => {
+            let n = sparring_impl::rotate_secret_key(&data_dir, secret_key_file).await?;
+            println!("re-sealed {n} stored secrets with a new secret key");
             Ok(())
         }
     }

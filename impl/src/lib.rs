@@ -30,6 +30,7 @@ pub mod oidc;
 pub mod pagination;
 pub mod personas;
 pub mod projects;
+pub mod reseal;
 pub mod scenarios;
 pub mod secrets;
 pub mod store;
@@ -90,7 +91,53 @@ pub fn open_store(data_dir: &std::path::Path) -> anyhow::Result<Store> {
     Store::open(&path).with_context(|| format!("opening database {}", path.display()))
 }
 
+/// Held by whatever owns a data dir exclusively (the server, a key
+/// rotation): two servers on one database, or a rotation under a running
+/// server that still holds the old key, would corrupt it.
+pub struct DataDirLock {
+    _file: std::fs::File,
+}
+
+pub const LOCK_FILE: &str = "sparring.lock";
+
+pub fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<DataDirLock> {
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    let path = data_dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(DataDirLock { _file: file }),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            anyhow::bail!("{} is in use by another sparring process (a running server?)", data_dir.display())
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+    }
+}
+
+/// `sparring admin rotate-secret-key`: a new secret key, and every stored
+/// secret re-sealed with it in one transaction (see `secrets::rotate`). The
+/// server must be stopped.
+pub async fn rotate_secret_key(data_dir: &std::path::Path, key_file: Option<PathBuf>) -> anyhow::Result<usize> {
+    let _lock = lock_data_dir(data_dir)?;
+    let store = open_store(data_dir)?;
+    let key_path = key_file.unwrap_or_else(|| data_dir.join(secrets::KEY_FILE));
+    if !key_path.exists() {
+        anyhow::bail!("no secret key at {}: nothing was ever sealed with it", key_path.display());
+    }
+    let resealed = tokio::task::spawn_blocking(move || {
+        // The key files are written around this one transaction.
+        secrets::rotate(&key_path, |secrets| store.write_blocking(|tx| reseal::reseal_all(tx, secrets)))
+    })
+    .await??;
+    Ok(resealed)
+}
+
 pub struct RunningServer {
+    _lock: DataDirLock,
     server: HttpServer<ApiContext>,
     state: Arc<AppState>,
     flusher: tokio::task::JoinHandle<()>,
@@ -115,6 +162,7 @@ impl RunningServer {
 }
 
 pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningServer> {
+    let lock = lock_data_dir(&config.data_dir)?;
     let store = open_store(&config.data_dir)?;
     let secrets = Secrets::load_or_create(&config.secret_key_path())?;
     let first_start_key = users::bootstrap_admin(&store).await?.map(RawKey::expose);
@@ -157,5 +205,5 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
         })
     };
 
-    Ok(RunningServer { server, state, flusher, first_start_key })
+    Ok(RunningServer { _lock: lock, server, state, flusher, first_start_key })
 }

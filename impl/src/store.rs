@@ -76,18 +76,26 @@ impl Store {
         E: From<StoreError> + Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E> + Send + 'static,
     {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            // A panic while holding the lock poisons it; the connection
-            // itself is still usable (the transaction rolled back on drop).
-            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(StoreError::from)?;
-            let value = f(&tx)?;
-            tx.commit().map_err(StoreError::from)?;
-            Ok(value)
-        })
-        .await
-        .map_err(|e| E::from(StoreError::Task(e.to_string())))?
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.write_blocking(f))
+            .await
+            .map_err(|e| E::from(StoreError::Task(e.to_string())))?
+    }
+
+    /// [`Store::write`] on the current thread, for callers that are
+    /// already off the async runtime (admin commands).
+    pub fn write_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        E: From<StoreError>,
+        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E>,
+    {
+        // A panic while holding the lock poisons it; the connection itself
+        // is still usable (the transaction rolled back on drop).
+        let mut conn = self.inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(StoreError::from)?;
+        let value = f(&tx)?;
+        tx.commit().map_err(StoreError::from)?;
+        Ok(value)
     }
 
     /// Runs `f` on a reader connection (a consistent snapshot).
