@@ -131,3 +131,34 @@ async fn validation_names_the_field() {
         assert_eq!((status, e["error_code"].as_str().unwrap()), (400, code), "{body}: {e}");
     }
 }
+
+#[tokio::test]
+async fn pages_return_every_project_once_while_others_are_created() {
+    let s = TestServer::start().await;
+    let key = s.key_for_user("pager@example.com").await;
+    let mut before = Vec::new();
+    for i in 0..12 {
+        before.push(s.create_project(&key, &format!("p{i}")).await);
+    }
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut inserted = 0;
+    loop {
+        let q = match &cursor {
+            Some(c) => format!("/v1/projects?limit=5&cursor={c}"),
+            None => "/v1/projects?limit=5".to_string(),
+        };
+        let page = s.expect(Method::GET, &q, &key, None, 200).await;
+        seen.extend(page["projects"].as_array().unwrap().iter().map(|p| p["id"].as_str().unwrap().to_string()));
+        // Newer projects appear between pages; they are before the cursor.
+        s.create_project(&key, &format!("during {inserted}")).await;
+        inserted += 1;
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    before.reverse();
+    assert_eq!(seen, before, "every project created before the first page, once, newest first");
+    assert_eq!(inserted, 3);
+}
