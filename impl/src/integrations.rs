@@ -1,49 +1,604 @@
-//! integrations: not built yet; every operation answers 501.
+//! Integrations: connections to an external provider — an OpenAI-compatible
+//! LLM endpoint (the simulated caller and `llm_judge` evaluators) or a
+//! telephony account (`twilio`, `telnyx`, `vonage`; what `phone` and `sip`
+//! channels call through).
+//!
+//! - `config` is non-secret and shown as stored. What it must hold depends
+//!   on the provider ([`check_config`]); keys that look like secrets are
+//!   refused there, so a secret sent in the wrong field is not stored in
+//!   the clear.
+//! - `credentials` are write-only: one JSON object sealed with the server's
+//!   key (context `integration:<id>:credentials`), never returned, logged or
+//!   put in activity. The read side shows `credentials_configured`; activity
+//!   shows the credentials' keys with every value masked. An empty object is
+//!   the same as none.
+//! - Phone numbers belong to telephony integrations only, in the order
+//!   given (`integration_phone_numbers.position`).
+//! - Names are unique within a project (409 `name_taken`). Deleting an
+//!   integration a channel or an `llm_judge` still uses is a 409 `in_use`.
+//!
+//! Viewers and reviewers read; editors and owners create, change and delete.
 
+use std::collections::HashMap;
+
+use rusqlite::{params, OptionalExtension as _};
+use serde_json::{json, Map, Value};
 use sparring_server::{params as p, types, BodyFields, Caller};
 
+use crate::access::{self, Need};
+use crate::activity::{self, Record};
+use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::AppState;
+use crate::pagination::PageRequest;
+use crate::{ids, validate, AppState};
 
-pub async fn list(
-    _state: &AppState,
-    _caller: Caller,
-    _query: p::ListIntegrationsQuery,
-) -> Result<types::IntegrationList> {
-    Err(Failure::NotImplemented("list_integrations"))
+pub const MAX_PHONE_NUMBERS: usize = 100;
+const MAX_PHONE_LABEL: usize = 100;
+const MAX_MODEL: usize = 200;
+const MAX_ACCOUNT_SID: usize = 100;
+const MASKED: &str = "***";
+
+/// `config` keys refused as secrets (compared case-insensitively): they
+/// belong in `credentials`.
+const SECRET_LOOKING_KEYS: &[&str] = &[
+    "api_key",
+    "apikey",
+    "api_secret",
+    "auth_token",
+    "access_token",
+    "token",
+    "secret",
+    "client_secret",
+    "password",
+    "private_key",
+];
+
+/// Whether `provider` places calls (and so may have phone numbers and serve
+/// `phone` and `sip` channels).
+pub fn is_telephony(provider: types::IntegrationProvider) -> bool {
+    !matches!(provider, types::IntegrationProvider::OpenaiCompatible)
+}
+
+fn credentials_context(integration_id: &str) -> String {
+    format!("integration:{integration_id}:credentials")
+}
+
+/// What each provider's `config` must hold:
+/// - `openai_compatible`: `base_url` (an http or https URL) and `model` (a
+///   non-empty string); other keys (e.g. `temperature`) are kept as given.
+/// - `twilio`: `account_sid` (a non-empty string).
+/// - `telnyx`, `vonage`: any object; what a call needs there (connection or
+///   application ids) depends on the account's setup and is the provider's
+///   to check when a call is placed.
+///
+/// For every provider, no key may look like a secret.
+fn check_config(provider: types::IntegrationProvider, config: &Map<String, Value>) -> Result<()> {
+    refuse_secret_keys(config)?;
+    let string = |key: &str| -> Result<&str> {
+        let field = format!("config.{key}");
+        match config.get(key) {
+            None | Some(Value::Null) => {
+                Err(Failure::invalid(&field, format_args!("is required for {provider} integrations")))
+            }
+            Some(Value::String(s)) => Ok(s),
+            Some(_) => Err(Failure::invalid(&field, "must be a string")),
+        }
+    };
+    match provider {
+        types::IntegrationProvider::OpenaiCompatible => {
+            validate::url("config.base_url", string("base_url")?, &["http", "https"])?;
+            validate::required_text("config.model", string("model")?, MAX_MODEL)?;
+        }
+        types::IntegrationProvider::Twilio => {
+            validate::required_text("config.account_sid", string("account_sid")?, MAX_ACCOUNT_SID)?;
+        }
+        types::IntegrationProvider::Telnyx | types::IntegrationProvider::Vonage => {}
+    }
+    Ok(())
+}
+
+fn refuse_secret_keys(config: &Map<String, Value>) -> Result<()> {
+    for key in config.keys() {
+        if SECRET_LOOKING_KEYS.iter().any(|s| s.eq_ignore_ascii_case(key)) {
+            return Err(Failure::invalid(
+                "config",
+                format_args!(
+                    "`{key}` looks like a secret; send it in `credentials`, which are stored encrypted and never shown"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A phone number, checked.
+#[derive(Clone, Debug)]
+struct Number {
+    number: String,
+    label: String,
+    direction: types::PhoneDirection,
+}
+
+/// Numbers as E.164, labels as text, at most [`MAX_PHONE_NUMBERS`], none
+/// twice.
+fn parse_numbers(list: &[types::PhoneNumber]) -> Result<Vec<Number>> {
+    if list.len() > MAX_PHONE_NUMBERS {
+        return Err(Failure::invalid(
+            "phone_numbers",
+            format_args!("at most {MAX_PHONE_NUMBERS} numbers, got {}", list.len()),
+        ));
+    }
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    let mut out = Vec::with_capacity(list.len());
+    for (i, p) in list.iter().enumerate() {
+        let number = validate::e164(&format!("phone_numbers[{i}].number"), &p.number)?;
+        let label = validate::text(&format!("phone_numbers[{i}].label"), &p.label, MAX_PHONE_LABEL)?;
+        if let Some(first) = seen.insert(p.number.as_str(), i) {
+            return Err(Failure::invalid(
+                "phone_numbers",
+                format_args!("`{number}` is listed twice (at {first} and {i})"),
+            ));
+        }
+        out.push(Number { number, label, direction: p.direction });
+    }
+    Ok(out)
+}
+
+fn check_numbers_allowed(provider: types::IntegrationProvider, numbers: &[Number]) -> Result<()> {
+    if !numbers.is_empty() && !is_telephony(provider) {
+        return Err(Failure::invalid(
+            "phone_numbers",
+            format_args!("only telephony integrations (twilio, telnyx, vonage) have phone numbers, not {provider}"),
+        ));
+    }
+    Ok(())
+}
+
+fn numbers_changes(numbers: &[Number]) -> Value {
+    numbers
+        .iter()
+        .map(|n| json!({"number": n.number, "label": n.label, "direction": n.direction.to_string()}))
+        .collect()
+}
+
+/// Credentials as activity shows them: their keys, every value masked.
+fn masked(credentials: Option<&Map<String, Value>>) -> Value {
+    match credentials {
+        None => Value::Null,
+        Some(c) => c.keys().map(|k| (k.clone(), json!(MASKED))).collect::<Map<_, _>>().into(),
+    }
+}
+
+/// Seals non-empty credentials; empty ones are none.
+fn seal_credentials(state: &AppState, id: &str, credentials: &Map<String, Value>) -> Result<Option<Vec<u8>>> {
+    if credentials.is_empty() {
+        return Ok(None);
+    }
+    let plain = serde_json::to_vec(credentials).map_err(|e| Failure::invalid("credentials", e))?;
+    Ok(Some(state.secrets.seal(&plain, &credentials_context(id))))
+}
+
+// Reading.
+
+const COLUMNS: &str = "i.id, i.project_id, i.provider, i.name, i.config, i.credentials IS NOT NULL, \
+                       i.created_at, i.updated_at";
+
+fn conversion(column: usize, e: impl std::fmt::Display) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, e.to_string().into())
+}
+
+/// An integration without its phone numbers (see [`with_numbers`]).
+fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Integration> {
+    let time = |i: usize| row.get::<_, String>(i).map(|s| ids::parse_time(&s).unwrap_or_default());
+    let provider: String = row.get(2)?;
+    let config: String = row.get(4)?;
+    Ok(types::Integration {
+        id: row.get(0)?,
+        project_id: row.get(1)?,
+        provider: provider.parse().map_err(|e| conversion(2, e))?,
+        name: row.get(3)?,
+        config: serde_json::from_str(&config).map_err(|e| conversion(4, e))?,
+        credentials_configured: row.get(5)?,
+        phone_numbers: Vec::new(),
+        created_at: time(6)?,
+        updated_at: time(7)?,
+    })
+}
+
+fn number_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, types::PhoneNumber)> {
+    let number: String = row.get(1)?;
+    let label: String = row.get(2)?;
+    let direction: String = row.get(3)?;
+    Ok((
+        row.get(0)?,
+        types::PhoneNumber {
+            number: number.try_into().map_err(|e| conversion(1, e))?,
+            label: label.try_into().map_err(|e| conversion(2, e))?,
+            direction: direction.parse().map_err(|e| conversion(3, e))?,
+        },
+    ))
+}
+
+fn with_numbers(tx: &rusqlite::Transaction<'_>, mut integration: types::Integration) -> Result<types::Integration> {
+    integration.phone_numbers = tx
+        .prepare_cached(
+            "SELECT position, number, label, direction FROM integration_phone_numbers
+             WHERE integration_id = ?1 ORDER BY position",
+        )?
+        .query_map(params![integration.id], number_from_row)?
+        .map(|r| r.map(|(_, n)| n))
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(integration)
+}
+
+fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Integration> {
+    let found = tx
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM integrations i WHERE i.id = ?1"))?
+        .query_row(params![id], from_row)
+        .optional()?
+        .ok_or_else(|| Failure::not_found("integration", id))?;
+    with_numbers(tx, found)
+}
+
+/// The provider of an integration, if it exists.
+pub fn provider_of(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<Option<types::IntegrationProvider>> {
+    let provider: Option<String> = tx
+        .prepare_cached("SELECT provider FROM integrations WHERE id = ?1")?
+        .query_row(params![id], |r| r.get(0))
+        .optional()?;
+    provider.map(|p| p.parse().map_err(|e| Failure::from(conversion(0, e)))).transpose()
+}
+
+// Writing.
+
+fn replace_numbers(tx: &rusqlite::Transaction<'_>, id: &str, numbers: &[Number]) -> Result<()> {
+    tx.execute("DELETE FROM integration_phone_numbers WHERE integration_id = ?1", params![id])?;
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO integration_phone_numbers (integration_id, position, number, label, direction)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    for (position, n) in numbers.iter().enumerate() {
+        insert.execute(params![id, position as i64, n.number, n.label, n.direction.to_string()])?;
+    }
+    Ok(())
+}
+
+/// 409 `name_taken` if another integration of the project has this name.
+fn check_name_free(tx: &rusqlite::Transaction<'_>, project_id: &str, name: &str, except: &str) -> Result<()> {
+    let other: Option<String> = tx
+        .prepare_cached("SELECT id FROM integrations WHERE project_id = ?1 AND name = ?2 AND id <> ?3 LIMIT 1")?
+        .query_row(params![project_id, name, except], |r| r.get(0))
+        .optional()?;
+    match other {
+        None => Ok(()),
+        Some(other) => Err(Failure::Conflict {
+            code: "name_taken",
+            message: format!("name: an integration named \"{name}\" already exists in this project (`{other}`)"),
+        }),
+    }
+}
+
+pub async fn list(state: &AppState, caller: Caller, query: p::ListIntegrationsQuery) -> Result<types::IntegrationList> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let provider = query.provider.map(|p| p.to_string());
+    state
+        .store
+        .read(move |tx| {
+            if let Some(project_id) = &query.project_id {
+                access::require(tx, &caller.user_id, project_id, Need::Read)?;
+            }
+            let rows = tx
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM integrations i
+                     WHERE i.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+                       AND (?2 IS NULL OR i.project_id = ?2) AND (?3 IS NULL OR i.provider = ?3)
+                       AND (?4 IS NULL OR i.id < ?4)
+                     ORDER BY i.id DESC LIMIT ?5"
+                ))?
+                .query_map(
+                    params![caller.user_id, query.project_id, provider, page.after, page.fetch_limit()],
+                    from_row,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |i| i.id.clone());
+            let integrations = page.items.into_iter().map(|i| with_numbers(tx, i)).collect::<Result<_>>()?;
+            Ok(types::IntegrationList { integrations, next_cursor: page.next_cursor })
+        })
+        .await
 }
 
 pub async fn create(
-    _state: &AppState,
-    _caller: Caller,
-    _body: types::CreateIntegrationRequest,
+    state: &AppState,
+    caller: Caller,
+    body: types::CreateIntegrationRequest,
 ) -> Result<types::Integration> {
-    Err(Failure::NotImplemented("create_integration"))
+    let provider = body.provider;
+    let name = validate::name("name", &body.name)?;
+    check_config(provider, &body.config)?;
+    let numbers = parse_numbers(&body.phone_numbers)?;
+    check_numbers_allowed(provider, &numbers)?;
+    let id = ids::new_id("int");
+    let sealed = seal_credentials(state, &id, &body.credentials)?;
+    let changes = json!({
+        "provider": provider.to_string(),
+        "name": name,
+        "config": body.config,
+        "credentials": masked(sealed.as_ref().map(|_| &body.credentials)),
+        "phone_numbers": numbers_changes(&numbers),
+    });
+    let config = Value::Object(body.config).to_string();
+    state
+        .store
+        .write(move |tx| {
+            access::require(tx, &caller.user_id, &body.project_id, Need::Edit)?;
+            check_name_free(tx, &body.project_id, &name, &id)?;
+            let now = ids::format_time(&ids::now());
+            tx.execute(
+                "INSERT INTO integrations (id, project_id, provider, name, config, credentials, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+                params![id, body.project_id, provider.to_string(), name, config, sealed, now],
+            )?;
+            replace_numbers(tx, &id, &numbers)?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "integration.create",
+                    resource_type: "integration",
+                    resource_id: &id,
+                    project_id: Some(&body.project_id),
+                    summary: format!("created {provider} integration \"{name}\""),
+                    changes,
+                },
+            )?;
+            load(tx, &id)
+        })
+        .await
 }
 
-pub async fn get(_state: &AppState, _caller: Caller, _path: p::GetIntegrationPath) -> Result<types::Integration> {
-    Err(Failure::NotImplemented("get_integration"))
+pub async fn get(state: &AppState, caller: Caller, path: p::GetIntegrationPath) -> Result<types::Integration> {
+    state
+        .store
+        .read(move |tx| {
+            access::require_resource(tx, &caller.user_id, "integrations", "integration", &path.id, Need::Read)?;
+            load(tx, &path.id)
+        })
+        .await
 }
 
-pub async fn delete(_state: &AppState, _caller: Caller, _path: p::DeleteIntegrationPath) -> Result<types::Deleted> {
-    Err(Failure::NotImplemented("delete_integration"))
+/// The channels, scenarios and tests that use an integration, as
+/// `kind id "name"` (the first few).
+fn referrers(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<Vec<String>> {
+    const SHOWN: usize = 10;
+    let mut found: Vec<String> = tx
+        .prepare_cached(
+            "SELECT 'channel', id, name FROM channels WHERE integration_id = ?1
+             UNION ALL
+             SELECT 'scenario', s.id, s.name FROM scenario_judges j JOIN scenarios s ON s.id = j.scenario_id
+             WHERE j.integration_id = ?1
+             UNION ALL
+             SELECT 'test', t.id, t.name FROM test_judges j JOIN tests t ON t.id = j.test_id
+             WHERE j.integration_id = ?1
+             LIMIT ?2",
+        )?
+        .query_map(params![id, SHOWN as i64 + 1], |r| {
+            Ok(format!("{} {} \"{}\"", r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    if found.len() > SHOWN {
+        found.truncate(SHOWN);
+        found.push("others".into());
+    }
+    Ok(found)
 }
 
+pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteIntegrationPath) -> Result<types::Deleted> {
+    state
+        .store
+        .write(move |tx| {
+            let (project_id, _) =
+                access::require_resource(tx, &caller.user_id, "integrations", "integration", &path.id, Need::Edit)?;
+            let using = referrers(tx, &path.id)?;
+            if !using.is_empty() {
+                return Err(Failure::in_use("integration", &path.id, &using));
+            }
+            let name: String =
+                tx.query_row("SELECT name FROM integrations WHERE id = ?1", params![path.id], |r| r.get(0))?;
+            // Its phone numbers go with it (ON DELETE CASCADE).
+            tx.execute("DELETE FROM integrations WHERE id = ?1", params![path.id])?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "integration.delete",
+                    resource_type: "integration",
+                    resource_id: &path.id,
+                    project_id: Some(&project_id),
+                    summary: format!("deleted integration \"{name}\""),
+                    changes: json!({"deleted": true}),
+                },
+            )?;
+            Ok(types::Deleted { id: path.id, deleted: true })
+        })
+        .await
+}
+
+/// `PATCH`: `name`, `config` (replaced whole, checked against the
+/// provider), `credentials` (an object replaces them, `null` or `{}` removes
+/// them) and `phone_numbers` (the list replaced whole); absent fields are
+/// unchanged. A body that changes nothing writes nothing.
 pub async fn update(
-    _state: &AppState,
-    _caller: Caller,
-    _path: p::UpdateIntegrationPath,
-    _body: types::UpdateIntegrationRequest,
-    _fields: BodyFields,
+    state: &AppState,
+    caller: Caller,
+    path: p::UpdateIntegrationPath,
+    body: types::UpdateIntegrationRequest,
+    fields: BodyFields,
 ) -> Result<types::Integration> {
-    Err(Failure::NotImplemented("update_integration"))
+    let name = if fields.has("name") {
+        let name = body.name.as_ref().ok_or_else(|| Failure::invalid("name", "must not be null"))?;
+        Some(validate::name("name", name)?)
+    } else {
+        None
+    };
+    let config = fields.has("config").then_some(body.config);
+    if let Some(config) = &config {
+        refuse_secret_keys(config)?;
+    }
+    // `None`: unchanged; `Some(None)`: removed.
+    let credentials = if fields.has("credentials") {
+        let given = body.credentials.unwrap_or_default();
+        let sealed = seal_credentials(state, &path.id, &given)?;
+        let shown = masked(sealed.as_ref().map(|_| &given));
+        Some((shown, sealed))
+    } else {
+        None
+    };
+    let numbers = fields.has("phone_numbers").then(|| parse_numbers(&body.phone_numbers)).transpose()?;
+    state
+        .store
+        .write(move |tx| {
+            let (project_id, _) =
+                access::require_resource(tx, &caller.user_id, "integrations", "integration", &path.id, Need::Edit)?;
+            let before = load(tx, &path.id)?;
+            if let Some(config) = &config {
+                check_config(before.provider, config)?;
+            }
+            if let Some(numbers) = &numbers {
+                check_numbers_allowed(before.provider, numbers)?;
+            }
+            if name.is_none() && config.is_none() && credentials.is_none() && numbers.is_none() {
+                return Ok(before);
+            }
+            let mut changes = Map::new();
+            if let Some(name) = &name {
+                check_name_free(tx, &project_id, name, &path.id)?;
+                tx.execute("UPDATE integrations SET name = ?2 WHERE id = ?1", params![path.id, name])?;
+                changes.insert("name".into(), json!(name));
+            }
+            if let Some(config) = config {
+                let text = Value::Object(config.clone()).to_string();
+                tx.execute("UPDATE integrations SET config = ?2 WHERE id = ?1", params![path.id, text])?;
+                changes.insert("config".into(), Value::Object(config));
+            }
+            if let Some((shown, sealed)) = credentials {
+                tx.execute("UPDATE integrations SET credentials = ?2 WHERE id = ?1", params![path.id, sealed])?;
+                changes.insert("credentials".into(), shown);
+            }
+            if let Some(numbers) = &numbers {
+                replace_numbers(tx, &path.id, numbers)?;
+                changes.insert("phone_numbers".into(), numbers_changes(numbers));
+            }
+            tx.execute(
+                "UPDATE integrations SET updated_at = ?2 WHERE id = ?1",
+                params![path.id, ids::format_time(&ids::now())],
+            )?;
+            let shown_name = name.as_deref().unwrap_or(&before.name);
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "integration.update",
+                    resource_type: "integration",
+                    resource_id: &path.id,
+                    project_id: Some(&project_id),
+                    summary: format!(
+                        "updated integration \"{shown_name}\" ({})",
+                        changes.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+                    ),
+                    changes: Value::Object(changes),
+                },
+            )?;
+            load(tx, &path.id)
+        })
+        .await
 }
 
+/// The integration's phone numbers in their order; the cursor is the
+/// position of the last one returned.
 pub async fn list_phone_numbers(
-    _state: &AppState,
-    _caller: Caller,
-    _path: p::ListIntegrationPhoneNumbersPath,
-    _query: p::ListIntegrationPhoneNumbersQuery,
+    state: &AppState,
+    caller: Caller,
+    path: p::ListIntegrationPhoneNumbersPath,
+    query: p::ListIntegrationPhoneNumbersQuery,
 ) -> Result<types::PhoneNumberList> {
-    Err(Failure::NotImplemented("list_integration_phone_numbers"))
+    let bad_cursor = || Failure::invalid("cursor", "not a cursor this server issued");
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|_| bad_cursor())?;
+    let after: Option<i64> = page.after.as_deref().map(|a| a.parse::<i64>().map_err(|_| bad_cursor())).transpose()?;
+    state
+        .store
+        .read(move |tx| {
+            access::require_resource(tx, &caller.user_id, "integrations", "integration", &path.id, Need::Read)?;
+            let rows = tx
+                .prepare_cached(
+                    "SELECT position, number, label, direction FROM integration_phone_numbers
+                     WHERE integration_id = ?1 AND (?2 IS NULL OR position > ?2) ORDER BY position LIMIT ?3",
+                )?
+                .query_map(params![path.id, after, page.fetch_limit()], number_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |(position, _)| position.to_string());
+            Ok(types::PhoneNumberList {
+                phone_numbers: page.items.into_iter().map(|(_, n)| n).collect(),
+                next_cursor: page.next_cursor,
+            })
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use types::IntegrationProvider as P;
+
+    fn code(r: Result<()>) -> String {
+        match r {
+            Err(Failure::Invalid { code, .. }) => code,
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn config_is_checked_per_provider() {
+        let llm = obj(json!({"base_url": "https://api.example.com/v1", "model": "gpt-4o-mini", "temperature": 0.2}));
+        assert!(check_config(P::OpenaiCompatible, &llm).is_ok());
+        assert_eq!(code(check_config(P::OpenaiCompatible, &obj(json!({"model": "m"})))), "invalid_base_url");
+        assert_eq!(
+            code(check_config(P::OpenaiCompatible, &obj(json!({"base_url": "ftp://x", "model": "m"})))),
+            "invalid_base_url"
+        );
+        assert_eq!(
+            code(check_config(P::OpenaiCompatible, &obj(json!({"base_url": "http://x", "model": " "})))),
+            "invalid_model"
+        );
+        assert_eq!(
+            code(check_config(P::OpenaiCompatible, &obj(json!({"base_url": "http://x", "model": 4})))),
+            "invalid_model"
+        );
+        assert!(check_config(P::Twilio, &obj(json!({"account_sid": "AC123"}))).is_ok());
+        assert_eq!(code(check_config(P::Twilio, &obj(json!({})))), "invalid_account_sid");
+        assert!(check_config(P::Telnyx, &obj(json!({}))).is_ok());
+        assert!(check_config(P::Vonage, &obj(json!({"application_id": "a"}))).is_ok());
+        assert_eq!(code(check_config(P::Vonage, &obj(json!({"Auth_Token": "x"})))), "invalid_config");
+    }
+
+    #[test]
+    fn phone_numbers_are_checked() {
+        let n = |number: &str| types::PhoneNumber {
+            number: number.try_into().unwrap(),
+            label: "".try_into().unwrap(),
+            direction: types::PhoneDirection::Both,
+        };
+        assert_eq!(parse_numbers(&[n("+14155550100"), n("+14155550101")]).unwrap().len(), 2);
+        assert!(matches!(
+            parse_numbers(&[n("+14155550100"), n("+14155550100")]),
+            Err(Failure::Invalid { code, .. }) if code == "invalid_phone_numbers"
+        ));
+        let many: Vec<_> = (0..=MAX_PHONE_NUMBERS).map(|i| n(&format!("+1415555{i:04}"))).collect();
+        assert!(parse_numbers(&many).is_err());
+        assert!(check_numbers_allowed(P::OpenaiCompatible, &parse_numbers(&[n("+14155550100")]).unwrap()).is_err());
+        assert!(check_numbers_allowed(P::OpenaiCompatible, &[]).is_ok());
+    }
 }
