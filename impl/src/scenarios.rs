@@ -1,35 +1,549 @@
-//! scenarios: not built yet; every operation answers 501.
+//! Scenarios: what the caller wants, and what counts as success.
+//!
+//! `scripted` scenarios have fixed caller lines (`steps`, at least one, each
+//! with the checks on the agent's reply); `simulated` ones an LLM playing the
+//! persona toward `goal` (required), and no steps. `success_criteria` apply
+//! to the whole conversation. Every evaluator list is checked when saved
+//! (see `evaluators`), and every `llm_judge` must name an `openai_compatible`
+//! integration of the same project; those integrations are recorded in
+//! `scenario_judges` so they cannot be deleted from under the scenario.
+//!
+//! A scenario keeps `name`, `mode`, `default_persona_id` (a persona of the
+//! same project) and `version` in columns, the rest in `document`. `PUT`
+//! replaces the whole editable part (absent optional fields reset to their
+//! defaults) and adds 1 to `version`; results keep the version they ran.
+//!
+//! Viewers and reviewers read; editors and owners create, replace and
+//! delete. Deleting a scenario a test still uses is a 409 `in_use`.
 
+use std::collections::BTreeSet;
+
+use rusqlite::{params, OptionalExtension as _};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
 use sparring_server::{params as p, types, Caller};
 
+use crate::access::{self, Need};
+use crate::activity::{self, Record};
+use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::AppState;
+use crate::pagination::PageRequest;
+use crate::{evaluators, ids, validate, AppState};
 
-pub async fn list(_state: &AppState, _caller: Caller, _query: p::ListScenariosQuery) -> Result<types::ScenarioList> {
-    Err(Failure::NotImplemented("list_scenarios"))
+pub const DEFAULT_MAX_TURNS: u32 = 20;
+pub const MAX_TURNS: u32 = 500;
+pub const MAX_DURATION_S: u32 = 3600;
+pub const MAX_STEPS: usize = 200;
+/// How many referrers a 409 `in_use` names.
+const SHOWN: usize = 10;
+
+/// The editable fields besides those in columns, as stored in `document`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct ScenarioDoc {
+    description: String,
+    first_message: Option<String>,
+    steps: Vec<types::ScenarioStep>,
+    goal: Option<String>,
+    success_criteria: Vec<types::Evaluator>,
+    max_turns: u32,
+    /// `None` until the project's default is filled in (in the transaction).
+    max_duration_s: Option<u32>,
+    tags: Vec<String>,
 }
 
-pub async fn create(
-    _state: &AppState,
-    _caller: Caller,
-    _body: types::CreateScenarioRequest,
-) -> Result<types::Scenario> {
-    Err(Failure::NotImplemented("create_scenario"))
+/// The editable part of a scenario, checked.
+struct ScenarioInput {
+    name: String,
+    mode: types::ScenarioMode,
+    default_persona_id: Option<String>,
+    doc: ScenarioDoc,
+    /// Every `llm_judge`: the field naming its integration, and the id.
+    judges: Vec<(String, String)>,
 }
 
-pub async fn get(_state: &AppState, _caller: Caller, _path: p::GetScenarioPath) -> Result<types::Scenario> {
-    Err(Failure::NotImplemented("get_scenario"))
+/// The request fields, the same for create and replace.
+struct Given<'a> {
+    name: &'a str,
+    mode: types::ScenarioMode,
+    description: Option<&'a str>,
+    first_message: Option<&'a str>,
+    steps: &'a [types::ScenarioStep],
+    goal: Option<&'a str>,
+    success_criteria: &'a [types::Evaluator],
+    default_persona_id: Option<&'a str>,
+    max_turns: Option<u32>,
+    max_duration_s: Option<u32>,
+    tags: Vec<String>,
 }
 
+/// The `llm_judge` evaluators of a list: the field of each integration id,
+/// and the id.
+fn judges_of(list: &str, evaluators: &[types::Evaluator]) -> Vec<(String, String)> {
+    evaluators
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match e {
+            types::Evaluator::LlmJudge { integration_id, .. } => {
+                Some((format!("{list}[{i}].integration_id"), integration_id.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+impl ScenarioInput {
+    fn parse(g: Given<'_>) -> Result<ScenarioInput> {
+        let name = validate::name("name", g.name)?;
+        let description = validate::text("description", g.description.unwrap_or(""), validate::MAX_DESCRIPTION)?;
+        let first_message = g
+            .first_message
+            .map(|m| {
+                if m.trim().is_empty() {
+                    return Err(Failure::invalid(
+                        "first_message",
+                        "must not be empty or blank; leave it out when the agent greets first",
+                    ));
+                }
+                validate::text("first_message", m, validate::MAX_PROMPT)
+            })
+            .transpose()?;
+        let goal = g.goal.map(|m| validate::required_text("goal", m, validate::MAX_PROMPT)).transpose()?;
+        let mut judges = Vec::new();
+        match g.mode {
+            types::ScenarioMode::Scripted => {
+                if g.steps.is_empty() {
+                    return Err(Failure::invalid("steps", "a scripted scenario needs at least one step"));
+                }
+            }
+            types::ScenarioMode::Simulated => {
+                if goal.is_none() {
+                    return Err(Failure::invalid(
+                        "goal",
+                        "is required for a simulated scenario: what the caller tries to achieve",
+                    ));
+                }
+                if !g.steps.is_empty() {
+                    return Err(Failure::invalid(
+                        "steps",
+                        "a simulated scenario has no steps (the LLM plays the persona toward `goal`); \
+                         use mode `scripted` for fixed caller lines",
+                    ));
+                }
+            }
+        }
+        if g.steps.len() > MAX_STEPS {
+            return Err(Failure::invalid("steps", format_args!("at most {MAX_STEPS} steps, got {}", g.steps.len())));
+        }
+        for (i, step) in g.steps.iter().enumerate() {
+            validate::required_text(&format!("steps[{i}].say"), &step.say, validate::MAX_PROMPT)?;
+            let field = format!("steps[{i}].expect");
+            evaluators::check_list(&field, &step.expect)?;
+            judges.extend(judges_of(&field, &step.expect));
+        }
+        evaluators::check_list("success_criteria", g.success_criteria)?;
+        judges.extend(judges_of("success_criteria", g.success_criteria));
+        let max_turns = validate::range("max_turns", g.max_turns.unwrap_or(DEFAULT_MAX_TURNS), 1, MAX_TURNS)?;
+        let max_duration_s =
+            g.max_duration_s.map(|d| validate::range("max_duration_s", d, 1, MAX_DURATION_S)).transpose()?;
+        let tags = validate::tags("tags", &g.tags)?;
+        Ok(ScenarioInput {
+            name,
+            mode: g.mode,
+            default_persona_id: g.default_persona_id.map(str::to_string),
+            doc: ScenarioDoc {
+                description,
+                first_message,
+                steps: g.steps.to_vec(),
+                goal,
+                success_criteria: g.success_criteria.to_vec(),
+                max_turns,
+                max_duration_s,
+                tags,
+            },
+            judges,
+        })
+    }
+
+    /// In the transaction: the references (persona, judges) must be of
+    /// `project_id`, and an absent `max_duration_s` takes the project's.
+    fn resolve(&mut self, tx: &rusqlite::Transaction<'_>, project_id: &str) -> Result<()> {
+        if let Some(persona) = &self.default_persona_id {
+            access::require_reference(tx, "personas", "default_persona_id", persona, project_id)?;
+        }
+        for (field, id) in &self.judges {
+            evaluators::check_judges(tx, field, &BTreeSet::from([id.clone()]), project_id)?;
+        }
+        if self.doc.max_duration_s.is_none() {
+            let project_default: u32 =
+                tx.query_row("SELECT max_call_duration_s FROM projects WHERE id = ?1", params![project_id], |r| {
+                    r.get(0)
+                })?;
+            self.doc.max_duration_s = Some(project_default.clamp(1, MAX_DURATION_S));
+        }
+        Ok(())
+    }
+
+    fn judge_ids(&self) -> BTreeSet<&str> {
+        self.judges.iter().map(|(_, id)| id.as_str()).collect()
+    }
+
+    /// The scenario as the activity log shows it (every editable field).
+    fn shown(&self) -> Map<String, Value> {
+        let mut v = match serde_json::to_value(&self.doc) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        v.insert("name".into(), json!(self.name));
+        v.insert("mode".into(), json!(self.mode));
+        v.insert("default_persona_id".into(), json!(self.default_persona_id));
+        v
+    }
+}
+
+fn write_judges(tx: &rusqlite::Transaction<'_>, scenario_id: &str, judges: &BTreeSet<&str>) -> Result<()> {
+    tx.execute("DELETE FROM scenario_judges WHERE scenario_id = ?1", params![scenario_id])?;
+    let mut insert = tx.prepare_cached("INSERT INTO scenario_judges (scenario_id, integration_id) VALUES (?1, ?2)")?;
+    for id in judges {
+        insert.execute(params![scenario_id, id])?;
+    }
+    Ok(())
+}
+
+// Reading.
+
+const COLUMNS: &str = "s.id, s.project_id, s.name, s.mode, s.default_persona_id, s.version, s.document, \
+                       s.created_at, s.updated_at";
+
+fn conversion(column: usize, e: impl std::fmt::Display) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, e.to_string().into())
+}
+
+fn nonzero(column: usize, n: u32) -> rusqlite::Result<std::num::NonZeroU32> {
+    std::num::NonZeroU32::new(n).ok_or_else(|| conversion(column, "zero"))
+}
+
+fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Scenario> {
+    let time = |i: usize| row.get::<_, String>(i).map(|s| ids::parse_time(&s).unwrap_or_default());
+    let mode: String = row.get(3)?;
+    let document: String = row.get(6)?;
+    let d: ScenarioDoc = serde_json::from_str(&document).map_err(|e| conversion(6, e))?;
+    Ok(types::Scenario {
+        id: row.get(0)?,
+        project_id: row.get(1)?,
+        name: row.get(2)?,
+        mode: mode.parse().map_err(|e| conversion(3, e))?,
+        default_persona_id: row.get(4)?,
+        version: nonzero(5, row.get(5)?)?,
+        description: d.description,
+        first_message: d.first_message,
+        steps: d.steps,
+        goal: d.goal,
+        success_criteria: d.success_criteria,
+        max_turns: nonzero(6, d.max_turns)?,
+        max_duration_s: nonzero(6, d.max_duration_s.unwrap_or(0))?,
+        tags: d.tags,
+        created_at: time(7)?,
+        updated_at: time(8)?,
+    })
+}
+
+fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Scenario> {
+    tx.prepare_cached(&format!("SELECT {COLUMNS} FROM scenarios s WHERE s.id = ?1"))?
+        .query_row(params![id], from_row)
+        .optional()?
+        .ok_or_else(|| Failure::not_found("scenario", id))
+}
+
+pub async fn list(state: &AppState, caller: Caller, query: p::ListScenariosQuery) -> Result<types::ScenarioList> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let mode = query.mode.map(|m| m.to_string());
+    state
+        .store
+        .read(move |tx| {
+            if let Some(project_id) = &query.project_id {
+                access::require(tx, &caller.user_id, project_id, Need::Read)?;
+            }
+            let rows = tx
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM scenarios s
+                     WHERE s.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+                       AND (?2 IS NULL OR s.project_id = ?2) AND (?3 IS NULL OR s.mode = ?3)
+                       AND (?4 IS NULL OR EXISTS (SELECT 1 FROM json_each(s.document, '$.tags') WHERE value = ?4))
+                       AND (?5 IS NULL OR s.id < ?5)
+                     ORDER BY s.id DESC LIMIT ?6"
+                ))?
+                .query_map(
+                    params![caller.user_id, query.project_id, mode, query.tag, page.after, page.fetch_limit()],
+                    from_row,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |s| s.id.clone());
+            Ok(types::ScenarioList { scenarios: page.items, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+fn tag_strings<T: std::ops::Deref<Target = String>>(tags: &[T]) -> Vec<String> {
+    tags.iter().map(|t| t.to_string()).collect()
+}
+
+pub async fn create(state: &AppState, caller: Caller, body: types::CreateScenarioRequest) -> Result<types::Scenario> {
+    let mut input = ScenarioInput::parse(Given {
+        name: &body.name,
+        mode: body.mode,
+        description: body.description.as_deref().map(String::as_str),
+        first_message: body.first_message.as_deref().map(String::as_str),
+        steps: &body.steps,
+        goal: body.goal.as_deref().map(String::as_str),
+        success_criteria: &body.success_criteria,
+        default_persona_id: body.default_persona_id.as_deref(),
+        max_turns: body.max_turns.map(|n| n.get()),
+        max_duration_s: body.max_duration_s.map(|n| n.get()),
+        tags: tag_strings(&body.tags),
+    })?;
+    let id = ids::new_id("scn");
+    let project_id = body.project_id;
+    state
+        .store
+        .write(move |tx| {
+            access::require(tx, &caller.user_id, &project_id, Need::Edit)?;
+            input.resolve(tx, &project_id)?;
+            let document = serde_json::to_string(&input.doc).map_err(|e| Failure::from(conversion(6, e)))?;
+            let now = ids::format_time(&ids::now());
+            tx.execute(
+                "INSERT INTO scenarios (id, project_id, name, mode, default_persona_id, version, document,
+                                        created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?7)",
+                params![id, project_id, input.name, input.mode.to_string(), input.default_persona_id, document, now],
+            )?;
+            write_judges(tx, &id, &input.judge_ids())?;
+            let mut changes = input.shown();
+            changes.insert("version".into(), json!(1));
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "scenario.create",
+                    resource_type: "scenario",
+                    resource_id: &id,
+                    project_id: Some(&project_id),
+                    summary: format!("created {} scenario \"{}\"", input.mode, input.name),
+                    changes: Value::Object(changes),
+                },
+            )?;
+            load(tx, &id)
+        })
+        .await
+}
+
+pub async fn get(state: &AppState, caller: Caller, path: p::GetScenarioPath) -> Result<types::Scenario> {
+    state
+        .store
+        .read(move |tx| {
+            access::require_resource(tx, &caller.user_id, "scenarios", "scenario", &path.id, Need::Read)?;
+            load(tx, &path.id)
+        })
+        .await
+}
+
+/// `PUT`: replaces the editable part (absent optional fields reset to their
+/// defaults) and adds 1 to the version, even when nothing else changed.
 pub async fn replace(
-    _state: &AppState,
-    _caller: Caller,
-    _path: p::ReplaceScenarioPath,
-    _body: types::ReplaceScenarioRequest,
+    state: &AppState,
+    caller: Caller,
+    path: p::ReplaceScenarioPath,
+    body: types::ReplaceScenarioRequest,
 ) -> Result<types::Scenario> {
-    Err(Failure::NotImplemented("replace_scenario"))
+    let mut input = ScenarioInput::parse(Given {
+        name: &body.name,
+        mode: body.mode,
+        description: body.description.as_deref().map(String::as_str),
+        first_message: body.first_message.as_deref().map(String::as_str),
+        steps: &body.steps,
+        goal: body.goal.as_deref().map(String::as_str),
+        success_criteria: &body.success_criteria,
+        default_persona_id: body.default_persona_id.as_deref(),
+        max_turns: body.max_turns.map(|n| n.get()),
+        max_duration_s: body.max_duration_s.map(|n| n.get()),
+        tags: tag_strings(&body.tags),
+    })?;
+    state
+        .store
+        .write(move |tx| {
+            let (project_id, _) =
+                access::require_resource(tx, &caller.user_id, "scenarios", "scenario", &path.id, Need::Edit)?;
+            input.resolve(tx, &project_id)?;
+            let before = load(tx, &path.id)?;
+            let version = before.version.get().checked_add(1).ok_or_else(|| Failure::Conflict {
+                code: "version_limit",
+                message: "this scenario cannot take another version; create a new one".into(),
+            })?;
+            let document = serde_json::to_string(&input.doc).map_err(|e| Failure::from(conversion(6, e)))?;
+            tx.execute(
+                "UPDATE scenarios SET name = ?2, mode = ?3, default_persona_id = ?4, version = ?5, document = ?6,
+                        updated_at = ?7
+                 WHERE id = ?1",
+                params![
+                    path.id,
+                    input.name,
+                    input.mode.to_string(),
+                    input.default_persona_id,
+                    version,
+                    document,
+                    ids::format_time(&ids::now())
+                ],
+            )?;
+            write_judges(tx, &path.id, &input.judge_ids())?;
+            // What changed: the fields whose value differs from before.
+            let before_shown = match serde_json::to_value(&before) {
+                Ok(Value::Object(m)) => m,
+                _ => Map::new(),
+            };
+            let mut changes: Map<String, Value> =
+                input.shown().into_iter().filter(|(k, v)| before_shown.get(k) != Some(v)).collect();
+            changes.insert("version".into(), json!({"from": before.version.get(), "to": version}));
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "scenario.update",
+                    resource_type: "scenario",
+                    resource_id: &path.id,
+                    project_id: Some(&project_id),
+                    summary: format!("replaced scenario \"{}\" (version {version})", input.name),
+                    changes: Value::Object(changes),
+                },
+            )?;
+            load(tx, &path.id)
+        })
+        .await
 }
 
-pub async fn delete(_state: &AppState, _caller: Caller, _path: p::DeleteScenarioPath) -> Result<types::Deleted> {
-    Err(Failure::NotImplemented("delete_scenario"))
+/// The tests that use a scenario (at most [`SHOWN`], then "others").
+fn referrers(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<Vec<String>> {
+    let mut using: Vec<String> = tx
+        .prepare_cached("SELECT id, name FROM tests WHERE scenario_id = ?1 ORDER BY id LIMIT ?2")?
+        .query_map(params![id, SHOWN as i64 + 1], |r| {
+            Ok(format!("test {} \"{}\"", r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    if using.len() > SHOWN {
+        using.truncate(SHOWN);
+        using.push("others".into());
+    }
+    Ok(using)
+}
+
+pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteScenarioPath) -> Result<types::Deleted> {
+    state
+        .store
+        .write(move |tx| {
+            let (project_id, _) =
+                access::require_resource(tx, &caller.user_id, "scenarios", "scenario", &path.id, Need::Edit)?;
+            let using = referrers(tx, &path.id)?;
+            if !using.is_empty() {
+                return Err(Failure::in_use("scenario", &path.id, &using));
+            }
+            let name: String =
+                tx.query_row("SELECT name FROM scenarios WHERE id = ?1", params![path.id], |r| r.get(0))?;
+            // Its judges go with it (ON DELETE CASCADE).
+            tx.execute("DELETE FROM scenarios WHERE id = ?1", params![path.id])?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "scenario.delete",
+                    resource_type: "scenario",
+                    resource_id: &path.id,
+                    project_id: Some(&project_id),
+                    summary: format!("deleted scenario \"{name}\""),
+                    changes: json!({"deleted": true}),
+                },
+            )?;
+            Ok(types::Deleted { id: path.id, deleted: true })
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn evaluators(v: Value) -> Vec<types::Evaluator> {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn steps(v: Value) -> Vec<types::ScenarioStep> {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn given<'a>(mode: types::ScenarioMode, steps: &'a [types::ScenarioStep], goal: Option<&'a str>) -> Given<'a> {
+        Given {
+            name: "s",
+            mode,
+            description: None,
+            first_message: None,
+            steps,
+            goal,
+            success_criteria: &[],
+            default_persona_id: None,
+            max_turns: None,
+            max_duration_s: None,
+            tags: Vec::new(),
+        }
+    }
+
+    fn invalid(r: Result<ScenarioInput>) -> String {
+        match r {
+            Err(Failure::Invalid { code, message }) => format!("{code}: {message}"),
+            Err(other) => panic!("expected invalid, got {other:?}"),
+            Ok(_) => panic!("expected invalid, got a scenario"),
+        }
+    }
+
+    #[test]
+    fn tests_using_a_scenario_are_named() {
+        crate::personas::tests::with_users_of_a_persona(2, |tx| {
+            assert_eq!(referrers(tx, "scn_1")?, ["test tst_00 \"flow 0\"", "test tst_01 \"flow 1\""]);
+            assert!(referrers(tx, "scn_2")?.is_empty());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn modes_decide_steps_and_goal() {
+        use types::ScenarioMode::{Scripted, Simulated};
+        let one = steps(json!([{"say": "hi", "expect": []}]));
+        assert!(ScenarioInput::parse(given(Scripted, &one, None)).is_ok());
+        assert!(invalid(ScenarioInput::parse(given(Scripted, &[], None))).starts_with("invalid_steps: steps:"));
+        assert!(ScenarioInput::parse(given(Simulated, &[], Some("book a table"))).is_ok());
+        assert!(invalid(ScenarioInput::parse(given(Simulated, &[], None))).starts_with("invalid_goal: goal:"));
+        assert!(invalid(ScenarioInput::parse(given(Simulated, &[], Some(" ")))).starts_with("invalid_goal: goal:"));
+        assert!(invalid(ScenarioInput::parse(given(Simulated, &one, Some("x")))).starts_with("invalid_steps:"));
+        let blank = steps(json!([{"say": "hi", "expect": []}, {"say": "  ", "expect": []}]));
+        assert!(invalid(ScenarioInput::parse(given(Scripted, &blank, None))).starts_with("invalid_say: steps[1].say:"));
+    }
+
+    #[test]
+    fn judges_are_found_with_their_field() {
+        let s = steps(json!([
+            {"say": "hi", "expect": [
+                {"type": "contains", "name": "a", "text": "hello"},
+                {"type": "llm_judge", "name": "b", "integration_id": "int_1", "prompt": "ok?"}
+            ]}
+        ]));
+        let criteria =
+            evaluators(json!([{"type": "llm_judge", "name": "c", "integration_id": "int_2", "prompt": "ok?"}]));
+        let mut g = given(types::ScenarioMode::Scripted, &s, None);
+        g.success_criteria = &criteria;
+        let input = ScenarioInput::parse(g).unwrap();
+        assert_eq!(
+            input.judges,
+            vec![
+                ("steps[0].expect[1].integration_id".to_string(), "int_1".to_string()),
+                ("success_criteria[0].integration_id".to_string(), "int_2".to_string()),
+            ]
+        );
+        assert_eq!(input.doc.max_turns, DEFAULT_MAX_TURNS);
+    }
 }
