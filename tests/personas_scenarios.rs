@@ -285,7 +285,7 @@ async fn persona_input_is_checked_field_by_field() {
             "invalid_voice_id",
             "voice.voice_id",
         ),
-        (json!({"voice": {"provider": null, "voice_id": null}}), "invalid_voice", "speed"),
+        (json!({"voice": {"provider": null, "voice_id": null}}), "invalid_speed", "speed"),
         (json!({"background_noise": "jungle"}), "invalid_background_noise", "background_noise"),
         (json!({"background_noise_volume": -0.1}), "invalid_background_noise_volume", "background_noise_volume"),
         (json!({"background_noise_volume": 1.5}), "invalid_background_noise_volume", "background_noise_volume"),
@@ -494,7 +494,7 @@ async fn scenario_input_is_checked_field_by_field() {
         (with(base.clone(), json!({"steps": [step("hi"), step("  ")]})), "invalid_say", "steps[1].say"),
         (with(base.clone(), json!({"steps": [step("")]})), "invalid_say", "steps[0].say"),
         (with(base.clone(), json!({"steps": [step(&long(20_001))]})), "invalid_say", "steps[0].say"),
-        (with(base.clone(), json!({"steps": [{"say": "hi"}]})), "invalid_body", "expect"),
+        (with(base.clone(), json!({"steps": [{"say": "hi"}]})), "invalid_expect", "expect"),
         (
             with(base.clone(), json!({"steps": (0..201).map(|_| step("hi")).collect::<Vec<_>>()})),
             "invalid_steps",
@@ -511,7 +511,7 @@ async fn scenario_input_is_checked_field_by_field() {
         (with(sim.clone(), json!({"max_turns": 501})), "invalid_max_turns", "max_turns"),
         (with(sim.clone(), json!({"max_duration_s": 0})), "invalid_max_duration_s", "max_duration_s"),
         (with(sim.clone(), json!({"max_duration_s": 3601})), "invalid_max_duration_s", "max_duration_s"),
-        (with(sim.clone(), json!({"tags": ["ok", ""]})), "invalid_body", "tags[1]"),
+        (with(sim.clone(), json!({"tags": ["ok", ""]})), "invalid_tags", "tags[1]"),
         (with(sim.clone(), json!({"tags": ["ok", long(51)]})), "invalid_tags", "tags[1]"),
         (with(sim.clone(), json!({"version": 7})), "invalid_body", "version"),
         (
@@ -593,31 +593,34 @@ async fn every_evaluator_type_is_checked() {
 
     let judge_at =
         |integration: &str| json!({"type": "llm_judge", "name": "j", "integration_id": integration, "prompt": "ok?"});
-    // (evaluator, code, what the message names after the list's field)
+    // (evaluator, code, what the message names after the list's field);
+    // LIST: a value the wire type refuses inside an element is reported for
+    // the list itself (`invalid_success_criteria`, `invalid_expect`).
+    const LIST: &str = "invalid_<list>";
     let cases: Vec<(Value, &str, &str)> = vec![
         (json!({"type": "sentiment", "name": "a"}), "invalid_type", "[0].type"),
-        (json!({"name": "a", "text": "hi"}), "invalid_body", "type"),
-        (json!({"type": "contains", "name": "a"}), "invalid_body", "text"),
-        (json!({"type": "contains", "text": "hi"}), "invalid_body", "name"),
+        (json!({"name": "a", "text": "hi"}), "invalid_type", "type"),
+        (json!({"type": "contains", "name": "a"}), "invalid_text", "text"),
+        (json!({"type": "contains", "text": "hi"}), "invalid_name", "name"),
         (json!({"type": "contains", "name": "a", "text": " "}), "invalid_text", "[0].text"),
         (json!({"type": "contains", "name": " ", "text": "hi"}), "invalid_name", "[0].name"),
-        (json!({"type": "not_contains", "name": "a"}), "invalid_body", "text"),
+        (json!({"type": "not_contains", "name": "a"}), "invalid_text", "text"),
         (json!({"type": "not_contains", "name": "a", "text": "\t"}), "invalid_text", "[0].text"),
-        (json!({"type": "regex", "name": "a"}), "invalid_body", "pattern"),
+        (json!({"type": "regex", "name": "a"}), "invalid_pattern", "pattern"),
         (json!({"type": "regex", "name": "a", "pattern": "(("}), "invalid_pattern", "[0].pattern"),
-        (json!({"type": "max_latency_ms", "name": "a", "percentile": "p95"}), "invalid_body", "ms"),
-        (json!({"type": "max_latency_ms", "name": "a", "ms": 100}), "invalid_body", "percentile"),
-        (json!({"type": "max_latency_ms", "name": "a", "percentile": "p42", "ms": 100}), "invalid_body", "p42"),
+        (json!({"type": "max_latency_ms", "name": "a", "percentile": "p95"}), "invalid_ms", "ms"),
+        (json!({"type": "max_latency_ms", "name": "a", "ms": 100}), "invalid_percentile", "percentile"),
+        (json!({"type": "max_latency_ms", "name": "a", "percentile": "p42", "ms": 100}), LIST, "p42"),
         (json!({"type": "max_latency_ms", "name": "a", "percentile": "p50", "ms": 0}), "invalid_ms", "[0].ms"),
         (json!({"type": "max_latency_ms", "name": "a", "percentile": "max", "ms": 600_001}), "invalid_ms", "[0].ms"),
-        (json!({"type": "max_turns", "name": "a"}), "invalid_body", "turns"),
-        (json!({"type": "max_turns", "name": "a", "turns": 0}), "invalid_body", "[0]"),
+        (json!({"type": "max_turns", "name": "a"}), "invalid_turns", "turns"),
+        (json!({"type": "max_turns", "name": "a", "turns": 0}), LIST, "[0]"),
         (json!({"type": "max_turns", "name": "a", "turns": 1001}), "invalid_turns", "[0].turns"),
-        (json!({"type": "agent_ended_call"}), "invalid_body", "name"),
-        (json!({"type": "tool_called", "name": "a"}), "invalid_body", "tool"),
+        (json!({"type": "agent_ended_call"}), "invalid_name", "name"),
+        (json!({"type": "tool_called", "name": "a"}), "invalid_tool", "tool"),
         (json!({"type": "tool_called", "name": "a", "tool": " "}), "invalid_tool", "[0].tool"),
-        (json!({"type": "llm_judge", "name": "a", "prompt": "ok?"}), "invalid_body", "integration_id"),
-        (json!({"type": "llm_judge", "name": "a", "integration_id": judge}), "invalid_body", "prompt"),
+        (json!({"type": "llm_judge", "name": "a", "prompt": "ok?"}), "invalid_integration_id", "integration_id"),
+        (json!({"type": "llm_judge", "name": "a", "integration_id": judge}), "invalid_prompt", "prompt"),
         (
             json!({"type": "llm_judge", "name": "a", "integration_id": judge, "prompt": " "}),
             "invalid_prompt",
@@ -630,19 +633,31 @@ async fn every_evaluator_type_is_checked() {
     let before = activity_count(&s, &t.owner, p).await;
     let scn = id(&made);
     for (evaluator, code, names) in &cases {
+        let code_in = |list: &str| if *code == LIST { format!("invalid_{list}") } else { code.to_string() };
         let criteria = json!([evaluator]);
         let body = with(simulated(p, "bad"), json!({"success_criteria": criteria}));
         // The message names the list (and, for a rule on a field, the field).
         let at = |list: &str| if names.starts_with('[') { format!("{list}{names}") } else { list.to_string() };
-        refused(&s, Method::POST, "/v1/scenarios", &t.editor, body.clone(), code, &at("success_criteria")).await;
-        refused(&s, Method::POST, "/v1/scenarios", &t.editor, body.clone(), code, names).await;
+        refused(
+            &s,
+            Method::POST,
+            "/v1/scenarios",
+            &t.editor,
+            body.clone(),
+            &code_in("success_criteria"),
+            &at("success_criteria"),
+        )
+        .await;
+        refused(&s, Method::POST, "/v1/scenarios", &t.editor, body.clone(), &code_in("success_criteria"), names).await;
         // In a step's expect (the second step), the field is that step's.
         let steps = json!([{"say": "hi", "expect": []}, {"say": "again", "expect": criteria}]);
         let body = with(scripted(p, "bad"), json!({"steps": steps}));
-        refused(&s, Method::POST, "/v1/scenarios", &t.editor, body.clone(), code, &at("steps[1].expect")).await;
+        refused(&s, Method::POST, "/v1/scenarios", &t.editor, body.clone(), &code_in("expect"), &at("steps[1].expect"))
+            .await;
         // And on PUT.
         let body = with(simulated(p, "bad"), json!({"success_criteria": criteria, "project_id": null}));
-        refused(&s, Method::PUT, &format!("/v1/scenarios/{scn}"), &t.editor, body, code, names).await;
+        refused(&s, Method::PUT, &format!("/v1/scenarios/{scn}"), &t.editor, body, &code_in("success_criteria"), names)
+            .await;
     }
     // The judge is named in the message, and why it cannot judge.
     for (integration, why) in [

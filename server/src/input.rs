@@ -282,15 +282,22 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
         let inner = e.into_inner();
         // The field the error is about: where it happened, or the one
         // serde reports missing.
-        let unknown = inner.to_string().starts_with("unknown field");
-        let field = if unknown {
+        let text = inner.to_string();
+        let missing = text.strip_prefix("missing field `").and_then(|rest| rest.split('`').next()).map(str::to_string);
+        let field = if text.starts_with("unknown field") {
             // The field is not ours to name a code after.
             None
+        } else if missing.is_some() {
+            missing
         } else if path != "." {
-            path.rsplit(['.', '[']).next().map(|s| s.trim_end_matches(']').to_string())
+            // The innermost named field: `steps[2].expect[0]` → `expect`.
+            let mut p = path.as_str();
+            while let Some(open) = p.strip_suffix(']').and_then(|q| q.rfind('[')) {
+                p = &p[..open];
+            }
+            p.rsplit('.').next().map(str::to_string)
         } else {
-            let msg = inner.to_string();
-            msg.strip_prefix("missing field `").and_then(|rest| rest.split('`').next()).map(str::to_string)
+            None
         };
         let code = match &field {
             Some(f)
