@@ -34,6 +34,17 @@ async fn rotation_reseals_everything_and_needs_the_server_stopped() {
 
     s.stop().await;
     assert!(!contains(&s.stored_bytes(), secret), "the secret is sealed at rest");
+    assert!(!s.log.contents().contains(secret), "the secret is never logged");
+    let history = sparring_impl::open_store(s.data_dir.path()).unwrap();
+    let changes: Vec<String> = history
+        .read::<_, sparring_impl::store::StoreError, _>(|tx| {
+            let mut stmt = tx.prepare("SELECT changes FROM activity")?;
+            let rows = stmt.query_map([], |r| r.get(0))?.collect::<Result<Vec<String>, _>>()?;
+            Ok(rows)
+        })
+        .await
+        .unwrap();
+    assert!(changes.iter().any(|c| c.contains("webhook_secret") && c.contains("***")), "{changes:?}");
     let before = std::fs::read(&key_file).unwrap();
     assert_eq!(sparring_impl::rotate_secret_key(s.data_dir.path(), None).await.unwrap(), 1);
     let after = std::fs::read(&key_file).unwrap();
