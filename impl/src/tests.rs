@@ -1,32 +1,628 @@
-//! tests: not built yet; every operation answers 501.
+//! Tests: runnable cases. A test plays a scenario against a channel with
+//! some personas (none = the scenario's default persona), `iterations`
+//! times each, adds its own `evaluators` to the scenario's success criteria,
+//! and passes when at least `pass_threshold` of its iterations pass.
+//!
+//! The channel, the scenario and every persona must be of the test's
+//! project (a 400 naming the field otherwise, `persona_ids[2]` and the
+//! like). A test without personas needs a scenario with a default persona.
+//! Every `llm_judge` must name an `openai_compatible` integration of the
+//! project; those are recorded in `test_judges` so they cannot be deleted
+//! from under the test.
+//!
+//! A test keeps `name`, `channel_id` and `scenario_id` in columns, its
+//! personas in order in `test_personas`, the rest in `document`. `PATCH`
+//! merges: absent fields are unchanged, a given list replaces the stored one
+//! (`persona_ids: []` falls back to the scenario's default persona).
+//!
+//! Viewers and reviewers read; editors and owners create, change and delete.
+//! Deleting a test a batch still includes is a 409 `in_use`.
 
+use std::collections::BTreeSet;
+
+use rusqlite::{params, OptionalExtension as _};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
 use sparring_server::{params as p, types, BodyFields, Caller};
 
+use crate::access::{self, Need};
+use crate::activity::{self, Record};
+use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::AppState;
+use crate::pagination::PageRequest;
+use crate::{evaluators, ids, validate, AppState};
 
-pub async fn list(_state: &AppState, _caller: Caller, _query: p::ListTestsQuery) -> Result<types::TestList> {
-    Err(Failure::NotImplemented("list_tests"))
+pub const DEFAULT_ITERATIONS: u32 = 1;
+pub const MAX_ITERATIONS: u32 = 100;
+pub const DEFAULT_PASS_THRESHOLD: f64 = 1.0;
+pub const MAX_PERSONAS: usize = 100;
+/// How many referrers a 409 `in_use` names.
+const SHOWN: usize = 10;
+
+/// The editable fields besides those in columns (and `test_personas`), as
+/// stored in `document`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct TestDoc {
+    description: String,
+    iterations: u32,
+    evaluators: Vec<types::Evaluator>,
+    pass_threshold: f64,
+    tags: Vec<String>,
 }
 
-pub async fn create(_state: &AppState, _caller: Caller, _body: types::CreateTestRequest) -> Result<types::Test> {
-    Err(Failure::NotImplemented("create_test"))
+// Parsing, field by field (shared by create and update).
+
+fn description(d: &str) -> Result<String> {
+    validate::text("description", d, validate::MAX_DESCRIPTION)
 }
 
-pub async fn get(_state: &AppState, _caller: Caller, _path: p::GetTestPath) -> Result<types::Test> {
-    Err(Failure::NotImplemented("get_test"))
+fn iterations(n: u32) -> Result<u32> {
+    validate::range("iterations", n, 1, MAX_ITERATIONS)
 }
 
-pub async fn delete(_state: &AppState, _caller: Caller, _path: p::DeleteTestPath) -> Result<types::Deleted> {
-    Err(Failure::NotImplemented("delete_test"))
+fn pass_threshold(t: f64) -> Result<f64> {
+    if !t.is_finite() || !(0.0..=1.0).contains(&t) {
+        return Err(Failure::invalid("pass_threshold", format_args!("must be from 0 to 1, got {t}")));
+    }
+    Ok(t)
 }
 
+/// At most [`MAX_PERSONAS`], none twice (order kept). Whether each is a
+/// persona of the project is checked in the transaction.
+fn persona_ids(ids: &[String]) -> Result<Vec<String>> {
+    if ids.len() > MAX_PERSONAS {
+        return Err(Failure::invalid(
+            "persona_ids",
+            format_args!("at most {MAX_PERSONAS} personas, got {}", ids.len()),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, id) in ids.iter().enumerate() {
+        if !seen.insert(id.as_str()) {
+            return Err(Failure::invalid(&format!("persona_ids[{i}]"), format_args!("`{id}` is listed twice")));
+        }
+    }
+    Ok(ids.to_vec())
+}
+
+/// A test's evaluators, checked.
+#[derive(Debug)]
+struct Evaluators {
+    list: Vec<types::Evaluator>,
+    /// Every `llm_judge`: the field naming its integration, and the id.
+    judges: Vec<(String, String)>,
+}
+
+fn checked_evaluators(list: &[types::Evaluator]) -> Result<Evaluators> {
+    evaluators::check_list("evaluators", list)?;
+    let judges = list
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match e {
+            types::Evaluator::LlmJudge { integration_id, .. } => {
+                Some((format!("evaluators[{i}].integration_id"), integration_id.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    Ok(Evaluators { list: list.to_vec(), judges })
+}
+
+fn tags<T: std::ops::Deref<Target = String>>(given: &[T]) -> Result<Vec<String>> {
+    validate::tags("tags", &given.iter().map(|t| t.to_string()).collect::<Vec<_>>())
+}
+
+// References, checked in the transaction.
+
+fn check_channel(tx: &rusqlite::Transaction<'_>, id: &str, project_id: &str) -> Result<()> {
+    access::require_reference(tx, "channels", "channel_id", id, project_id)
+}
+
+fn check_scenario(tx: &rusqlite::Transaction<'_>, id: &str, project_id: &str) -> Result<()> {
+    access::require_reference(tx, "scenarios", "scenario_id", id, project_id)
+}
+
+fn check_personas(tx: &rusqlite::Transaction<'_>, ids: &[String], project_id: &str) -> Result<()> {
+    for (i, id) in ids.iter().enumerate() {
+        access::require_reference(tx, "personas", &format!("persona_ids[{i}]"), id, project_id)?;
+    }
+    Ok(())
+}
+
+fn check_judges(tx: &rusqlite::Transaction<'_>, judges: &[(String, String)], project_id: &str) -> Result<()> {
+    for (field, id) in judges {
+        evaluators::check_judges(tx, field, &BTreeSet::from([id.clone()]), project_id)?;
+    }
+    Ok(())
+}
+
+/// A test without personas plays the scenario's default persona, so the
+/// scenario must have one.
+fn check_someone_calls(tx: &rusqlite::Transaction<'_>, persona_ids: &[String], scenario_id: &str) -> Result<()> {
+    if !persona_ids.is_empty() {
+        return Ok(());
+    }
+    let default: Option<String> = tx
+        .prepare_cached("SELECT default_persona_id FROM scenarios WHERE id = ?1")?
+        .query_row(params![scenario_id], |r| r.get(0))
+        .optional()?
+        .flatten();
+    if default.is_none() {
+        return Err(Failure::invalid(
+            "persona_ids",
+            format_args!(
+                "is empty and scenario `{scenario_id}` has no default persona; a test needs a persona: \
+                 name at least one, or give the scenario a `default_persona_id`"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn write_personas(tx: &rusqlite::Transaction<'_>, test_id: &str, persona_ids: &[String]) -> Result<()> {
+    tx.execute("DELETE FROM test_personas WHERE test_id = ?1", params![test_id])?;
+    let mut insert =
+        tx.prepare_cached("INSERT INTO test_personas (test_id, position, persona_id) VALUES (?1, ?2, ?3)")?;
+    for (position, id) in persona_ids.iter().enumerate() {
+        insert.execute(params![test_id, position as i64, id])?;
+    }
+    Ok(())
+}
+
+fn write_judges(tx: &rusqlite::Transaction<'_>, test_id: &str, judges: &[(String, String)]) -> Result<()> {
+    tx.execute("DELETE FROM test_judges WHERE test_id = ?1", params![test_id])?;
+    let ids: BTreeSet<&str> = judges.iter().map(|(_, id)| id.as_str()).collect();
+    let mut insert = tx.prepare_cached("INSERT INTO test_judges (test_id, integration_id) VALUES (?1, ?2)")?;
+    for id in ids {
+        insert.execute(params![test_id, id])?;
+    }
+    Ok(())
+}
+
+// Reading.
+
+const COLUMNS: &str = "t.id, t.project_id, t.name, t.channel_id, t.scenario_id, t.document, t.created_at, t.updated_at";
+
+fn conversion(column: usize, e: impl std::fmt::Display) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, e.to_string().into())
+}
+
+fn encode(doc: &TestDoc) -> Result<String> {
+    serde_json::to_string(doc).map_err(|e| Failure::from(conversion(5, e)))
+}
+
+/// A test without its personas (see [`with_personas`]).
+fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Test> {
+    let time = |i: usize| row.get::<_, String>(i).map(|s| ids::parse_time(&s).unwrap_or_default());
+    let document: String = row.get(5)?;
+    let d: TestDoc = serde_json::from_str(&document).map_err(|e| conversion(5, e))?;
+    Ok(types::Test {
+        id: row.get(0)?,
+        project_id: row.get(1)?,
+        name: row.get(2)?,
+        channel_id: row.get(3)?,
+        scenario_id: row.get(4)?,
+        persona_ids: Vec::new(),
+        description: d.description,
+        iterations: std::num::NonZeroU32::new(d.iterations).ok_or_else(|| conversion(5, "zero iterations"))?,
+        evaluators: d.evaluators,
+        pass_threshold: d.pass_threshold,
+        tags: d.tags,
+        created_at: time(6)?,
+        updated_at: time(7)?,
+    })
+}
+
+fn with_personas(tx: &rusqlite::Transaction<'_>, mut test: types::Test) -> Result<types::Test> {
+    test.persona_ids = tx
+        .prepare_cached("SELECT persona_id FROM test_personas WHERE test_id = ?1 ORDER BY position")?
+        .query_map(params![test.id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(test)
+}
+
+fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Test> {
+    let test = tx
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM tests t WHERE t.id = ?1"))?
+        .query_row(params![id], from_row)
+        .optional()?
+        .ok_or_else(|| Failure::not_found("test", id))?;
+    with_personas(tx, test)
+}
+
+/// The editable fields as the activity log shows them.
+fn shown(t: &types::Test) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("name".into(), json!(t.name));
+    m.insert("description".into(), json!(t.description));
+    m.insert("channel_id".into(), json!(t.channel_id));
+    m.insert("scenario_id".into(), json!(t.scenario_id));
+    m.insert("persona_ids".into(), json!(t.persona_ids));
+    m.insert("iterations".into(), json!(t.iterations.get()));
+    m.insert("evaluators".into(), json!(t.evaluators));
+    m.insert("pass_threshold".into(), json!(t.pass_threshold));
+    m.insert("tags".into(), json!(t.tags));
+    m
+}
+
+pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) -> Result<types::TestList> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    state
+        .store
+        .read(move |tx| {
+            if let Some(project_id) = &query.project_id {
+                access::require(tx, &caller.user_id, project_id, Need::Read)?;
+            }
+            let rows = tx
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM tests t
+                     WHERE t.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+                       AND (?2 IS NULL OR t.project_id = ?2)
+                       AND (?3 IS NULL OR t.channel_id = ?3)
+                       AND (?4 IS NULL OR t.scenario_id = ?4)
+                       AND (?5 IS NULL OR EXISTS (SELECT 1 FROM json_each(t.document, '$.tags') WHERE value = ?5))
+                       AND (?6 IS NULL OR t.id < ?6)
+                     ORDER BY t.id DESC LIMIT ?7"
+                ))?
+                .query_map(
+                    params![
+                        caller.user_id,
+                        query.project_id,
+                        query.channel_id,
+                        query.scenario_id,
+                        query.tag,
+                        page.after,
+                        page.fetch_limit()
+                    ],
+                    from_row,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |t| t.id.clone());
+            let tests = page.items.into_iter().map(|t| with_personas(tx, t)).collect::<Result<Vec<_>>>()?;
+            Ok(types::TestList { tests, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestRequest) -> Result<types::Test> {
+    let name = validate::name("name", &body.name)?;
+    let Evaluators { list: evaluators, judges } = checked_evaluators(&body.evaluators)?;
+    let doc = TestDoc {
+        description: description(body.description.as_deref().map(String::as_str).unwrap_or(""))?,
+        iterations: iterations(body.iterations.get())?,
+        evaluators,
+        pass_threshold: pass_threshold(body.pass_threshold)?,
+        tags: tags(&body.tags)?,
+    };
+    let personas = persona_ids(&body.persona_ids)?;
+    let id = ids::new_id("tst");
+    let (project_id, channel_id, scenario_id) = (body.project_id, body.channel_id, body.scenario_id);
+    state
+        .store
+        .write(move |tx| {
+            access::require(tx, &caller.user_id, &project_id, Need::Edit)?;
+            check_channel(tx, &channel_id, &project_id)?;
+            check_scenario(tx, &scenario_id, &project_id)?;
+            check_personas(tx, &personas, &project_id)?;
+            check_someone_calls(tx, &personas, &scenario_id)?;
+            check_judges(tx, &judges, &project_id)?;
+            let now = ids::format_time(&ids::now());
+            tx.execute(
+                "INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+                params![id, project_id, name, channel_id, scenario_id, encode(&doc)?, now],
+            )?;
+            write_personas(tx, &id, &personas)?;
+            write_judges(tx, &id, &judges)?;
+            let test = load(tx, &id)?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "test.create",
+                    resource_type: "test",
+                    resource_id: &id,
+                    project_id: Some(&project_id),
+                    summary: format!("created test \"{name}\""),
+                    changes: Value::Object(shown(&test)),
+                },
+            )?;
+            Ok(test)
+        })
+        .await
+}
+
+pub async fn get(state: &AppState, caller: Caller, path: p::GetTestPath) -> Result<types::Test> {
+    state
+        .store
+        .read(move |tx| {
+            access::require_resource(tx, &caller.user_id, "tests", "test", &path.id, Need::Read)?;
+            load(tx, &path.id)
+        })
+        .await
+}
+
+/// The batches that include a test (at most [`SHOWN`], then "others").
+fn referrers(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<Vec<String>> {
+    let mut using: Vec<String> = tx
+        .prepare_cached(
+            "SELECT DISTINCT b.id, b.name FROM batch_tests bt JOIN batches b ON b.id = bt.batch_id
+             WHERE bt.test_id = ?1 ORDER BY b.id LIMIT ?2",
+        )?
+        .query_map(params![id, SHOWN as i64 + 1], |r| {
+            Ok(format!("batch {} \"{}\"", r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    if using.len() > SHOWN {
+        using.truncate(SHOWN);
+        using.push("others".into());
+    }
+    Ok(using)
+}
+
+pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteTestPath) -> Result<types::Deleted> {
+    state
+        .store
+        .write(move |tx| {
+            let (project_id, _) = access::require_resource(tx, &caller.user_id, "tests", "test", &path.id, Need::Edit)?;
+            let using = referrers(tx, &path.id)?;
+            if !using.is_empty() {
+                return Err(Failure::in_use("test", &path.id, &using));
+            }
+            let name: String = tx.query_row("SELECT name FROM tests WHERE id = ?1", params![path.id], |r| r.get(0))?;
+            // Its personas and judges go with it (ON DELETE CASCADE).
+            tx.execute("DELETE FROM tests WHERE id = ?1", params![path.id])?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "test.delete",
+                    resource_type: "test",
+                    resource_id: &path.id,
+                    project_id: Some(&project_id),
+                    summary: format!("deleted test \"{name}\""),
+                    changes: json!({"deleted": true}),
+                },
+            )?;
+            Ok(types::Deleted { id: path.id, deleted: true })
+        })
+        .await
+}
+
+/// Fields that may not be `null` in a `PATCH` (leave them out to keep them;
+/// `[]` empties a list).
+const NOT_NULL: &[&str] = &[
+    "name",
+    "description",
+    "channel_id",
+    "scenario_id",
+    "persona_ids",
+    "iterations",
+    "evaluators",
+    "pass_threshold",
+    "tags",
+];
+
+/// The checked fields a `PATCH` sets; `None` keeps the stored value.
+#[derive(Default)]
+struct TestPatch {
+    name: Option<String>,
+    description: Option<String>,
+    channel_id: Option<String>,
+    scenario_id: Option<String>,
+    persona_ids: Option<Vec<String>>,
+    iterations: Option<u32>,
+    evaluators: Option<Evaluators>,
+    pass_threshold: Option<f64>,
+    tags: Option<Vec<String>>,
+}
+
+impl TestPatch {
+    fn parse(body: &types::UpdateTestRequest, fields: &BodyFields) -> Result<TestPatch> {
+        for field in NOT_NULL {
+            if fields.is_null(field) {
+                return Err(Failure::invalid(field, "must not be null; leave it out to keep it"));
+            }
+        }
+        Ok(TestPatch {
+            name: body.name.as_deref().map(|n| validate::name("name", n)).transpose()?,
+            description: body.description.as_deref().map(|d| description(d)).transpose()?,
+            channel_id: body.channel_id.clone(),
+            scenario_id: body.scenario_id.clone(),
+            // Lists: absent keeps them, `[]` empties them (the generated
+            // type shows both as an empty list).
+            persona_ids: fields.has("persona_ids").then(|| persona_ids(&body.persona_ids)).transpose()?,
+            iterations: body.iterations.map(|n| iterations(n.get())).transpose()?,
+            evaluators: fields.has("evaluators").then(|| checked_evaluators(&body.evaluators)).transpose()?,
+            pass_threshold: body.pass_threshold.map(pass_threshold).transpose()?,
+            tags: fields.has("tags").then(|| tags(&body.tags)).transpose()?,
+        })
+    }
+}
+
+/// `PATCH`: absent fields are unchanged; a given list replaces the stored
+/// one (`persona_ids: []` falls back to the scenario's default persona,
+/// which it must have). Only what differs is written and recorded; a body
+/// that changes nothing writes nothing.
 pub async fn update(
-    _state: &AppState,
-    _caller: Caller,
-    _path: p::UpdateTestPath,
-    _body: types::UpdateTestRequest,
-    _fields: BodyFields,
+    state: &AppState,
+    caller: Caller,
+    path: p::UpdateTestPath,
+    body: types::UpdateTestRequest,
+    fields: BodyFields,
 ) -> Result<types::Test> {
-    Err(Failure::NotImplemented("update_test"))
+    let patch = TestPatch::parse(&body, &fields)?;
+    state
+        .store
+        .write(move |tx| {
+            let (project_id, _) = access::require_resource(tx, &caller.user_id, "tests", "test", &path.id, Need::Edit)?;
+            let before = load(tx, &path.id)?;
+            if let Some(channel_id) = &patch.channel_id {
+                check_channel(tx, channel_id, &project_id)?;
+            }
+            if let Some(scenario_id) = &patch.scenario_id {
+                check_scenario(tx, scenario_id, &project_id)?;
+            }
+            if let Some(personas) = &patch.persona_ids {
+                check_personas(tx, personas, &project_id)?;
+            }
+            if let Some(e) = &patch.evaluators {
+                check_judges(tx, &e.judges, &project_id)?;
+            }
+            let mut after = before.clone();
+            if let Some(v) = &patch.name {
+                after.name = v.clone();
+            }
+            if let Some(v) = &patch.description {
+                after.description = v.clone();
+            }
+            if let Some(v) = &patch.channel_id {
+                after.channel_id = v.clone();
+            }
+            if let Some(v) = &patch.scenario_id {
+                after.scenario_id = v.clone();
+            }
+            if let Some(v) = &patch.persona_ids {
+                after.persona_ids = v.clone();
+            }
+            if let Some(v) = patch.iterations.and_then(std::num::NonZeroU32::new) {
+                after.iterations = v;
+            }
+            if let Some(e) = &patch.evaluators {
+                after.evaluators = e.list.clone();
+            }
+            if let Some(v) = patch.pass_threshold {
+                after.pass_threshold = v;
+            }
+            if let Some(v) = &patch.tags {
+                after.tags = v.clone();
+            }
+            // Who calls is decided by the personas and the scenario: when
+            // either is given, the result must still have a caller.
+            if patch.persona_ids.is_some() || patch.scenario_id.is_some() {
+                check_someone_calls(tx, &after.persona_ids, &after.scenario_id)?;
+            }
+            let before_shown = shown(&before);
+            let changes: Map<String, Value> =
+                shown(&after).into_iter().filter(|(k, v)| before_shown.get(k) != Some(v)).collect();
+            if changes.is_empty() {
+                return Ok(before);
+            }
+            let doc = TestDoc {
+                description: after.description.clone(),
+                iterations: after.iterations.get(),
+                evaluators: after.evaluators.clone(),
+                pass_threshold: after.pass_threshold,
+                tags: after.tags.clone(),
+            };
+            tx.execute(
+                "UPDATE tests SET name = ?2, channel_id = ?3, scenario_id = ?4, document = ?5, updated_at = ?6
+                 WHERE id = ?1",
+                params![
+                    path.id,
+                    after.name,
+                    after.channel_id,
+                    after.scenario_id,
+                    encode(&doc)?,
+                    ids::format_time(&ids::now())
+                ],
+            )?;
+            if changes.contains_key("persona_ids") {
+                write_personas(tx, &path.id, &after.persona_ids)?;
+            }
+            if let Some(e) = &patch.evaluators {
+                write_judges(tx, &path.id, &e.judges)?;
+            }
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "test.update",
+                    resource_type: "test",
+                    resource_id: &path.id,
+                    project_id: Some(&project_id),
+                    summary: format!(
+                        "updated test \"{}\" ({})",
+                        after.name,
+                        changes.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+                    ),
+                    changes: Value::Object(changes),
+                },
+            )?;
+            load(tx, &path.id)
+        })
+        .await
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn invalid<T: std::fmt::Debug>(r: Result<T>) -> String {
+        match r {
+            Err(Failure::Invalid { code, message }) => format!("{code}: {message}"),
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn fields_are_bounded_and_named() {
+        assert_eq!(iterations(1).unwrap(), 1);
+        assert_eq!(iterations(MAX_ITERATIONS).unwrap(), MAX_ITERATIONS);
+        assert!(invalid(iterations(101)).starts_with("invalid_iterations: iterations:"));
+        assert!(pass_threshold(0.0).is_ok() && pass_threshold(1.0).is_ok());
+        for bad in [-0.01, 1.01, f64::NAN, f64::INFINITY] {
+            assert!(invalid(pass_threshold(bad)).starts_with("invalid_pass_threshold: pass_threshold:"), "{bad}");
+        }
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(persona_ids(&ids(&["per_b", "per_a"])).unwrap(), ids(&["per_b", "per_a"]));
+        assert!(invalid(persona_ids(&ids(&["per_a", "per_b", "per_a"])))
+            .starts_with("invalid_persona_ids: persona_ids[2]:"));
+        let many: Vec<String> = (0..=MAX_PERSONAS).map(|i| format!("per_{i}")).collect();
+        assert!(invalid(persona_ids(&many)).starts_with("invalid_persona_ids: persona_ids:"));
+    }
+
+    #[test]
+    fn judges_are_found_with_their_field() {
+        let list: Vec<types::Evaluator> = serde_json::from_value(json!([
+            {"type": "contains", "name": "a", "text": "hello"},
+            {"type": "llm_judge", "name": "b", "integration_id": "int_1", "prompt": "ok?"}
+        ]))
+        .unwrap();
+        let checked = checked_evaluators(&list).unwrap();
+        assert_eq!(checked.list.len(), 2);
+        assert_eq!(checked.judges, vec![("evaluators[1].integration_id".to_string(), "int_1".to_string())]);
+        let twice: Vec<types::Evaluator> = serde_json::from_value(json!([
+            {"type": "agent_ended_call", "name": "x"}, {"type": "agent_ended_call", "name": "x"}
+        ]))
+        .unwrap();
+        assert!(invalid(checked_evaluators(&twice)).starts_with("invalid_name: evaluators[1].name:"));
+    }
+
+    #[test]
+    fn batches_including_a_test_are_named() {
+        crate::personas::tests::with_users_of_a_persona(1, |tx| {
+            assert!(referrers(tx, "tst_00")?.is_empty());
+            for i in 0..12 {
+                tx.execute(
+                    "INSERT INTO batches VALUES (?1, 'prj_1', ?2, '', 10, 't', 't')",
+                    params![format!("bat_{i:02}"), format!("suite {i}")],
+                )?;
+                // The same test twice in one batch is named once.
+                for position in 0..2 {
+                    tx.execute(
+                        "INSERT INTO batch_tests VALUES (?1, ?2, 'tst_00')",
+                        params![format!("bat_{i:02}"), position],
+                    )?;
+                }
+                if i == 0 {
+                    assert_eq!(referrers(tx, "tst_00")?, ["batch bat_00 \"suite 0\""]);
+                }
+            }
+            let named = referrers(tx, "tst_00")?;
+            assert_eq!(named.len(), SHOWN + 1);
+            assert_eq!(named[SHOWN], "others");
+            Ok(())
+        });
+    }
 }

@@ -1,0 +1,900 @@
+//! Tests (the runnable cases) and batches, against the real server: who may
+//! do what, what is refused (with which code, naming which field),
+//! references to other projects' resources and to missing ids, `PATCH`
+//! merging, `PUT` replacing, `in_use` conflicts, pages and filters, activity;
+//! and a user's first hour through the generated client.
+
+mod common;
+
+use common::{error_body, TestServer};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// The example program's flow, run here against the real server.
+#[allow(dead_code)]
+#[path = "../client/examples/first_hour.rs"]
+mod first_hour;
+
+fn id(v: &Value) -> String {
+    v["id"].as_str().unwrap().to_string()
+}
+
+/// `base` with the fields of `extra` set (a null removes the field).
+fn with(mut base: Value, extra: Value) -> Value {
+    for (k, v) in extra.as_object().unwrap() {
+        if v.is_null() {
+            base.as_object_mut().unwrap().remove(k);
+        } else {
+            base[k] = v.clone();
+        }
+    }
+    base
+}
+
+/// A resource's activity, newest first.
+async fn history(s: &TestServer, key: &str, resource_type: &str, id: &str) -> Vec<Value> {
+    let body = s.expect(Method::GET, &format!("/v1/activity/resource/{resource_type}/{id}"), key, None, 200).await;
+    body["activity"].as_array().unwrap().clone()
+}
+
+/// How many activity records the project has.
+async fn activity_count(s: &TestServer, key: &str, project_id: &str) -> usize {
+    let body = s.expect(Method::GET, &format!("/v1/activity?project_id={project_id}&limit=200"), key, None, 200).await;
+    body["activity"].as_array().unwrap().len()
+}
+
+/// Sends and expects a 400 with `code` whose message names `field`.
+async fn refused(s: &TestServer, method: Method, path: &str, key: &str, body: Value, code: &str, field: &str) {
+    let (status, e) = error_body(s.send_json(method.clone(), path, key, Some(body.clone())).await).await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (400, code), "{method} {path} {body}: {e}");
+    assert!(e["message"].as_str().unwrap().contains(field), "message names `{field}`: {e}");
+}
+
+async fn create(s: &TestServer, path: &str, key: &str, body: Value) -> Value {
+    s.expect(Method::POST, path, key, Some(body), 200).await
+}
+
+/// What a test needs, in one project: a channel, two personas, a scenario
+/// whose default persona is the first, and one without a default.
+struct Parts {
+    project_id: String,
+    channel: String,
+    personas: [String; 2],
+    scenario: String,
+    scenario_without_default: String,
+}
+
+async fn parts(s: &TestServer, key: &str, project_id: &str) -> Parts {
+    let channel = id(&create(
+        s,
+        "/v1/channels",
+        key,
+        json!({"project_id": project_id, "name": "web agent", "kind": "http", "target": "http://127.0.0.1:9/agent"}),
+    )
+    .await);
+    let mut personas = Vec::new();
+    for name in ["busy parent", "retired teacher"] {
+        personas.push(id(&create(s, "/v1/personas", key, json!({"project_id": project_id, "name": name})).await));
+    }
+    let scripted = |name: &str| json!({"project_id": project_id, "name": name, "mode": "scripted", "steps": [{"say": "hi", "expect": []}]});
+    let scenario = id(&create(
+        s,
+        "/v1/scenarios",
+        key,
+        with(scripted("book a cleaning"), json!({"default_persona_id": personas[0]})),
+    )
+    .await);
+    let scenario_without_default = id(&create(s, "/v1/scenarios", key, scripted("cancel")).await);
+    Parts {
+        project_id: project_id.to_string(),
+        channel,
+        personas: [personas[0].clone(), personas[1].clone()],
+        scenario,
+        scenario_without_default,
+    }
+}
+
+impl Parts {
+    /// A test body using the channel and the scenario with a default persona.
+    fn test(&self, name: &str) -> Value {
+        json!({"project_id": self.project_id, "name": name, "channel_id": self.channel, "scenario_id": self.scenario})
+    }
+
+    fn batch(&self, name: &str, test_ids: &[&str]) -> Value {
+        json!({"project_id": self.project_id, "name": name, "test_ids": test_ids})
+    }
+}
+
+fn llm(project_id: &str, name: &str) -> Value {
+    json!({
+        "project_id": project_id,
+        "provider": "openai_compatible",
+        "name": name,
+        "config": {"base_url": "https://llm.example.com/v1", "model": "gpt-4o-mini"},
+    })
+}
+
+fn judge(integration_id: &str) -> Value {
+    json!({"type": "llm_judge", "name": "polite", "integration_id": integration_id, "prompt": "Was the agent polite?"})
+}
+
+// Access.
+
+#[tokio::test]
+async fn roles_decide_who_reads_and_changes_tests() {
+    let s = TestServer::start().await;
+    let t = s.team("test roles").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    for (role, key, status) in [
+        ("owner", &t.owner, 200),
+        ("editor", &t.editor, 200),
+        ("reviewer", &t.reviewer, 403),
+        ("viewer", &t.viewer, 403),
+        ("outsider", &t.outsider, 404),
+    ] {
+        let resp = s.send_json(Method::POST, "/v1/tests", key, Some(x.test(role))).await;
+        assert_eq!(resp.status().as_u16(), status, "create by {role}");
+    }
+    let tst = id(&create(&s, "/v1/tests", &t.owner, x.test("checkout")).await);
+    let path = format!("/v1/tests/{tst}");
+    for (role, key) in t.all() {
+        let expected = if role == "outsider" { 404 } else { 200 };
+        let got = s.expect(Method::GET, &path, key, None, expected).await;
+        if expected == 404 {
+            assert_eq!(got["error_code"], "not_found");
+        } else {
+            assert_eq!(got["name"], "checkout");
+        }
+        let listed =
+            s.expect(Method::GET, &format!("/v1/tests?project_id={}", x.project_id), key, None, expected).await;
+        if expected == 200 {
+            assert_eq!(listed["tests"].as_array().unwrap().len(), 3, "{role}: {listed}");
+        }
+    }
+    // Without a project filter, an outsider sees none of them.
+    let listed = s.expect(Method::GET, "/v1/tests", &t.outsider, None, 200).await;
+    assert_eq!(listed["tests"], json!([]));
+    for (role, key, status) in [
+        ("reviewer", &t.reviewer, 403),
+        ("viewer", &t.viewer, 403),
+        ("outsider", &t.outsider, 404),
+        ("editor", &t.editor, 200),
+        ("owner", &t.owner, 200),
+    ] {
+        let resp = s.send_json(Method::PATCH, &path, key, Some(json!({"name": format!("renamed by {role}")}))).await;
+        assert_eq!(resp.status().as_u16(), status, "update by {role}");
+    }
+    assert_eq!(s.expect(Method::GET, &path, &t.viewer, None, 200).await["name"], "renamed by owner");
+    for (role, key, status) in [
+        ("reviewer", &t.reviewer, 403),
+        ("viewer", &t.viewer, 403),
+        ("outsider", &t.outsider, 404),
+        ("editor", &t.editor, 200),
+    ] {
+        let resp = s.send_json(Method::DELETE, &path, key, None).await;
+        assert_eq!(resp.status().as_u16(), status, "delete by {role}");
+    }
+    s.expect(Method::GET, &path, &t.owner, None, 404).await;
+    s.expect(Method::DELETE, &path, &t.owner, None, 404).await;
+    s.expect(Method::PATCH, &path, &t.owner, Some(json!({"name": "x"})), 404).await;
+}
+
+#[tokio::test]
+async fn roles_decide_who_reads_and_changes_batches() {
+    let s = TestServer::start().await;
+    let t = s.team("batch roles").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let tst = id(&create(&s, "/v1/tests", &t.owner, x.test("checkout")).await);
+    for (role, key, status) in [
+        ("owner", &t.owner, 200),
+        ("editor", &t.editor, 200),
+        ("reviewer", &t.reviewer, 403),
+        ("viewer", &t.viewer, 403),
+        ("outsider", &t.outsider, 404),
+    ] {
+        let resp = s.send_json(Method::POST, "/v1/batches", key, Some(x.batch(role, &[&tst]))).await;
+        assert_eq!(resp.status().as_u16(), status, "create by {role}");
+    }
+    let bat = id(&create(&s, "/v1/batches", &t.owner, x.batch("nightly", &[&tst])).await);
+    let path = format!("/v1/batches/{bat}");
+    for (role, key) in t.all() {
+        let expected = if role == "outsider" { 404 } else { 200 };
+        let got = s.expect(Method::GET, &path, key, None, expected).await;
+        if expected == 404 {
+            assert_eq!(got["error_code"], "not_found");
+        } else {
+            assert_eq!(got["name"], "nightly");
+        }
+        let listed =
+            s.expect(Method::GET, &format!("/v1/batches?project_id={}", x.project_id), key, None, expected).await;
+        if expected == 200 {
+            assert_eq!(listed["batches"].as_array().unwrap().len(), 3, "{role}: {listed}");
+        }
+    }
+    let listed = s.expect(Method::GET, "/v1/batches", &t.outsider, None, 200).await;
+    assert_eq!(listed["batches"], json!([]));
+    for (role, key, status) in [
+        ("reviewer", &t.reviewer, 403),
+        ("viewer", &t.viewer, 403),
+        ("outsider", &t.outsider, 404),
+        ("editor", &t.editor, 200),
+        ("owner", &t.owner, 200),
+    ] {
+        let body = json!({"name": format!("replaced by {role}"), "test_ids": [tst]});
+        let resp = s.send_json(Method::PUT, &path, key, Some(body)).await;
+        assert_eq!(resp.status().as_u16(), status, "replace by {role}");
+    }
+    assert_eq!(s.expect(Method::GET, &path, &t.viewer, None, 200).await["name"], "replaced by owner");
+    for (role, key, status) in [
+        ("reviewer", &t.reviewer, 403),
+        ("viewer", &t.viewer, 403),
+        ("outsider", &t.outsider, 404),
+        ("editor", &t.editor, 200),
+    ] {
+        let resp = s.send_json(Method::DELETE, &path, key, None).await;
+        assert_eq!(resp.status().as_u16(), status, "delete by {role}");
+    }
+    s.expect(Method::GET, &path, &t.owner, None, 404).await;
+    s.expect(Method::DELETE, &path, &t.owner, None, 404).await;
+    s.expect(Method::PUT, &path, &t.owner, Some(json!({"name": "x", "test_ids": []})), 404).await;
+    // The test outlives its batch.
+    s.expect(Method::GET, &format!("/v1/tests/{tst}"), &t.owner, None, 200).await;
+}
+
+// Tests: what is stored, what is refused.
+
+#[tokio::test]
+async fn tests_keep_what_they_were_given_and_default_the_rest() {
+    let s = TestServer::start().await;
+    let t = s.team("test fields").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let minimal = create(&s, "/v1/tests", &t.editor, x.test("minimal")).await;
+    assert!(minimal["id"].as_str().unwrap().starts_with("tst_"));
+    assert_eq!(minimal["project_id"], json!(x.project_id));
+    assert_eq!(minimal["channel_id"], json!(x.channel));
+    assert_eq!(minimal["scenario_id"], json!(x.scenario));
+    // No personas: the scenario's default persona plays.
+    assert_eq!(minimal["persona_ids"], json!([]));
+    assert_eq!(minimal["iterations"], 1);
+    assert_eq!(minimal["pass_threshold"], 1.0);
+    assert_eq!(minimal["evaluators"], json!([]));
+    assert_eq!(minimal["tags"], json!([]));
+    assert_eq!(minimal["description"], "");
+    assert_eq!(minimal["created_at"], minimal["updated_at"]);
+
+    let integration = id(&create(&s, "/v1/integrations", &t.owner, llm(&x.project_id, "judge")).await);
+    let evaluators = json!([
+        {"type": "regex", "name": "time", "pattern": "\\d{1,2}:\\d{2}", "critical": false},
+        judge(&integration),
+    ]);
+    let full = create(
+        &s,
+        "/v1/tests",
+        &t.editor,
+        with(
+            x.test("full"),
+            json!({
+                "description": "both callers, twice",
+                "scenario_id": x.scenario_without_default,
+                // Order kept as given.
+                "persona_ids": [x.personas[1], x.personas[0]],
+                "iterations": 100,
+                "pass_threshold": 0.0,
+                "evaluators": evaluators,
+                "tags": ["smoke", "nightly", "smoke"],
+            }),
+        ),
+    )
+    .await;
+    assert_eq!(full["persona_ids"], json!([x.personas[1], x.personas[0]]));
+    assert_eq!(full["iterations"], 100);
+    assert_eq!(full["pass_threshold"], 0.0);
+    assert_eq!(full["evaluators"][0]["pattern"], "\\d{1,2}:\\d{2}");
+    assert_eq!(full["evaluators"][0]["critical"], false);
+    assert_eq!(full["evaluators"][1]["integration_id"], json!(integration));
+    assert_eq!(full["evaluators"][1]["critical"], true);
+    // Duplicate tags are dropped, order kept.
+    assert_eq!(full["tags"], json!(["smoke", "nightly"]));
+    assert_eq!(full["description"], "both callers, twice");
+    let got = s.expect(Method::GET, &format!("/v1/tests/{}", id(&full)), &t.viewer, None, 200).await;
+    assert_eq!(got, full);
+
+    // One activity record each, with every field.
+    let records = history(&s, &t.owner, "test", &id(&full)).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["action"], "test.create");
+    assert_eq!(records[0]["project_id"], json!(x.project_id));
+    assert_eq!(records[0]["changes"]["persona_ids"], json!([x.personas[1], x.personas[0]]));
+    assert_eq!(records[0]["changes"]["iterations"], 100);
+    assert_eq!(history(&s, &t.owner, "test", &id(&minimal)).await.len(), 1);
+}
+
+#[tokio::test]
+async fn bad_test_fields_are_refused_naming_the_field_and_leave_no_trace() {
+    let s = TestServer::start().await;
+    let t = s.team("test validation").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let twilio = id(&create(
+        &s,
+        "/v1/integrations",
+        &t.owner,
+        json!({"project_id": x.project_id, "provider": "twilio", "name": "phones",
+               "config": {"account_sid": "AC0123456789abcdef0123456789abcdef"}}),
+    )
+    .await);
+    let before = activity_count(&s, &t.owner, &x.project_id).await;
+    let many_personas: Vec<String> = (0..101).map(|i| format!("per_{i}")).collect();
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (json!({"name": " "}), "invalid_name", "name"),
+        (json!({"name": "x".repeat(101)}), "invalid_name", "name"),
+        (json!({"name": "a\u{7}b"}), "invalid_name", "name"),
+        (json!({"description": "x".repeat(2001)}), "invalid_description", "description"),
+        (json!({"description": "bell\u{7}"}), "invalid_description", "description"),
+        (json!({"iterations": 0}), "invalid_iterations", "iterations"),
+        (json!({"iterations": 101}), "invalid_iterations", "iterations"),
+        (json!({"pass_threshold": 1.01}), "invalid_pass_threshold", "pass_threshold"),
+        (json!({"pass_threshold": -0.5}), "invalid_pass_threshold", "pass_threshold"),
+        (
+            json!({"persona_ids": [x.personas[0], x.personas[1], x.personas[0]]}),
+            "invalid_persona_ids",
+            "persona_ids[2]",
+        ),
+        (json!({"persona_ids": many_personas}), "invalid_persona_ids", "persona_ids"),
+        (json!({"tags": [" "]}), "invalid_tags", "tags[0]"),
+        (
+            json!({"evaluators": [{"type": "regex", "name": "r", "pattern": "(("}]}),
+            "invalid_pattern",
+            "evaluators[0].pattern",
+        ),
+        (
+            json!({"evaluators": [{"type": "agent_ended_call", "name": "a"}, {"type": "agent_ended_call", "name": "a"}]}),
+            "invalid_name",
+            "evaluators[1].name",
+        ),
+        (json!({"evaluators": [{"type": "sentiment", "name": "s"}]}), "invalid_type", "evaluators[0].type"),
+        (json!({"evaluators": [judge(&twilio)]}), "invalid_integration_id", "evaluators[0].integration_id"),
+        (json!({"channel_id": null}), "invalid_channel_id", "channel_id"),
+        (json!({"scenario_id": null}), "invalid_scenario_id", "scenario_id"),
+        // No personas and a scenario without a default: nobody would call.
+        (json!({"scenario_id": x.scenario_without_default}), "invalid_persona_ids", "persona_ids"),
+        (
+            json!({"scenario_id": x.scenario_without_default, "persona_ids": []}),
+            "invalid_persona_ids",
+            "default persona",
+        ),
+    ];
+    for (extra, code, field) in cases {
+        refused(&s, Method::POST, "/v1/tests", &t.editor, with(x.test("t"), extra), code, field).await;
+    }
+    let listed = s.expect(Method::GET, &format!("/v1/tests?project_id={}", x.project_id), &t.owner, None, 200).await;
+    assert_eq!(listed["tests"], json!([]), "nothing was created");
+    assert_eq!(activity_count(&s, &t.owner, &x.project_id).await, before, "no activity for refused requests");
+
+    // The same rules hold for PATCH, which changes nothing when refused.
+    let tst = create(&s, "/v1/tests", &t.editor, x.test("kept")).await;
+    let path = format!("/v1/tests/{}", id(&tst));
+    let before = activity_count(&s, &t.owner, &x.project_id).await;
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (json!({"name": " "}), "invalid_name", "name"),
+        (json!({"name": null}), "invalid_name", "name"),
+        (json!({"description": null}), "invalid_description", "description"),
+        (json!({"channel_id": null}), "invalid_channel_id", "channel_id"),
+        (json!({"iterations": 101}), "invalid_iterations", "iterations"),
+        (json!({"iterations": null}), "invalid_iterations", "iterations"),
+        (json!({"pass_threshold": 2}), "invalid_pass_threshold", "pass_threshold"),
+        (json!({"persona_ids": null}), "invalid_persona_ids", "persona_ids"),
+        (json!({"persona_ids": [x.personas[1], x.personas[1]]}), "invalid_persona_ids", "persona_ids[1]"),
+        (json!({"tags": ["ok", ""]}), "invalid_tags", "tags[1]"),
+        (json!({"evaluators": [judge(&twilio)]}), "invalid_integration_id", "evaluators[0].integration_id"),
+        (json!({"scenario_id": x.scenario_without_default}), "invalid_persona_ids", "persona_ids"),
+        // A name change alongside a bad field is not applied either.
+        (json!({"name": "changed", "pass_threshold": -1}), "invalid_pass_threshold", "pass_threshold"),
+    ];
+    for (body, code, field) in cases {
+        refused(&s, Method::PATCH, &path, &t.editor, body, code, field).await;
+    }
+    assert_eq!(s.expect(Method::GET, &path, &t.owner, None, 200).await, tst, "unchanged");
+    assert_eq!(activity_count(&s, &t.owner, &x.project_id).await, before);
+}
+
+#[tokio::test]
+async fn tests_refer_only_to_their_own_projects_resources() {
+    let s = TestServer::start().await;
+    let t = s.team("references").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    // The same owner's other project: visible to them, still refused.
+    let other_project = s.create_project(&t.owner, "other").await;
+    let y = parts(&s, &t.owner, &other_project).await;
+    let other_judge = id(&create(&s, "/v1/integrations", &t.owner, llm(&other_project, "judge")).await);
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (json!({"channel_id": y.channel}), "invalid_channel_id", "channel_id"),
+        (json!({"channel_id": "chn_missing"}), "invalid_channel_id", "channel_id"),
+        (json!({"channel_id": x.scenario}), "invalid_channel_id", "channel_id"),
+        (json!({"scenario_id": y.scenario}), "invalid_scenario_id", "scenario_id"),
+        (json!({"scenario_id": "scn_missing"}), "invalid_scenario_id", "scenario_id"),
+        (json!({"persona_ids": [x.personas[0], y.personas[0]]}), "invalid_persona_ids", "persona_ids[1]"),
+        (json!({"persona_ids": ["per_missing"]}), "invalid_persona_ids", "persona_ids[0]"),
+        (json!({"evaluators": [judge(&other_judge)]}), "invalid_integration_id", "evaluators[0].integration_id"),
+        (json!({"evaluators": [judge("int_missing")]}), "invalid_integration_id", "evaluators[0].integration_id"),
+    ];
+    let tst = create(&s, "/v1/tests", &t.owner, x.test("mine")).await;
+    let path = format!("/v1/tests/{}", id(&tst));
+    for (extra, code, field) in cases {
+        refused(&s, Method::POST, "/v1/tests", &t.owner, with(x.test("t"), extra.clone()), code, field).await;
+        refused(&s, Method::PATCH, &path, &t.owner, extra, code, field).await;
+    }
+    // The message does not say whether the id exists elsewhere.
+    let (_, e) = error_body(
+        s.send_json(Method::POST, "/v1/tests", &t.owner, Some(with(x.test("t"), json!({"channel_id": y.channel}))))
+            .await,
+    )
+    .await;
+    let (_, missing) = error_body(
+        s.send_json(Method::POST, "/v1/tests", &t.owner, Some(with(x.test("t"), json!({"channel_id": "chn_missing"}))))
+            .await,
+    )
+    .await;
+    assert_eq!(
+        e["message"].as_str().unwrap().replace(&y.channel, "ID"),
+        missing["message"].as_str().unwrap().replace("chn_missing", "ID")
+    );
+    // A project the caller is not in is 404, as if it did not exist.
+    s.expect(Method::POST, "/v1/tests", &t.outsider, Some(x.test("t")), 404).await;
+    s.expect(Method::POST, "/v1/tests", &t.owner, Some(with(x.test("t"), json!({"project_id": "prj_missing"}))), 404)
+        .await;
+    assert_eq!(s.expect(Method::GET, &path, &t.owner, None, 200).await, tst);
+
+    // Batches: tests of the same project only.
+    let theirs = id(&create(&s, "/v1/tests", &t.owner, y.test("theirs")).await);
+    let mine = id(&tst);
+    refused(
+        &s,
+        Method::POST,
+        "/v1/batches",
+        &t.owner,
+        x.batch("b", &[&mine, &theirs]),
+        "invalid_test_ids",
+        "test_ids[1]",
+    )
+    .await;
+    refused(
+        &s,
+        Method::POST,
+        "/v1/batches",
+        &t.owner,
+        x.batch("b", &["tst_missing"]),
+        "invalid_test_ids",
+        "test_ids[0]",
+    )
+    .await;
+    let bat = id(&create(&s, "/v1/batches", &t.owner, x.batch("b", &[&mine])).await);
+    refused(
+        &s,
+        Method::PUT,
+        &format!("/v1/batches/{bat}"),
+        &t.owner,
+        json!({"name": "b", "test_ids": [theirs]}),
+        "invalid_test_ids",
+        "test_ids[0]",
+    )
+    .await;
+    assert_eq!(
+        s.expect(Method::GET, &format!("/v1/batches/{bat}"), &t.owner, None, 200).await["test_ids"],
+        json!([mine])
+    );
+}
+
+#[tokio::test]
+async fn patch_changes_only_what_it_names() {
+    let s = TestServer::start().await;
+    let t = s.team("patch").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let integration = id(&create(&s, "/v1/integrations", &t.owner, llm(&x.project_id, "judge")).await);
+    let tst = create(
+        &s,
+        "/v1/tests",
+        &t.owner,
+        with(
+            x.test("flow"),
+            json!({
+                "description": "first",
+                "persona_ids": [x.personas[0], x.personas[1]],
+                "iterations": 3,
+                "pass_threshold": 0.5,
+                "evaluators": [judge(&integration)],
+                "tags": ["smoke"],
+            }),
+        ),
+    )
+    .await;
+    let path = format!("/v1/tests/{}", id(&tst));
+
+    // A name alone: everything else kept (lists included).
+    let renamed = s.expect(Method::PATCH, &path, &t.editor, Some(json!({"name": "renamed"})), 200).await;
+    assert_eq!(renamed["name"], "renamed");
+    for field in ["description", "persona_ids", "iterations", "pass_threshold", "evaluators", "tags", "channel_id"] {
+        assert_eq!(renamed[field], tst[field], "{field} kept");
+    }
+    assert_ne!(renamed["updated_at"], tst["updated_at"]);
+    let records = history(&s, &t.owner, "test", &id(&tst)).await;
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0]["action"], "test.update");
+    assert_eq!(records[0]["changes"], json!({"name": "renamed"}));
+
+    // Lists are replaced as a whole; `[]` empties them.
+    let changed = s
+        .expect(
+            Method::PATCH,
+            &path,
+            &t.editor,
+            Some(json!({"persona_ids": [x.personas[1]], "tags": [], "iterations": 5})),
+            200,
+        )
+        .await;
+    assert_eq!(changed["persona_ids"], json!([x.personas[1]]));
+    assert_eq!(changed["tags"], json!([]));
+    assert_eq!(changed["iterations"], 5);
+    assert_eq!(changed["evaluators"], tst["evaluators"]);
+    let records = history(&s, &t.owner, "test", &id(&tst)).await;
+    assert_eq!(records.len(), 3);
+    assert_eq!(records[0]["changes"], json!({"persona_ids": [x.personas[1]], "tags": [], "iterations": 5}));
+
+    // `persona_ids: []` falls back to the scenario's default persona.
+    let defaulted = s.expect(Method::PATCH, &path, &t.editor, Some(json!({"persona_ids": []})), 200).await;
+    assert_eq!(defaulted["persona_ids"], json!([]));
+    // Moving to a scenario without a default now needs personas...
+    refused(
+        &s,
+        Method::PATCH,
+        &path,
+        &t.editor,
+        json!({"scenario_id": x.scenario_without_default}),
+        "invalid_persona_ids",
+        "persona_ids",
+    )
+    .await;
+    // ...given in the same request.
+    let moved = s
+        .expect(
+            Method::PATCH,
+            &path,
+            &t.editor,
+            Some(json!({"scenario_id": x.scenario_without_default, "persona_ids": [x.personas[0]]})),
+            200,
+        )
+        .await;
+    assert_eq!(moved["scenario_id"], json!(x.scenario_without_default));
+    assert_eq!(moved["persona_ids"], json!([x.personas[0]]));
+
+    // Nothing to change: nothing written, nothing recorded.
+    let count = history(&s, &t.owner, "test", &id(&tst)).await.len();
+    for body in [json!({}), json!({"name": "renamed", "iterations": 5, "tags": []})] {
+        let same = s.expect(Method::PATCH, &path, &t.editor, Some(body), 200).await;
+        assert_eq!(same, moved);
+    }
+    assert_eq!(history(&s, &t.owner, "test", &id(&tst)).await.len(), count);
+    assert_eq!(s.expect(Method::GET, &path, &t.viewer, None, 200).await, moved);
+}
+
+#[tokio::test]
+async fn what_a_test_uses_cannot_be_deleted_from_under_it() {
+    let s = TestServer::start().await;
+    let t = s.team("in use").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let integration = id(&create(&s, "/v1/integrations", &t.owner, llm(&x.project_id, "judge")).await);
+    let tst = id(&create(
+        &s,
+        "/v1/tests",
+        &t.owner,
+        with(
+            x.test("flow"),
+            json!({"scenario_id": x.scenario_without_default, "persona_ids": [x.personas[1]],
+                   "evaluators": [judge(&integration)]}),
+        ),
+    )
+    .await);
+    for path in [
+        format!("/v1/channels/{}", x.channel),
+        format!("/v1/scenarios/{}", x.scenario_without_default),
+        format!("/v1/personas/{}", x.personas[1]),
+        format!("/v1/integrations/{integration}"),
+    ] {
+        let (status, e) = error_body(s.send_json(Method::DELETE, &path, &t.owner, None).await).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "in_use"), "{path}: {e}");
+        assert!(e["message"].as_str().unwrap().contains(&format!("test {tst} \"flow\"")), "{path}: {e}");
+    }
+    // Dropping the judge from the test frees its integration.
+    s.expect(Method::PATCH, &format!("/v1/tests/{tst}"), &t.owner, Some(json!({"evaluators": []})), 200).await;
+    s.expect(Method::DELETE, &format!("/v1/integrations/{integration}"), &t.owner, None, 200).await;
+    // Deleting the test frees the rest.
+    s.expect(Method::DELETE, &format!("/v1/tests/{tst}"), &t.owner, None, 200).await;
+    s.expect(Method::DELETE, &format!("/v1/personas/{}", x.personas[1]), &t.owner, None, 200).await;
+    s.expect(Method::DELETE, &format!("/v1/scenarios/{}", x.scenario_without_default), &t.owner, None, 200).await;
+    s.expect(Method::DELETE, &format!("/v1/channels/{}", x.channel), &t.owner, None, 200).await;
+}
+
+#[tokio::test]
+async fn a_test_in_a_batch_cannot_be_deleted() {
+    let s = TestServer::start().await;
+    let t = s.team("batch in use").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let tst = id(&create(&s, "/v1/tests", &t.owner, x.test("flow")).await);
+    let other = id(&create(&s, "/v1/tests", &t.owner, x.test("other")).await);
+    let bat = id(&create(&s, "/v1/batches", &t.owner, x.batch("nightly", &[&other, &tst])).await);
+    let before = activity_count(&s, &t.owner, &x.project_id).await;
+    let (status, e) = error_body(s.send_json(Method::DELETE, &format!("/v1/tests/{tst}"), &t.editor, None).await).await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "in_use"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains(&format!("batch {bat} \"nightly\"")), "{e}");
+    assert_eq!(activity_count(&s, &t.owner, &x.project_id).await, before);
+    s.expect(Method::GET, &format!("/v1/tests/{tst}"), &t.owner, None, 200).await;
+    // Out of the batch, it can go.
+    s.expect(
+        Method::PUT,
+        &format!("/v1/batches/{bat}"),
+        &t.editor,
+        Some(json!({"name": "nightly", "test_ids": [other]})),
+        200,
+    )
+    .await;
+    s.expect(Method::DELETE, &format!("/v1/tests/{tst}"), &t.editor, None, 200).await;
+    let records = history(&s, &t.owner, "test", &tst).await;
+    assert_eq!(records[0]["action"], "test.delete");
+    assert_eq!(records.len(), 2);
+    // Deleting the batch leaves its tests.
+    s.expect(Method::DELETE, &format!("/v1/batches/{bat}"), &t.editor, None, 200).await;
+    s.expect(Method::DELETE, &format!("/v1/tests/{other}"), &t.editor, None, 200).await;
+}
+
+#[tokio::test]
+async fn tests_are_listed_by_filter_and_page() {
+    let s = TestServer::start().await;
+    let t = s.team("test lists").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let second_channel = id(&create(
+        &s,
+        "/v1/channels",
+        &t.owner,
+        json!({"project_id": x.project_id, "name": "ws agent", "kind": "websocket", "target": "ws://127.0.0.1:9/ws"}),
+    )
+    .await);
+    let mut made = Vec::new();
+    for i in 0..7 {
+        let mut extra = json!({"tags": if i % 2 == 0 { json!(["even"]) } else { json!(["odd"]) }});
+        if i < 3 {
+            extra["channel_id"] = json!(second_channel);
+        }
+        if i == 6 {
+            extra["scenario_id"] = json!(x.scenario_without_default);
+            extra["persona_ids"] = json!([x.personas[0]]);
+        }
+        made.push(id(&create(&s, "/v1/tests", &t.editor, with(x.test(&format!("t{i}")), extra)).await));
+    }
+    // Another project's tests stay out of filtered lists.
+    let other = s.create_project(&t.owner, "other").await;
+    let y = parts(&s, &t.owner, &other).await;
+    create(&s, "/v1/tests", &t.owner, y.test("elsewhere")).await;
+
+    let ids_of = |v: &Value| v["tests"].as_array().unwrap().iter().map(id).collect::<Vec<_>>();
+    let newest_first = |mut v: Vec<String>| {
+        v.reverse();
+        v
+    };
+    let p = &x.project_id;
+    let all = s.expect(Method::GET, &format!("/v1/tests?project_id={p}"), &t.viewer, None, 200).await;
+    assert_eq!(ids_of(&all), newest_first(made.clone()));
+    let by_channel =
+        s.expect(Method::GET, &format!("/v1/tests?channel_id={second_channel}"), &t.viewer, None, 200).await;
+    assert_eq!(ids_of(&by_channel), newest_first(made[..3].to_vec()));
+    let by_scenario = s
+        .expect(Method::GET, &format!("/v1/tests?scenario_id={}", x.scenario_without_default), &t.viewer, None, 200)
+        .await;
+    assert_eq!(ids_of(&by_scenario), vec![made[6].clone()]);
+    let by_tag = s.expect(Method::GET, &format!("/v1/tests?project_id={p}&tag=even"), &t.viewer, None, 200).await;
+    assert_eq!(ids_of(&by_tag), newest_first(vec![made[0].clone(), made[2].clone(), made[4].clone(), made[6].clone()]));
+    let both =
+        s.expect(Method::GET, &format!("/v1/tests?channel_id={second_channel}&tag=odd"), &t.viewer, None, 200).await;
+    assert_eq!(ids_of(&both), vec![made[1].clone()]);
+    // The viewer is not in the other project: its test is not in their list.
+    let everything = s.expect(Method::GET, "/v1/tests", &t.viewer, None, 200).await;
+    assert_eq!(ids_of(&everything), newest_first(made.clone()));
+    s.expect(Method::GET, &format!("/v1/tests?project_id={other}"), &t.viewer, None, 404).await;
+    // Persona lists come back in order in lists too.
+    assert_eq!(all["tests"][0]["persona_ids"], json!([x.personas[0]]));
+
+    // Pages: each test once, in order.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/tests?project_id={p}&limit=3");
+        if let Some(c) = &cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        let page = s.expect(Method::GET, &path, &t.viewer, None, 200).await;
+        let ids = ids_of(&page);
+        assert!(ids.len() <= 3);
+        seen.extend(ids);
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, newest_first(made.clone()));
+    let (status, e) = error_body(s.get("/v1/tests?cursor=bm90IGEgY3Vyc29yIQ", &t.viewer).await).await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_cursor"));
+}
+
+// Batches.
+
+#[tokio::test]
+async fn batches_keep_their_tests_in_order_and_put_replaces_everything() {
+    let s = TestServer::start().await;
+    let t = s.team("batch fields").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let mut tests = Vec::new();
+    for i in 0..3 {
+        tests.push(id(&create(&s, "/v1/tests", &t.owner, x.test(&format!("t{i}"))).await));
+    }
+    let order = [tests[2].as_str(), tests[0].as_str(), tests[1].as_str()];
+    let bat = create(
+        &s,
+        "/v1/batches",
+        &t.editor,
+        with(x.batch("nightly", &order), json!({"description": "every night", "concurrency": 3})),
+    )
+    .await;
+    assert!(bat["id"].as_str().unwrap().starts_with("bat_"));
+    assert_eq!(bat["test_ids"], json!(order));
+    assert_eq!(bat["concurrency"], 3);
+    assert_eq!(bat["description"], "every night");
+    assert_eq!(bat["last_run"], Value::Null, "no run yet");
+    assert!(bat.as_object().unwrap().contains_key("last_run"));
+    let path = format!("/v1/batches/{}", id(&bat));
+    assert_eq!(s.expect(Method::GET, &path, &t.viewer, None, 200).await, bat);
+
+    let minimal = create(&s, "/v1/batches", &t.editor, x.batch("empty for now", &[])).await;
+    assert_eq!(minimal["test_ids"], json!([]));
+    assert_eq!(minimal["concurrency"], 10);
+    assert_eq!(minimal["description"], "");
+
+    // PUT: absent optional fields reset to their defaults.
+    let replaced =
+        s.expect(Method::PUT, &path, &t.editor, Some(json!({"name": "nightly", "test_ids": [tests[1]]})), 200).await;
+    assert_eq!(replaced["test_ids"], json!([tests[1]]));
+    assert_eq!(replaced["concurrency"], 10);
+    assert_eq!(replaced["description"], "");
+    assert_eq!(replaced["created_at"], bat["created_at"]);
+    assert_ne!(replaced["updated_at"], bat["updated_at"]);
+    let records = history(&s, &t.owner, "batch", &id(&bat)).await;
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0]["action"], "batch.update");
+    assert_eq!(records[0]["changes"], json!({"test_ids": [tests[1]], "concurrency": 10, "description": ""}));
+    assert_eq!(records[1]["action"], "batch.create");
+    assert_eq!(records[1]["changes"]["test_ids"], json!(order));
+
+    s.expect(Method::DELETE, &path, &t.editor, None, 200).await;
+    let records = history(&s, &t.owner, "batch", &id(&bat)).await;
+    assert_eq!(records.len(), 3);
+    assert_eq!(records[0]["action"], "batch.delete");
+    assert_eq!(records[0]["project_id"], json!(x.project_id));
+}
+
+#[tokio::test]
+async fn bad_batch_fields_are_refused_naming_the_field() {
+    let s = TestServer::start().await;
+    let t = s.team("batch validation").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let tst = id(&create(&s, "/v1/tests", &t.owner, x.test("t")).await);
+    let other = id(&create(&s, "/v1/tests", &t.owner, x.test("u")).await);
+    let bat = create(&s, "/v1/batches", &t.owner, x.batch("kept", &[&tst])).await;
+    let path = format!("/v1/batches/{}", id(&bat));
+    let before = activity_count(&s, &t.owner, &x.project_id).await;
+    let too_many: Vec<String> = (0..1001).map(|i| format!("tst_{i}")).collect();
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (json!({"name": " "}), "invalid_name", "name"),
+        (json!({"name": "x".repeat(101)}), "invalid_name", "name"),
+        (json!({"description": "x".repeat(2001)}), "invalid_description", "description"),
+        (json!({"concurrency": 0}), "invalid_concurrency", "concurrency"),
+        (json!({"concurrency": 101}), "invalid_concurrency", "concurrency"),
+        (json!({"test_ids": [tst, other, tst]}), "invalid_test_ids", "test_ids[2]"),
+        (json!({"test_ids": too_many}), "invalid_test_ids", "test_ids"),
+        (json!({"test_ids": null}), "invalid_test_ids", "test_ids"),
+    ];
+    for (extra, code, field) in cases {
+        refused(&s, Method::POST, "/v1/batches", &t.editor, with(x.batch("b", &[&tst]), extra.clone()), code, field)
+            .await;
+        let put = with(json!({"name": "b", "test_ids": [tst]}), extra);
+        refused(&s, Method::PUT, &path, &t.editor, put, code, field).await;
+    }
+    assert_eq!(s.expect(Method::GET, &path, &t.owner, None, 200).await, bat, "unchanged");
+    assert_eq!(activity_count(&s, &t.owner, &x.project_id).await, before, "no activity for refused requests");
+    let listed = s.expect(Method::GET, &format!("/v1/batches?project_id={}", x.project_id), &t.owner, None, 200).await;
+    assert_eq!(listed["batches"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn batches_are_listed_by_page() {
+    let s = TestServer::start().await;
+    let t = s.team("batch pages").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let tst = id(&create(&s, "/v1/tests", &t.owner, x.test("t")).await);
+    let mut made = Vec::new();
+    for i in 0..5 {
+        made.push(id(&create(&s, "/v1/batches", &t.editor, x.batch(&format!("b{i}"), &[&tst])).await));
+    }
+    let other = s.create_project(&t.owner, "other").await;
+    create(&s, "/v1/batches", &t.owner, json!({"project_id": other, "name": "elsewhere", "test_ids": []})).await;
+    made.reverse();
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/batches?project_id={}&limit=2", x.project_id);
+        if let Some(c) = &cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        let page = s.expect(Method::GET, &path, &t.reviewer, None, 200).await;
+        let batches = page["batches"].as_array().unwrap();
+        assert!(batches.len() <= 2);
+        for b in batches {
+            assert_eq!(b["test_ids"], json!([tst]));
+        }
+        seen.extend(batches.iter().map(id));
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, made);
+    // The reviewer is not in the other project.
+    let all = s.expect(Method::GET, "/v1/batches", &t.reviewer, None, 200).await;
+    assert_eq!(all["batches"].as_array().unwrap().iter().map(id).collect::<Vec<_>>(), made);
+    s.expect(Method::GET, &format!("/v1/batches?project_id={other}"), &t.reviewer, None, 404).await;
+    // The owner sees both projects' batches.
+    let owners = s.expect(Method::GET, "/v1/batches", &t.owner, None, 200).await;
+    assert_eq!(owners["batches"].as_array().unwrap().len(), 6);
+}
+
+// The first hour, through the generated client.
+
+#[tokio::test]
+async fn a_first_hour_through_the_generated_client() {
+    let s = TestServer::start().await;
+    let owner = s.key_for_user("first-hour-owner@example.com").await;
+    let reviewer = s.key_for_user("first-hour-reviewer@example.com").await;
+    let client = s.client(&owner);
+    let made = first_hour::first_hour(&client, "first-hour-reviewer@example.com").await.unwrap();
+
+    assert_eq!(made.project.role.to_string(), "owner");
+    assert_eq!(made.phone_numbers.len(), 2);
+    assert_eq!(made.integration.phone_numbers.len(), 2);
+    assert!(made.integration.credentials_configured);
+    assert_eq!(made.channel.integration_id.as_deref(), Some(made.integration.id.as_str()));
+    assert_eq!(made.personas.len(), 2);
+    assert_eq!(made.scenario.default_persona_id.as_deref(), Some(made.personas.iter().last().unwrap().id.as_str()));
+    let persona_ids: Vec<String> = made.personas.iter().rev().map(|p| p.id.clone()).collect();
+    assert_eq!(made.test.persona_ids, persona_ids, "created in order, listed newest first");
+    assert_eq!(made.test.iterations.get(), 2);
+    assert_eq!(made.test.pass_threshold, 0.5);
+    assert_eq!(made.test.evaluators.len(), 1);
+    assert_eq!(made.test.tags, vec!["smoke".to_string()]);
+    assert_eq!(made.batch.test_ids, vec![made.test.id.clone()]);
+    assert_eq!(made.batch.concurrency.get(), 2);
+    assert!(made.batch.last_run.is_none());
+    let mut roles: Vec<String> = made.members.iter().map(|m| m.role.to_string()).collect();
+    roles.sort();
+    assert_eq!(roles, ["owner", "reviewer"]);
+    let summary = made.summary();
+    assert!(summary.contains(&made.batch.id) && summary.contains("first-hour-reviewer@example.com"), "{summary}");
+    // The credential is write-only: nowhere in what was read back.
+    assert!(!format!("{made:?}").contains("first-hour-example-token"));
+
+    // The reviewer reads the test and the batch, and may not change them.
+    let as_reviewer = s.client(&reviewer);
+    let test = as_reviewer.get_test().id(&made.test.id).send().await.unwrap().into_inner();
+    assert_eq!(test.name, made.test.name);
+    let batches = as_reviewer.list_batches().project_id(&made.project.id).send().await.unwrap().into_inner();
+    assert_eq!(batches.batches.len(), 1);
+    let refused = as_reviewer.delete_batch().id(&made.batch.id).send().await.unwrap_err();
+    assert_eq!(refused.status().map(|s| s.as_u16()), Some(403));
+    let tests = client.list_tests().project_id(&made.project.id).tag("smoke").send().await.unwrap().into_inner();
+    assert_eq!(tests.tests.len(), 1);
+}
