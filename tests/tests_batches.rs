@@ -730,6 +730,9 @@ async fn batches_keep_their_tests_in_order_and_put_replaces_everything() {
     let s = TestServer::start().await;
     let t = s.team("batch fields").await;
     let x = parts(&s, &t.owner, &t.project_id).await;
+    // Batches without a `concurrency` take the project's default.
+    let settings = json!({"name": "batch fields", "settings": {"max_call_duration_s": 600, "default_concurrency": 7}});
+    s.expect(Method::PUT, &format!("/v1/projects/{}", t.project_id), &t.owner, Some(settings), 200).await;
     let mut tests = Vec::new();
     for i in 0..3 {
         tests.push(id(&create(&s, "/v1/tests", &t.owner, x.test(&format!("t{i}"))).await));
@@ -753,21 +756,21 @@ async fn batches_keep_their_tests_in_order_and_put_replaces_everything() {
 
     let minimal = create(&s, "/v1/batches", &t.editor, x.batch("empty for now", &[])).await;
     assert_eq!(minimal["test_ids"], json!([]));
-    assert_eq!(minimal["concurrency"], 10);
+    assert_eq!(minimal["concurrency"], 7);
     assert_eq!(minimal["description"], "");
 
     // PUT: absent optional fields reset to their defaults.
     let replaced =
         s.expect(Method::PUT, &path, &t.editor, Some(json!({"name": "nightly", "test_ids": [tests[1]]})), 200).await;
     assert_eq!(replaced["test_ids"], json!([tests[1]]));
-    assert_eq!(replaced["concurrency"], 10);
+    assert_eq!(replaced["concurrency"], 7);
     assert_eq!(replaced["description"], "");
     assert_eq!(replaced["created_at"], bat["created_at"]);
     assert_ne!(replaced["updated_at"], bat["updated_at"]);
     let records = history(&s, &t.owner, "batch", &id(&bat)).await;
     assert_eq!(records.len(), 2);
     assert_eq!(records[0]["action"], "batch.update");
-    assert_eq!(records[0]["changes"], json!({"test_ids": [tests[1]], "concurrency": 10, "description": ""}));
+    assert_eq!(records[0]["changes"], json!({"test_ids": [tests[1]], "concurrency": 7, "description": ""}));
     assert_eq!(records[1]["action"], "batch.create");
     assert_eq!(records[1]["changes"]["test_ids"], json!(order));
 
@@ -794,7 +797,7 @@ async fn bad_batch_fields_are_refused_naming_the_field() {
         (json!({"name": "x".repeat(101)}), "invalid_name", "name"),
         (json!({"description": "x".repeat(2001)}), "invalid_description", "description"),
         (json!({"concurrency": 0}), "invalid_concurrency", "concurrency"),
-        (json!({"concurrency": 101}), "invalid_concurrency", "concurrency"),
+        (json!({"concurrency": 1001}), "invalid_concurrency", "concurrency"),
         (json!({"test_ids": [tst, other, tst]}), "invalid_test_ids", "test_ids[2]"),
         (json!({"test_ids": too_many}), "invalid_test_ids", "test_ids"),
         (json!({"test_ids": null}), "invalid_test_ids", "test_ids"),

@@ -24,18 +24,26 @@ use crate::pagination::PageRequest;
 use crate::{ids, validate, AppState};
 
 pub const MAX_TESTS: usize = 1000;
-pub const MAX_CONCURRENCY: u32 = 100;
+pub const MAX_CONCURRENCY: u32 = 1000;
 
 /// The editable part of a batch, checked.
+#[derive(Clone)]
 struct BatchInput {
     name: String,
     description: String,
     test_ids: Vec<String>,
-    concurrency: u32,
+    /// `None`: the project's `default_concurrency`, looked up in the
+    /// transaction by [`BatchInput::resolve`].
+    concurrency: Option<u32>,
 }
 
 impl BatchInput {
-    fn parse(name: &str, description: Option<&str>, test_ids: &[String], concurrency: u32) -> Result<BatchInput> {
+    fn parse(
+        name: &str,
+        description: Option<&str>,
+        test_ids: &[String],
+        concurrency: Option<u32>,
+    ) -> Result<BatchInput> {
         let name = validate::name("name", name)?;
         let description = validate::text("description", description.unwrap_or(""), validate::MAX_DESCRIPTION)?;
         if test_ids.len() > MAX_TESTS {
@@ -50,18 +58,26 @@ impl BatchInput {
                 return Err(Failure::invalid(&format!("test_ids[{i}]"), format_args!("`{id}` is listed twice")));
             }
         }
-        // The wire type fills in its default (10) when `concurrency` is
-        // absent, so an absent one cannot be told from an explicit 10 here.
-        let concurrency = validate::range("concurrency", concurrency, 1, MAX_CONCURRENCY)?;
+        let concurrency = concurrency.map(|c| validate::range("concurrency", c, 1, MAX_CONCURRENCY)).transpose()?;
         Ok(BatchInput { name, description, test_ids: test_ids.to_vec(), concurrency })
     }
 
-    /// In the transaction: every test must be of `project_id`.
-    fn resolve(&self, tx: &rusqlite::Transaction<'_>, project_id: &str) -> Result<()> {
+    /// In the transaction: every test must be of `project_id`, and an absent
+    /// `concurrency` becomes the project's default.
+    fn resolve(&mut self, tx: &rusqlite::Transaction<'_>, project_id: &str) -> Result<u32> {
         for (i, id) in self.test_ids.iter().enumerate() {
             access::require_reference(tx, "tests", &format!("test_ids[{i}]"), id, project_id)?;
         }
-        Ok(())
+        let concurrency = match self.concurrency {
+            Some(c) => c,
+            None => {
+                tx.query_row("SELECT default_concurrency FROM projects WHERE id = ?1", params![project_id], |r| {
+                    r.get(0)
+                })?
+            }
+        };
+        self.concurrency = Some(concurrency);
+        Ok(concurrency)
     }
 
     /// The batch as the activity log shows it (every editable field).
@@ -154,7 +170,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateBatchRe
         &body.name,
         body.description.as_deref().map(String::as_str),
         &body.test_ids,
-        body.concurrency.get(),
+        body.concurrency.map(std::num::NonZeroU32::get),
     )?;
     let id = ids::new_id("bat");
     let project_id = body.project_id;
@@ -162,12 +178,13 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateBatchRe
         .store
         .write(move |tx| {
             access::require(tx, &caller.user_id, &project_id, Need::Edit)?;
-            input.resolve(tx, &project_id)?;
+            let mut input = input.clone();
+            let concurrency = input.resolve(tx, &project_id)?;
             let now = ids::format_time(&ids::now());
             tx.execute(
                 "INSERT INTO batches (id, project_id, name, description, concurrency, created_at, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
-                params![id, project_id, input.name, input.description, input.concurrency, now],
+                params![id, project_id, input.name, input.description, concurrency, now],
             )?;
             write_tests(tx, &id, &input.test_ids)?;
             activity::record(
@@ -209,18 +226,19 @@ pub async fn replace(
         &body.name,
         body.description.as_deref().map(String::as_str),
         &body.test_ids,
-        body.concurrency.get(),
+        body.concurrency.map(std::num::NonZeroU32::get),
     )?;
     state
         .store
         .write(move |tx| {
             let (project_id, _) =
                 access::require_resource(tx, &caller.user_id, "batches", "batch", &path.id, Need::Edit)?;
-            input.resolve(tx, &project_id)?;
+            let mut input = input.clone();
+            let concurrency = input.resolve(tx, &project_id)?;
             let before = load(tx, &path.id)?;
             tx.execute(
                 "UPDATE batches SET name = ?2, description = ?3, concurrency = ?4, updated_at = ?5 WHERE id = ?1",
-                params![path.id, input.name, input.description, input.concurrency, ids::format_time(&ids::now())],
+                params![path.id, input.name, input.description, concurrency, ids::format_time(&ids::now())],
             )?;
             write_tests(tx, &path.id, &input.test_ids)?;
             // What changed: the fields whose value differs from before.
@@ -292,17 +310,19 @@ mod unit {
     #[test]
     fn tests_and_concurrency_are_bounded() {
         let ids = |n: usize| (0..n).map(|i| format!("tst_{i}")).collect::<Vec<_>>();
-        let ok = BatchInput::parse("nightly", None, &ids(3), 10).unwrap();
+        let ok = BatchInput::parse("nightly", None, &ids(3), Some(10)).unwrap();
         assert_eq!(ok.test_ids, ids(3));
         assert_eq!(ok.description, "");
-        assert!(BatchInput::parse("nightly", None, &ids(MAX_TESTS), 1).is_ok());
+        assert!(BatchInput::parse("nightly", None, &ids(MAX_TESTS), Some(1)).is_ok());
         assert!(
-            invalid(BatchInput::parse("n", None, &ids(MAX_TESTS + 1), 10)).starts_with("invalid_test_ids: test_ids:")
+            invalid(BatchInput::parse("n", None, &ids(MAX_TESTS + 1), None)).starts_with("invalid_test_ids: test_ids:")
         );
         let twice = vec!["tst_a".to_string(), "tst_b".to_string(), "tst_a".to_string()];
-        assert!(invalid(BatchInput::parse("n", None, &twice, 10)).starts_with("invalid_test_ids: test_ids[2]:"));
-        assert!(BatchInput::parse("n", None, &[], MAX_CONCURRENCY).is_ok());
-        assert!(invalid(BatchInput::parse("n", None, &[], MAX_CONCURRENCY + 1)).starts_with("invalid_concurrency:"));
-        assert!(invalid(BatchInput::parse(" ", None, &[], 10)).starts_with("invalid_name: name:"));
+        assert!(invalid(BatchInput::parse("n", None, &twice, None)).starts_with("invalid_test_ids: test_ids[2]:"));
+        assert!(BatchInput::parse("n", None, &[], Some(MAX_CONCURRENCY)).is_ok());
+        assert!(
+            invalid(BatchInput::parse("n", None, &[], Some(MAX_CONCURRENCY + 1))).starts_with("invalid_concurrency:")
+        );
+        assert!(invalid(BatchInput::parse(" ", None, &[], None)).starts_with("invalid_name: name:"));
     }
 }

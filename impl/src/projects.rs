@@ -53,7 +53,12 @@ impl ProjectInput {
         let (max_call_duration_s, default_concurrency) = match settings {
             Some(s) => (
                 validate::range("settings.max_call_duration_s", s.max_call_duration_s.get(), 1, 3600)?,
-                validate::range("settings.default_concurrency", s.default_concurrency.get(), 1, 100)?,
+                validate::range(
+                    "settings.default_concurrency",
+                    s.default_concurrency.get(),
+                    1,
+                    crate::batches::MAX_CONCURRENCY,
+                )?,
             ),
             None => (DEFAULT_MAX_CALL_DURATION_S, DEFAULT_CONCURRENCY),
         };
