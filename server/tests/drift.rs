@@ -355,12 +355,15 @@ fn every_operation_is_generated() {
     assert!(count >= 35);
 }
 
+/// A named change to a spec document.
+type Mutation = (&'static str, Box<dyn Fn(&mut Value)>);
+
 /// The comparison is not vacuous: each deliberate change to the spec is
 /// reported.
 #[test]
 fn a_deliberate_mismatch_fails_the_comparison() {
     let emitted = emitted();
-    let mutations: Vec<(&str, Box<dyn Fn(&mut Value)>)> = vec![
+    let mutations: Vec<Mutation> = vec![
         (
             "a field's type",
             Box::new(|s| s["components"]["schemas"]["ApiKey"]["properties"]["revoked"] = json!({"type": "string"})),

@@ -84,13 +84,13 @@ struct Param {
     /// `#[schemars(...)]` attributes that reproduce the spec's bounds.
     attrs: TokenStream,
     /// Bounds the endpoint checks before calling the implementation.
-    range: Option<(Option<i64>, Option<i64>)>,
+    range: Option<Bounds>,
 }
 
-fn param_type(
-    name: &str,
-    schema: &ReferenceOr<Schema>,
-) -> Result<(TokenStream, TokenStream, Option<(Option<i64>, Option<i64>)>)> {
+/// An integer parameter's inclusive `(minimum, maximum)`, either optional.
+type Bounds = (Option<i64>, Option<i64>);
+
+fn param_type(name: &str, schema: &ReferenceOr<Schema>) -> Result<(TokenStream, TokenStream, Option<Bounds>)> {
     let schema = match schema {
         ReferenceOr::Reference { reference } => return Ok((type_path(reference)?, quote!(), None)),
         ReferenceOr::Item(s) => s,
