@@ -21,6 +21,7 @@ pub mod api_keys;
 pub mod auth;
 pub mod batches;
 pub mod channels;
+pub mod engine;
 pub mod evaluators;
 pub mod failure;
 pub mod http;

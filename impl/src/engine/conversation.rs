@@ -1,0 +1,1 @@
+//! One conversation with the agent under test.

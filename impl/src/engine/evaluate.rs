@@ -1,0 +1,1 @@
+//! Evaluators over a finished conversation, and the result's verdict.

@@ -1,0 +1,196 @@
+//! A client for OpenAI-compatible chat-completions endpoints
+//! (`POST {base_url}/chat/completions`), used by simulated callers and by
+//! `llm_judge` evaluators. Integrations of provider `openai_compatible` give
+//! `config.base_url`, `config.model`, optionally `config.temperature`, and
+//! the write-only `credentials.api_key` (sent as a bearer token).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+/// An `openai_compatible` integration with its credentials opened.
+#[derive(Clone)]
+pub struct LlmEndpoint {
+    pub base_url: String,
+    pub model: String,
+    pub temperature: Option<f64>,
+    pub api_key: Option<String>,
+}
+
+impl std::fmt::Debug for LlmEndpoint {
+    // The key is a secret: never in a log line or a panic message.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmEndpoint")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("temperature", &self.temperature)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+impl LlmEndpoint {
+    /// From an integration's stored `config` and opened `credentials`.
+    pub fn from_integration(config: &Map<String, Value>, credentials: Option<&Map<String, Value>>) -> Option<Self> {
+        Some(LlmEndpoint {
+            base_url: config.get("base_url")?.as_str()?.trim_end_matches('/').to_string(),
+            model: config.get("model")?.as_str()?.to_string(),
+            temperature: config.get("temperature").and_then(Value::as_f64),
+            api_key: credentials.and_then(|c| c.get("api_key")).and_then(Value::as_str).map(str::to_string),
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn system(content: impl Into<String>) -> Self {
+        ChatMessage { role: "system".into(), content: content.into() }
+    }
+    pub fn user(content: impl Into<String>) -> Self {
+        ChatMessage { role: "user".into(), content: content.into() }
+    }
+    pub fn assistant(content: impl Into<String>) -> Self {
+        ChatMessage { role: "assistant".into(), content: content.into() }
+    }
+}
+
+/// Why a completion could not be had, in words for a result's
+/// `failure_reason`.
+#[derive(Debug, thiserror::Error)]
+pub enum LlmError {
+    #[error("the LLM endpoint {url} could not be reached: {detail}")]
+    Unreachable { url: String, detail: String },
+    #[error("the LLM endpoint did not answer within {0} ms")]
+    Timeout(u128),
+    #[error("the LLM endpoint answered HTTP {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("the LLM endpoint's answer is not a chat completion: {0}")]
+    Malformed(String),
+}
+
+#[derive(Deserialize)]
+struct Completion {
+    choices: Vec<Choice>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: AnswerMessage,
+}
+
+#[derive(Deserialize)]
+struct AnswerMessage {
+    #[serde(default)]
+    content: Option<String>,
+}
+
+/// Asks for one completion and returns the first choice's text.
+pub async fn complete(
+    http: &reqwest::Client,
+    llm: &LlmEndpoint,
+    messages: &[ChatMessage],
+    timeout: Duration,
+) -> Result<String, LlmError> {
+    let url = format!("{}/chat/completions", llm.base_url);
+    let mut body = json!({"model": llm.model, "messages": messages});
+    if let Some(t) = llm.temperature {
+        body["temperature"] = json!(t);
+    }
+    let mut request = http.post(&url).timeout(timeout).json(&body);
+    if let Some(key) = &llm.api_key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.map_err(|e| {
+        if e.is_timeout() {
+            LlmError::Timeout(timeout.as_millis())
+        } else {
+            LlmError::Unreachable { url: url.clone(), detail: without_url(&e) }
+        }
+    })?;
+    let status = response.status();
+    let text = response.text().await.map_err(|e| {
+        if e.is_timeout() {
+            LlmError::Timeout(timeout.as_millis())
+        } else {
+            LlmError::Unreachable { url: url.clone(), detail: without_url(&e) }
+        }
+    })?;
+    if !status.is_success() {
+        return Err(LlmError::Status { status: status.as_u16(), body: clip(&text, 300) });
+    }
+    let completion: Completion =
+        serde_json::from_str(&text).map_err(|e| LlmError::Malformed(format!("{e}; body: {}", clip(&text, 200))))?;
+    completion
+        .choices
+        .into_iter()
+        .next()
+        .and_then(|c| c.message.content)
+        .ok_or_else(|| LlmError::Malformed("no choice with message content".into()))
+}
+
+/// The innermost cause of a request error, without the URL (already said).
+fn without_url(e: &reqwest::Error) -> String {
+    let mut source: &dyn std::error::Error = e;
+    while let Some(next) = source.source() {
+        source = next;
+    }
+    source.to_string()
+}
+
+/// At most `max` characters of `s`, marked when cut.
+pub fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+/// The first JSON object in a model's answer: models wrap JSON in prose or
+/// code fences.
+pub fn first_json_object(text: &str) -> Option<Map<String, Value>> {
+    for (start, _) in text.match_indices('{') {
+        let mut stream = serde_json::Deserializer::from_str(&text[start..]).into_iter::<Value>();
+        if let Some(Ok(Value::Object(m))) = stream.next() {
+            return Some(m);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_is_found_inside_prose_and_fences() {
+        let m = first_json_object("Sure!\n```json\n{\"passed\": true, \"reason\": \"ok {fine}\"}\n```").unwrap();
+        assert_eq!(m["passed"], true);
+        assert_eq!(m["reason"], "ok {fine}");
+        assert!(first_json_object("no json here").is_none());
+        assert!(first_json_object("{broken").is_none());
+    }
+
+    #[test]
+    fn the_key_never_shows_in_debug() {
+        let llm = LlmEndpoint {
+            base_url: "http://x".into(),
+            model: "m".into(),
+            temperature: None,
+            api_key: Some("sk-very-secret".into()),
+        };
+        assert!(!format!("{llm:?}").contains("very-secret"));
+    }
+
+    #[test]
+    fn clip_marks_the_cut() {
+        assert_eq!(clip("abcdef", 3), "abc…");
+        assert_eq!(clip("abc", 3), "abc");
+    }
+}

@@ -1,0 +1,68 @@
+//! The engine: holds the conversations with the agent under test, measures
+//! and judges them.
+//!
+//! - [`llm`]: the chat-completions client (simulated callers, `llm_judge`).
+//! - [`conversation`]: one call over a channel (`http` or `websocket`),
+//!   driven by a scripted or simulated scenario; gives an [`Outcome`].
+//! - [`evaluate`]: the evaluators of DESIGN §4 over an [`Outcome`], and the
+//!   result's verdict.
+
+pub mod conversation;
+pub mod evaluate;
+pub mod llm;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sparring_server::types;
+
+pub use llm::LlmEndpoint;
+
+/// How the agent under test is reached: a channel with its header values
+/// opened (they never leave the engine).
+#[derive(Clone, Debug)]
+pub struct AgentEndpoint {
+    pub kind: types::ChannelKind,
+    /// `http(s)://` for `http`, `ws(s)://` for `websocket`.
+    pub target: String,
+    /// Sent with every request (http) or the upgrade request (websocket).
+    pub headers: Vec<(String, String)>,
+    /// How long to wait for the agent's reply to a caller line.
+    pub turn_timeout: Duration,
+}
+
+/// Everything one conversation needs, resolved from the database before it
+/// starts.
+#[derive(Clone, Debug)]
+pub struct CallPlan {
+    /// Ours, sent to the agent (`call_id` field and `x-sparring-call-id`).
+    pub call_id: String,
+    pub scenario: types::Scenario,
+    pub persona: Option<types::Persona>,
+    pub agent: AgentEndpoint,
+    /// The `openai_compatible` integration that plays the caller; required
+    /// for simulated scenarios.
+    pub caller_llm: Option<LlmEndpoint>,
+    /// Limit on transcript turns (both roles), from the scenario.
+    pub max_turns: u32,
+    /// The smallest of the scenario's, channel's and project's limits.
+    pub max_duration: Duration,
+}
+
+/// What happened in one conversation.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub started_at: DateTime<Utc>,
+    pub duration_ms: u64,
+    pub transcript: Vec<types::TranscriptTurn>,
+    pub tool_calls: Vec<types::ToolCall>,
+    pub ended_reason: types::EndedReason,
+    /// With `ended_reason` `agent_error` (or a caller LLM failure): what went
+    /// wrong, in words a person understands.
+    pub error: Option<String>,
+    pub metrics: types::CallMetrics,
+    /// Scripted scenarios: for step `i`, the transcript indices of the
+    /// agent's reply to its line (empty when the agent said nothing or the
+    /// call ended before the step).
+    pub step_replies: Vec<Vec<usize>>,
+}
