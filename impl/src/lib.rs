@@ -162,6 +162,19 @@ impl RunningServer {
     }
 }
 
+/// How the server's dropshot is configured; public so that the benchmark's
+/// baseline (a bare dropshot server, `bench/`) runs with exactly the same.
+pub fn dropshot_config(bind: SocketAddr) -> ConfigDropshot {
+    ConfigDropshot {
+        bind_address: bind,
+        default_request_body_max_bytes: REQUEST_BODY_MAX_BYTES,
+        // Handlers run to completion even if the client goes away, so a
+        // write is never cut off halfway by a disconnect.
+        default_handler_task_mode: HandlerTaskMode::Detached,
+        ..Default::default()
+    }
+}
+
 pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningServer> {
     let lock = lock_data_dir(&config.data_dir)?;
     let store = open_store(&config.data_dir)?;
@@ -182,14 +195,7 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     api.register(http::openapi_document).map_err(|e| anyhow::anyhow!("registering /v1/openapi.json: {e}"))?;
 
     let server = ServerBuilder::new(api, ApiContext::new(state.clone()), log.clone())
-        .config(ConfigDropshot {
-            bind_address: config.bind,
-            default_request_body_max_bytes: REQUEST_BODY_MAX_BYTES,
-            // Handlers run to completion even if the client goes away, so a
-            // write is never cut off halfway by a disconnect.
-            default_handler_task_mode: HandlerTaskMode::Detached,
-            ..Default::default()
-        })
+        .config(dropshot_config(config.bind))
         .start()
         .map_err(|e| anyhow::anyhow!("starting the server on {}: {e}", config.bind))?;
 

@@ -1,0 +1,77 @@
+//! `cargo xtask bench api|auth`: the benchmarks. Neither runs in CI (which
+//! only compiles them); `BENCHMARKS.md` keeps their latest figures.
+//!
+//! - `api`: builds `sparring` and `sparring-bench` (release), installs wrk
+//!   if it is missing, and runs `sparring-bench api` (see `bench/`), which
+//!   seeds, starts the server and the dropshot baseline, and prints the
+//!   table. Extra arguments go to it (`-- --help` lists them).
+//! - `auth`: the criterion micro-benchmark of the authentication path
+//!   (`impl/benches/auth.rs`); extra arguments go to criterion.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::Context as _;
+
+fn status(mut c: Command) -> anyhow::Result<ExitCode> {
+    let shown = format!("{c:?}");
+    let s = c.status().with_context(|| format!("running {shown}"))?;
+    Ok(if s.success() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"))
+}
+
+fn has_wrk() -> bool {
+    // `wrk -v` prints its version (and exits 1); only a missing binary errs.
+    Command::new("wrk").arg("-v").output().is_ok()
+}
+
+/// wrk comes from Debian's packages (no download of our own).
+fn ensure_wrk() -> anyhow::Result<()> {
+    if has_wrk() {
+        return Ok(());
+    }
+    eprintln!("wrk is not installed; installing it with apt-get");
+    let install = || Command::new("apt-get").args(["install", "-y", "-q", "wrk"]).status();
+    let ok = matches!(install(), Ok(s) if s.success())
+        || (Command::new("apt-get").args(["update", "-q"]).status().is_ok_and(|s| s.success())
+            && matches!(install(), Ok(s) if s.success()));
+    anyhow::ensure!(ok && has_wrk(), "could not install wrk (`apt-get install wrk`, as root); install it and rerun");
+    Ok(())
+}
+
+pub fn api(root: &Path, args: &[String]) -> anyhow::Result<ExitCode> {
+    ensure_wrk()?;
+    let mut build = Command::new(env!("CARGO"));
+    build.current_dir(root).args([
+        "build",
+        "--release",
+        "--package",
+        "sparring",
+        "--bin",
+        "sparring",
+        "--package",
+        "sparring-bench",
+    ]);
+    if status(build)? != ExitCode::SUCCESS {
+        return Ok(ExitCode::FAILURE);
+    }
+    let release = target_dir(root).join("release");
+    let mut run = Command::new(release.join("sparring-bench"));
+    run.current_dir(root)
+        .arg("api")
+        .arg("--sparring")
+        .arg(release.join("sparring"))
+        .arg("--work-dir")
+        .arg(target_dir(root).join("bench-api"))
+        .args(args);
+    status(run)
+}
+
+pub fn auth(root: &Path, args: &[String]) -> anyhow::Result<ExitCode> {
+    let mut bench = Command::new(env!("CARGO"));
+    bench.current_dir(root).args(["bench", "--package", "sparring-impl", "--bench", "auth", "--"]).args(args);
+    status(bench)
+}
