@@ -6,10 +6,16 @@
 //!   driven by a scripted or simulated scenario; gives an [`Outcome`].
 //! - [`evaluate`]: the evaluators of DESIGN §4 over an [`Outcome`], and the
 //!   result's verdict.
+//! - [`queue`]: the durable run queue (claims, leases, counts, completion).
+//! - [`worker`]: the tasks that take runs and hold their conversations.
+//! - [`webhooks`]: `batch_run.completed` events, signed and retried.
 
 pub mod conversation;
 pub mod evaluate;
 pub mod llm;
+pub mod queue;
+pub mod webhooks;
+pub mod worker;
 
 use std::time::Duration;
 
