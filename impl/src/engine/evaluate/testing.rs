@@ -107,7 +107,7 @@ pub fn evaluators(list: Value) -> Vec<Evaluator> {
 pub fn scenario(steps: Value, success_criteria: Value) -> types::Scenario {
     serde_json::from_value(json!({
         "id": "scn_1", "project_id": "prj_1", "name": "scenario", "description": "", "mode": "scripted",
-        "first_message": null, "goal": null, "default_persona_id": null, "max_duration_s": 300, "max_turns": 50,
+        "first_message": null, "goal": null, "integration_id": null, "default_persona_id": null, "max_duration_s": 300, "max_turns": 50,
         "steps": steps, "success_criteria": success_criteria, "tags": [], "version": 1,
         "created_at": "2025-01-01T00:00:00Z", "updated_at": "2025-01-01T00:00:00Z",
     }))
