@@ -3,6 +3,9 @@
 //! log captured so tests can check what it wrote.
 #![allow(dead_code)]
 
+pub mod engine;
+pub mod process;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
