@@ -47,6 +47,20 @@ enum AdminCommand {
         #[arg(long)]
         label: String,
     },
+    /// Add credits to a user's ledger (a negative amount takes some away,
+    /// never below zero); prints the new balance.
+    GrantCredits {
+        #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
+        data_dir: PathBuf,
+        /// The user's email.
+        #[arg(long)]
+        user: String,
+        #[arg(long, allow_hyphen_values = true)]
+        amount: i64,
+        /// What the entry is for, as the ledger shows it.
+        #[arg(long, default_value = "granted by an administrator")]
+        description: String,
+    },
     /// Make a new secret key and re-seal every stored secret with it, in one
     /// transaction. Run it with the server stopped.
     RotateSecretKey {
@@ -81,6 +95,21 @@ struct ServeArgs {
     /// `<data dir>/secret.key`).
     #[arg(long, env = "SPARRING_SECRET_KEY_FILE")]
     secret_key_file: Option<PathBuf>,
+    /// Conversations held at once by this server (they mostly wait on the
+    /// network, so hundreds are normal).
+    #[arg(long, env = "SPARRING_WORKERS", default_value_t = sparring_impl::engine::worker::DEFAULT_WORKERS)]
+    workers: u32,
+    /// Conversations held at once for one user, so one user's big batch
+    /// cannot starve the others.
+    #[arg(long, env = "SPARRING_MAX_CALLS_PER_USER", default_value_t = sparring_impl::engine::worker::DEFAULT_PER_USER)]
+    max_calls_per_user: u32,
+    /// Credits a new user gets.
+    #[arg(long, env = "SPARRING_STARTING_CREDITS", default_value_t = sparring_impl::credits::DEFAULT_STARTING_CREDITS)]
+    starting_credits: i64,
+    /// How long a worker's claim on a run lasts without renewal, in seconds;
+    /// runs of a server that died are retried after at most this long.
+    #[arg(long, env = "SPARRING_LEASE_SECONDS", default_value_t = 30)]
+    lease_seconds: u64,
     /// Log format: JSON lines (bunyan) or human-readable.
     #[arg(long, env = "SPARRING_LOG_FORMAT", value_enum, default_value = "json")]
     log_format: LogFormat,
@@ -164,6 +193,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir.clone(),
         oidc: args.issuers()?,
         secret_key_file: args.secret_key_file.clone(),
+        engine: sparring_impl::engine::worker::EngineConfig {
+            workers: args.workers.max(1),
+            per_user: args.max_calls_per_user.max(1),
+            lease: std::time::Duration::from_secs(args.lease_seconds.max(1)),
+        },
+        starting_credits: args.starting_credits.max(0),
     };
     let server = sparring_impl::start(config, log.clone()).await?;
     let addr = server.local_addr();
@@ -213,6 +248,12 @@ async fn admin(command: AdminCommand) -> anyhow::Result<()> {
             let raw =
                 sparring_impl::users::create_key_for_email(&store, user, label).await.context("creating the key")?;
             println!("{}", raw.expose());
+            Ok(())
+        }
+        AdminCommand::GrantCredits { data_dir, user, amount, description } => {
+            let store = sparring_impl::open_store(&data_dir)?;
+            let balance = sparring_impl::credits::admin_grant_async(&store, user.clone(), amount, description).await?;
+            println!("{user} now has {balance} credits");
             Ok(())
         }
         AdminCommand::RotateSecretKey { data_dir, secret_key_file } => {

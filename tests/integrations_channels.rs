@@ -616,7 +616,7 @@ async fn deleting_what_scenarios_and_tests_use_is_refused() {
             Method::POST,
             "/v1/scenarios",
             &t.owner,
-            Some(json!({"project_id": p, "name": "booking", "mode": "simulated", "goal": "book a table for two",
+            Some(json!({"project_id": p, "name": "booking", "mode": "simulated", "goal": "book a table for two", "integration_id": judge,
                         "default_persona_id": persona,
                         "success_criteria": [{"type": "llm_judge", "name": "booked", "integration_id": judge,
                                               "prompt": "Did the agent book the table?"}]})),

@@ -31,8 +31,16 @@ fn persona(project_id: &str, name: &str) -> Value {
     json!({"project_id": project_id, "name": name})
 }
 
-fn simulated(project_id: &str, name: &str) -> Value {
-    json!({"project_id": project_id, "name": name, "mode": "simulated", "goal": "book a table for two"})
+/// A simulated scenario; `caller` is the `openai_compatible` integration
+/// whose model plays the caller.
+fn simulated(project_id: &str, caller: &str, name: &str) -> Value {
+    json!({"project_id": project_id, "name": name, "mode": "simulated", "goal": "book a table for two",
+           "integration_id": caller})
+}
+
+/// An `openai_compatible` integration in the project, to play callers.
+async fn caller_llm(s: &TestServer, key: &str, project_id: &str) -> String {
+    id(&create(s, "/v1/integrations", key, llm(project_id, "caller")).await)
 }
 
 fn scripted(project_id: &str, name: &str) -> Value {
@@ -146,6 +154,7 @@ async fn roles_decide_who_reads_and_changes_scenarios() {
     let s = TestServer::start().await;
     let t = s.team("scenario roles").await;
     let p = &t.project_id;
+    let caller = caller_llm(&s, &t.owner, p).await;
     for (role, key, status) in [
         ("owner", &t.owner, 200),
         ("editor", &t.editor, 200),
@@ -153,7 +162,7 @@ async fn roles_decide_who_reads_and_changes_scenarios() {
         ("viewer", &t.viewer, 403),
         ("outsider", &t.outsider, 404),
     ] {
-        let resp = s.send_json(Method::POST, "/v1/scenarios", key, Some(simulated(p, role))).await;
+        let resp = s.send_json(Method::POST, "/v1/scenarios", key, Some(simulated(p, &caller, role))).await;
         assert_eq!(resp.status().as_u16(), status, "create by {role}");
     }
     let scn = id(&create(&s, "/v1/scenarios", &t.owner, scripted(p, "booking")).await);
@@ -428,7 +437,8 @@ async fn scenario_defaults_and_fields_round_trip() {
         200,
     )
     .await;
-    let made = create(&s, "/v1/scenarios", &t.editor, simulated(p, "plain")).await;
+    let caller = caller_llm(&s, &t.owner, p).await;
+    let made = create(&s, "/v1/scenarios", &t.editor, simulated(p, &caller, "plain")).await;
     assert!(made["id"].as_str().unwrap().starts_with("scn_"));
     for (field, value) in [
         ("mode", json!("simulated")),
@@ -481,7 +491,8 @@ async fn scenario_input_is_checked_field_by_field() {
     let long = |n: usize| "x".repeat(n);
     let step = |say: &str| json!({"say": say, "expect": []});
     let base = scripted(p, "x");
-    let sim = simulated(p, "x");
+    let caller = caller_llm(&s, &t.owner, p).await;
+    let sim = simulated(p, &caller, "x");
     let cases: Vec<(Value, &str, &str)> = vec![
         (with(base.clone(), json!({"name": " "})), "invalid_name", "name"),
         (with(base.clone(), json!({"name": long(101)})), "invalid_name", "name"),
@@ -569,9 +580,13 @@ async fn every_evaluator_type_is_checked() {
         {"type": "tool_called", "name": "books", "tool": "book_table", "arguments": {"party": 2}},
         {"type": "llm_judge", "name": "polite", "integration_id": judge, "prompt": "Was the agent polite?"},
     ]);
-    let made =
-        create(&s, "/v1/scenarios", &t.editor, with(simulated(p, "all types"), json!({"success_criteria": valid})))
-            .await;
+    let made = create(
+        &s,
+        "/v1/scenarios",
+        &t.editor,
+        with(simulated(p, &judge, "all types"), json!({"success_criteria": valid})),
+    )
+    .await;
     // Each comes back as given, defaults filled in.
     let back = made["success_criteria"].as_array().unwrap();
     assert_eq!(back.len(), 8);
@@ -635,7 +650,7 @@ async fn every_evaluator_type_is_checked() {
     for (evaluator, code, names) in &cases {
         let code_in = |list: &str| if *code == LIST { format!("invalid_{list}") } else { code.to_string() };
         let criteria = json!([evaluator]);
-        let body = with(simulated(p, "bad"), json!({"success_criteria": criteria}));
+        let body = with(simulated(p, &judge, "bad"), json!({"success_criteria": criteria}));
         // The message names the list (and, for a rule on a field, the field).
         let at = |list: &str| if names.starts_with('[') { format!("{list}{names}") } else { list.to_string() };
         refused(
@@ -655,7 +670,7 @@ async fn every_evaluator_type_is_checked() {
         refused(&s, Method::POST, "/v1/scenarios", &t.editor, body.clone(), &code_in("expect"), &at("steps[1].expect"))
             .await;
         // And on PUT.
-        let body = with(simulated(p, "bad"), json!({"success_criteria": criteria, "project_id": null}));
+        let body = with(simulated(p, &judge, "bad"), json!({"success_criteria": criteria, "project_id": null}));
         refused(&s, Method::PUT, &format!("/v1/scenarios/{scn}"), &t.editor, body, &code_in("success_criteria"), names)
             .await;
     }
@@ -665,7 +680,7 @@ async fn every_evaluator_type_is_checked() {
         (foreign.as_str(), "not an integration of this project"),
         (phone.as_str(), "twilio"),
     ] {
-        let body = with(simulated(p, "bad"), json!({"success_criteria": [judge_at(integration)]}));
+        let body = with(simulated(p, &judge, "bad"), json!({"success_criteria": [judge_at(integration)]}));
         let (_, e) = error_body(s.send_json(Method::POST, "/v1/scenarios", &t.editor, Some(body)).await).await;
         let message = e["message"].as_str().unwrap();
         assert!(message.contains(integration) && message.contains(why), "{message}");
@@ -677,7 +692,7 @@ async fn every_evaluator_type_is_checked() {
         Method::POST,
         "/v1/scenarios",
         &t.editor,
-        with(simulated(p, "bad"), json!({"success_criteria": twice})),
+        with(simulated(p, &judge, "bad"), json!({"success_criteria": twice})),
         "invalid_name",
         "success_criteria[1].name",
     )
@@ -692,7 +707,7 @@ async fn every_evaluator_type_is_checked() {
             Method::POST,
             "/v1/scenarios",
             &t.editor,
-            Some(with(simulated(p, "many"), json!({"success_criteria": many}))),
+            Some(with(simulated(p, &judge, "many"), json!({"success_criteria": many}))),
         )
         .await,
     )
@@ -708,18 +723,20 @@ async fn references_must_be_in_the_same_project() {
     let s = TestServer::start().await;
     let t = s.team("references").await;
     let p = &t.project_id;
+    let caller = caller_llm(&s, &t.owner, p).await;
     let elsewhere = s.create_project(&t.owner, "elsewhere").await;
     let theirs = id(&create(&s, "/v1/personas", &t.owner, persona(&elsewhere, "theirs")).await);
     let ours = id(&create(&s, "/v1/personas", &t.owner, persona(p, "ours")).await);
     for missing in [theirs.as_str(), "per_missing", ""] {
-        let body = with(simulated(p, "s"), json!({"default_persona_id": missing}));
+        let body = with(simulated(p, &caller, "s"), json!({"default_persona_id": missing}));
         refused(&s, Method::POST, "/v1/scenarios", &t.editor, body, "invalid_default_persona_id", "default_persona_id")
             .await;
     }
     let scn =
-        create(&s, "/v1/scenarios", &t.editor, with(simulated(p, "s"), json!({"default_persona_id": ours}))).await;
+        create(&s, "/v1/scenarios", &t.editor, with(simulated(p, &caller, "s"), json!({"default_persona_id": ours})))
+            .await;
     assert_eq!(scn["default_persona_id"], json!(ours));
-    let body = with(simulated(p, "s"), json!({"default_persona_id": theirs, "project_id": null}));
+    let body = with(simulated(p, &caller, "s"), json!({"default_persona_id": theirs, "project_id": null}));
     refused(
         &s,
         Method::PUT,
@@ -731,8 +748,10 @@ async fn references_must_be_in_the_same_project() {
     )
     .await;
     // Creating in a project one is not a member of is a 404, whatever the body.
-    let (status, _) =
-        error_body(s.send_json(Method::POST, "/v1/scenarios", &t.editor, Some(simulated(&elsewhere, "s"))).await).await;
+    let (status, _) = error_body(
+        s.send_json(Method::POST, "/v1/scenarios", &t.editor, Some(simulated(&elsewhere, &caller, "s"))).await,
+    )
+    .await;
     assert_eq!(status, 404);
     let (status, _) =
         error_body(s.send_json(Method::POST, "/v1/personas", &t.editor, Some(persona(&elsewhere, "p"))).await).await;
@@ -853,10 +872,15 @@ async fn a_persona_a_scenario_defaults_to_is_in_use() {
     let s = TestServer::start().await;
     let t = s.team("persona in use").await;
     let p = &t.project_id;
+    let caller = caller_llm(&s, &t.owner, p).await;
     let per = id(&create(&s, "/v1/personas", &t.editor, persona(p, "caller")).await);
-    let scn =
-        create(&s, "/v1/scenarios", &t.editor, with(simulated(p, "checkout flow"), json!({"default_persona_id": per})))
-            .await;
+    let scn = create(
+        &s,
+        "/v1/scenarios",
+        &t.editor,
+        with(simulated(p, &caller, "checkout flow"), json!({"default_persona_id": per})),
+    )
+    .await;
     let before = activity_count(&s, &t.owner, p).await;
     let (status, e) =
         error_body(s.send_json(Method::DELETE, &format!("/v1/personas/{per}"), &t.editor, None).await).await;
@@ -884,6 +908,7 @@ async fn what_a_test_uses_is_in_use() {
     let s = TestServer::start().await;
     let t = s.team("test in use").await;
     let p = &t.project_id;
+    let caller = caller_llm(&s, &t.owner, p).await;
     let ch = id(&create(
         &s,
         "/v1/channels",
@@ -892,7 +917,7 @@ async fn what_a_test_uses_is_in_use() {
     )
     .await);
     let per = id(&create(&s, "/v1/personas", &t.editor, persona(p, "caller")).await);
-    let scn = id(&create(&s, "/v1/scenarios", &t.editor, simulated(p, "booking")).await);
+    let scn = id(&create(&s, "/v1/scenarios", &t.editor, simulated(p, &caller, "booking")).await);
     let test = id(&create(
         &s,
         "/v1/tests",
@@ -955,9 +980,10 @@ async fn pages_return_each_item_once_newest_first() {
     let s = TestServer::start().await;
     let t = s.team("pages").await;
     let p = &t.project_id;
+    let caller = caller_llm(&s, &t.owner, p).await;
     let elsewhere = s.create_project(&t.owner, "elsewhere").await;
     create(&s, "/v1/personas", &t.owner, persona(&elsewhere, "x")).await;
-    create(&s, "/v1/scenarios", &t.owner, simulated(&elsewhere, "x")).await;
+    create(&s, "/v1/scenarios", &t.owner, scripted(&elsewhere, "x")).await;
     let mut personas = Vec::new();
     let mut scenarios = Vec::new();
     for i in 0..5 {
@@ -969,7 +995,7 @@ async fn pages_return_each_item_once_newest_first() {
             with(persona(p, &format!("p{i}")), json!({"tags": tags})),
         )
         .await));
-        let scn = if i < 3 { simulated(p, &format!("s{i}")) } else { scripted(p, &format!("s{i}")) };
+        let scn = if i < 3 { simulated(p, &caller, &format!("s{i}")) } else { scripted(p, &format!("s{i}")) };
         scenarios.push(id(&create(&s, "/v1/scenarios", &t.editor, with(scn, json!({"tags": tags}))).await));
     }
     personas.reverse();
@@ -1020,6 +1046,7 @@ async fn each_change_is_recorded_once() {
     let s = TestServer::start().await;
     let t = s.team("activity").await;
     let p = &t.project_id;
+    let caller = caller_llm(&s, &t.owner, p).await;
     let made = create(&s, "/v1/personas", &t.editor, with(persona(p, "caller"), json!({"accent": "Irish"}))).await;
     let per = id(&made);
     s.expect(
@@ -1046,7 +1073,7 @@ async fn each_change_is_recorded_once() {
     assert_eq!(records[1]["changes"], json!({"accent": null, "name": "caller 2"}));
     assert_eq!(records[0]["changes"], json!({"deleted": true}));
 
-    let scn = create(&s, "/v1/scenarios", &t.editor, simulated(p, "s")).await;
+    let scn = create(&s, "/v1/scenarios", &t.editor, simulated(p, &caller, "s")).await;
     let sid = id(&scn);
     s.expect(
         Method::PUT,

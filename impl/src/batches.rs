@@ -4,8 +4,8 @@
 //! `test_ids` are tests of the batch's project (a 400 naming `test_ids[i]`
 //! otherwise), none twice, at most [`MAX_TESTS`], kept in order in
 //! `batch_tests`. `PUT` replaces the whole editable part (absent optional
-//! fields reset to their defaults). `last_run` is null until the engine runs
-//! batches.
+//! fields reset to their defaults). `last_run` summarizes the newest batch
+//! run of the batch (null before the first).
 //!
 //! Viewers and reviewers read; editors and owners create, replace and
 //! delete.
@@ -117,7 +117,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Batch> {
         concurrency: std::num::NonZeroU32::new(concurrency).ok_or_else(|| {
             rusqlite::Error::FromSqlConversionFailure(4, rusqlite::types::Type::Integer, "zero concurrency".into())
         })?,
-        // No batch has run yet: runs come with the engine.
+        // Filled in by `with_tests`.
         last_run: None,
         created_at: time(5)?,
         updated_at: time(6)?,
@@ -129,10 +129,11 @@ fn with_tests(tx: &rusqlite::Transaction<'_>, mut batch: types::Batch) -> Result
         .prepare_cached("SELECT test_id FROM batch_tests WHERE batch_id = ?1 ORDER BY position")?
         .query_map(params![batch.id], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
+    batch.last_run = crate::runs::last_run_of_batch(tx, &batch.id)?;
     Ok(batch)
 }
 
-fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Batch> {
+pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Batch> {
     let batch = tx
         .prepare_cached(&format!("SELECT {COLUMNS} FROM batches b WHERE b.id = ?1"))?
         .query_row(params![id], from_row)

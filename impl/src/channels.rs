@@ -52,7 +52,7 @@ const RESERVED_HEADERS: &[&str] = &[
     "upgrade",
 ];
 
-fn headers_context(channel_id: &str) -> String {
+pub(crate) fn headers_context(channel_id: &str) -> String {
     format!("channel:{channel_id}:headers")
 }
 
@@ -275,7 +275,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Channel> {
     })
 }
 
-fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Channel> {
+pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Channel> {
     tx.prepare_cached(&format!("SELECT {COLUMNS} FROM channels c WHERE c.id = ?1"))?
         .query_row(params![id], from_row)
         .optional()?

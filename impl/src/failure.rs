@@ -18,6 +18,12 @@ pub enum Failure {
     /// 409: the state does not allow it.
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
+    /// 402: the caller's credits do not cover what was asked.
+    #[error("{0}")]
+    InsufficientCredits(String),
+    /// 501 `not_implemented`: the request needs a feature not built yet.
+    #[error("{0}")]
+    Unsupported(String),
     /// 501: part of the API, not built yet.
     #[error("`{0}` is not implemented yet")]
     NotImplemented(&'static str),

@@ -40,6 +40,10 @@ fn failure<B>(f: Failure) -> ApiError<B> {
         Failure::NotFound(message) => ApiError::not_found(message),
         Failure::Forbidden(message) => ApiError::new(ErrorStatusCode::FORBIDDEN, "forbidden", message),
         Failure::Conflict { code, message } => ApiError::conflict(code, message),
+        Failure::InsufficientCredits(message) => {
+            ApiError::new(ErrorStatusCode::PAYMENT_REQUIRED, "insufficient_credits", message)
+        }
+        Failure::Unsupported(message) => ApiError::new(ErrorStatusCode::NOT_IMPLEMENTED, "not_implemented", message),
         Failure::NotImplemented(operation) => ApiError::not_implemented(operation),
         Failure::Store(e) => ApiError::internal(e),
     }
@@ -479,43 +483,73 @@ impl SparringApi for ServerImpl {
         crate::tests::update(state(&rqctx), caller, path, body, fields).await.map_err(failure)
     }
 
+    async fn run_test(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::RunTestPath,
+        body: types::RunTestRequest,
+    ) -> Result<types::BatchRun, ApiError<types::Error>> {
+        crate::runs::run_test(state(&rqctx), caller, path, body).await.map_err(failure)
+    }
+    async fn list_batch_runs(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListBatchRunsQuery,
+    ) -> Result<types::BatchRunList, ApiError<types::Error>> {
+        crate::runs::list_batch_runs(state(&rqctx), caller, query).await.map_err(failure)
+    }
+    async fn cancel_batch_run(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::CancelBatchRunPath,
+    ) -> Result<types::BatchRun, ApiError<types::Error>> {
+        crate::runs::cancel(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn list_webhook_deliveries(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::ListWebhookDeliveriesPath,
+        query: params::ListWebhookDeliveriesQuery,
+    ) -> Result<types::WebhookDeliveryList, ApiError<types::Error>> {
+        crate::engine::webhooks::list(state(&rqctx), caller, path, query).await.map_err(failure)
+    }
     // Operations built by later work answer 501 `not_implemented`.
     async fn list_batch_run_runs(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::ListBatchRunRunsPath,
-        _query: params::ListBatchRunRunsQuery,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::ListBatchRunRunsPath,
+        query: params::ListBatchRunRunsQuery,
     ) -> Result<types::RunList, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("list_batch_run_runs"))
+        crate::runs::list_runs(state(&rqctx), caller, path, query).await.map_err(failure)
     }
     async fn get_batch_run(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::GetBatchRunPath,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetBatchRunPath,
     ) -> Result<types::BatchRun, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("get_batch_run"))
+        crate::runs::get_batch_run(state(&rqctx), caller, path).await.map_err(failure)
     }
     async fn run_batch(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::RunBatchPath,
-        _body: types::RunBatchRequest,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::RunBatchPath,
+        body: types::RunBatchRequest,
     ) -> Result<types::BatchRun, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("run_batch"))
+        crate::runs::run_batch(state(&rqctx), caller, path, body).await.map_err(failure)
     }
     async fn run_channel(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::RunChannelPath,
-        _body: types::RunChannelRequest,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::RunChannelPath,
+        body: types::RunChannelRequest,
     ) -> Result<types::BatchRun, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("run_channel"))
+        crate::runs::run_channel(state(&rqctx), caller, path, body).await.map_err(failure)
     }
     async fn get_queue_stats(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
     ) -> Result<types::QueueStats, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("get_queue_stats"))
+        crate::runs::queue_stats(state(&rqctx), caller).await.map_err(failure)
     }
     async fn list_reviews(
         _rqctx: RequestContext<ApiContext>,
@@ -539,39 +573,39 @@ impl SparringApi for ServerImpl {
         Err(ApiError::not_implemented("list_reviewers"))
     }
     async fn get_test_result_by_call(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::GetTestResultByCallPath,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetTestResultByCallPath,
     ) -> Result<types::TestResult, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("get_test_result_by_call"))
+        crate::runs::get_test_result_by_call(state(&rqctx), caller, path).await.map_err(failure)
     }
     async fn get_test_result(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::GetTestResultPath,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetTestResultPath,
     ) -> Result<types::TestResult, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("get_test_result"))
+        crate::runs::get_test_result(state(&rqctx), caller, path).await.map_err(failure)
     }
     async fn list_test_results(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::ListTestResultsPath,
-        _query: params::ListTestResultsQuery,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::ListTestResultsPath,
+        query: params::ListTestResultsQuery,
     ) -> Result<types::TestResultList, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("list_test_results"))
+        crate::runs::list_test_results(state(&rqctx), caller, path, query).await.map_err(failure)
     }
     async fn list_transactions(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _query: params::ListTransactionsQuery,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListTransactionsQuery,
     ) -> Result<types::TransactionList, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("list_transactions"))
+        crate::credits::list(state(&rqctx), caller, query).await.map_err(failure)
     }
     async fn get_transaction(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::GetTransactionPath,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetTransactionPath,
     ) -> Result<types::Transaction, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("get_transaction"))
+        crate::credits::get(state(&rqctx), caller, path).await.map_err(failure)
     }
 }

@@ -59,7 +59,7 @@ pub fn is_telephony(provider: types::IntegrationProvider) -> bool {
     !matches!(provider, types::IntegrationProvider::OpenaiCompatible)
 }
 
-fn credentials_context(integration_id: &str) -> String {
+pub(crate) fn credentials_context(integration_id: &str) -> String {
     format!("integration:{integration_id}:credentials")
 }
 
@@ -231,7 +231,7 @@ fn with_numbers(tx: &rusqlite::Transaction<'_>, mut integration: types::Integrat
     Ok(integration)
 }
 
-fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Integration> {
+pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Integration> {
     let found = tx
         .prepare_cached(&format!("SELECT {COLUMNS} FROM integrations i WHERE i.id = ?1"))?
         .query_row(params![id], from_row)

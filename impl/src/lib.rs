@@ -21,6 +21,7 @@ pub mod api_keys;
 pub mod auth;
 pub mod batches;
 pub mod channels;
+pub mod credits;
 pub mod engine;
 pub mod evaluators;
 pub mod failure;
@@ -32,6 +33,7 @@ pub mod pagination;
 pub mod personas;
 pub mod projects;
 pub mod reseal;
+pub mod runs;
 pub mod scenarios;
 pub mod secrets;
 pub mod store;
@@ -50,6 +52,7 @@ use sparring_server::ApiContext;
 
 use crate::api_keys::RawKey;
 use crate::auth::LastUsed;
+use crate::engine::worker::{Engine, EngineConfig};
 use crate::oidc::{IssuerConfig, Oidc};
 use crate::secrets::Secrets;
 use crate::store::Store;
@@ -66,6 +69,10 @@ pub struct Config {
     /// The secret key sealing stored secrets; `<data dir>/secret.key` if
     /// not given.
     pub secret_key_file: Option<PathBuf>,
+    /// Workers, per-user limit and leases of the run queue.
+    pub engine: EngineConfig,
+    /// Credits a new user gets.
+    pub starting_credits: i64,
 }
 
 impl Config {
@@ -82,6 +89,7 @@ pub struct AppState {
     pub last_used: LastUsed,
     /// (issuer, subject) → user id, for users already signed in.
     oidc_users: Mutex<HashMap<(String, String), String>>,
+    pub engine: Arc<Engine>,
     pub log: slog::Logger,
 }
 
@@ -156,6 +164,7 @@ impl RunningServer {
     /// writes pending `last_used_at` times.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         self.server.close().await.map_err(|e| anyhow::anyhow!(e))?;
+        Engine::shutdown(&self.state).await?;
         self.flusher.abort();
         self.state.last_used.flush(&self.state.store).await?;
         Ok(())
@@ -179,6 +188,8 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     let lock = lock_data_dir(&config.data_dir)?;
     let store = open_store(&config.data_dir)?;
     let secrets = Secrets::load_or_create(&config.secret_key_path())?;
+    let starting_credits = config.starting_credits;
+    store.write(move |tx| credits::set_starting_credits(tx, starting_credits).map_err(store::StoreError::from)).await?;
     let first_start_key = users::bootstrap_admin(&store).await?.map(RawKey::expose);
     let oidc = Oidc::new(config.oidc.clone(), &log).await?;
     let state = Arc::new(AppState {
@@ -187,6 +198,7 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
         oidc,
         last_used: LastUsed::default(),
         oidc_users: Mutex::new(HashMap::new()),
+        engine: Arc::new(Engine::new(config.engine.clone())),
         log: log.clone(),
     });
 
@@ -211,6 +223,8 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
             }
         })
     };
+
+    Engine::start(state.clone()).await?;
 
     Ok(RunningServer { _lock: lock, server, state, flusher, first_start_key })
 }

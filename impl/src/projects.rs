@@ -87,7 +87,7 @@ impl ProjectInput {
     }
 }
 
-fn secret_context(project_id: &str) -> String {
+pub(crate) fn webhook_secret_context(project_id: &str) -> String {
     format!("project:{project_id}:webhook_secret")
 }
 
@@ -170,7 +170,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateProject
     )?;
     let id = ids::new_id("prj");
     let sealed = match &input.webhook_secret {
-        Some(Some(secret)) => Some(state.secrets.seal(secret.as_bytes(), &secret_context(&id))),
+        Some(Some(secret)) => Some(state.secrets.seal(secret.as_bytes(), &webhook_secret_context(&id))),
         _ => None,
     };
     state
@@ -233,7 +233,7 @@ pub async fn replace(
         body.settings.as_ref(),
     )?;
     let sealed = match &input.webhook_secret {
-        Some(Some(secret)) => Some(state.secrets.seal(secret.as_bytes(), &secret_context(&path.id))),
+        Some(Some(secret)) => Some(state.secrets.seal(secret.as_bytes(), &webhook_secret_context(&path.id))),
         _ => None,
     };
     state
@@ -288,6 +288,21 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteProjectPath
             access::require(tx, &caller.user_id, &path.id, Need::Own)?;
             let name: String =
                 tx.query_row("SELECT name FROM projects WHERE id = ?1", params![path.id], |r| r.get(0))?;
+            let active: i64 = tx.query_row(
+                "SELECT count(*) FROM batch_runs WHERE project_id = ?1 AND status IN ('queued', 'running')",
+                params![path.id],
+                |r| r.get(0),
+            )?;
+            if active > 0 {
+                return Err(Failure::Conflict {
+                    code: "runs_active",
+                    message: format!(
+                        "project `{}` has {active} batch runs queued or running; cancel them \
+                         (POST /batch-runs/{{id}}/cancel) or let them finish first",
+                        path.id
+                    ),
+                });
+            }
             // Everything in the project goes with it (ON DELETE CASCADE).
             tx.execute("DELETE FROM projects WHERE id = ?1", params![path.id])?;
             activity::record(

@@ -44,6 +44,9 @@ struct ScenarioDoc {
     first_message: Option<String>,
     steps: Vec<types::ScenarioStep>,
     goal: Option<String>,
+    /// Simulated mode: the `openai_compatible` integration playing the caller.
+    #[serde(default)]
+    integration_id: Option<String>,
     success_criteria: Vec<types::Evaluator>,
     max_turns: u32,
     /// `None` until the project's default is filled in (in the transaction).
@@ -69,6 +72,7 @@ struct Given<'a> {
     first_message: Option<&'a str>,
     steps: &'a [types::ScenarioStep],
     goal: Option<&'a str>,
+    integration_id: Option<&'a str>,
     success_criteria: &'a [types::Evaluator],
     default_persona_id: Option<&'a str>,
     max_turns: Option<u32>,
@@ -114,6 +118,12 @@ impl ScenarioInput {
                 if g.steps.is_empty() {
                     return Err(Failure::invalid("steps", "a scripted scenario needs at least one step"));
                 }
+                if g.integration_id.is_some() {
+                    return Err(Failure::invalid(
+                        "integration_id",
+                        "only a simulated scenario has an integration playing the caller; leave it out in scripted mode",
+                    ));
+                }
             }
             types::ScenarioMode::Simulated => {
                 if goal.is_none() {
@@ -128,6 +138,16 @@ impl ScenarioInput {
                         "a simulated scenario has no steps (the LLM plays the persona toward `goal`); \
                          use mode `scripted` for fixed caller lines",
                     ));
+                }
+                match g.integration_id {
+                    None => {
+                        return Err(Failure::invalid(
+                            "integration_id",
+                            "is required for a simulated scenario: the `openai_compatible` integration whose model \
+                             plays the caller",
+                        ))
+                    }
+                    Some(id) => judges.push(("integration_id".to_string(), id.to_string())),
                 }
             }
         }
@@ -155,6 +175,7 @@ impl ScenarioInput {
                 first_message,
                 steps: g.steps.to_vec(),
                 goal,
+                integration_id: g.integration_id.map(str::to_string),
                 success_criteria: g.success_criteria.to_vec(),
                 max_turns,
                 max_duration_s,
@@ -238,6 +259,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Scenario> {
         first_message: d.first_message,
         steps: d.steps,
         goal: d.goal,
+        integration_id: d.integration_id,
         success_criteria: d.success_criteria,
         max_turns: nonzero(6, d.max_turns)?,
         max_duration_s: nonzero(6, d.max_duration_s.unwrap_or(0))?,
@@ -247,7 +269,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Scenario> {
     })
 }
 
-fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Scenario> {
+pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Scenario> {
     tx.prepare_cached(&format!("SELECT {COLUMNS} FROM scenarios s WHERE s.id = ?1"))?
         .query_row(params![id], from_row)
         .optional()?
@@ -295,6 +317,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateScenari
         first_message: body.first_message.as_deref().map(String::as_str),
         steps: &body.steps,
         goal: body.goal.as_deref().map(String::as_str),
+        integration_id: body.integration_id.as_deref(),
         success_criteria: &body.success_criteria,
         default_persona_id: body.default_persona_id.as_deref(),
         max_turns: body.max_turns.map(|n| n.get()),
@@ -361,6 +384,7 @@ pub async fn replace(
         first_message: body.first_message.as_deref().map(String::as_str),
         steps: &body.steps,
         goal: body.goal.as_deref().map(String::as_str),
+        integration_id: body.integration_id.as_deref(),
         success_criteria: &body.success_criteria,
         default_persona_id: body.default_persona_id.as_deref(),
         max_turns: body.max_turns.map(|n| n.get()),
@@ -485,6 +509,7 @@ mod tests {
             first_message: None,
             steps,
             goal,
+            integration_id: (mode == types::ScenarioMode::Simulated).then_some("int_caller"),
             success_criteria: &[],
             default_persona_id: None,
             max_turns: None,
@@ -520,6 +545,10 @@ mod tests {
         assert!(invalid(ScenarioInput::parse(given(Simulated, &[], None))).starts_with("invalid_goal: goal:"));
         assert!(invalid(ScenarioInput::parse(given(Simulated, &[], Some(" ")))).starts_with("invalid_goal: goal:"));
         assert!(invalid(ScenarioInput::parse(given(Simulated, &one, Some("x")))).starts_with("invalid_steps:"));
+        let no_llm = Given { integration_id: None, ..given(Simulated, &[], Some("book a table")) };
+        assert!(invalid(ScenarioInput::parse(no_llm)).starts_with("invalid_integration_id: integration_id:"));
+        let scripted_llm = Given { integration_id: Some("int_1"), ..given(Scripted, &one, None) };
+        assert!(invalid(ScenarioInput::parse(scripted_llm)).starts_with("invalid_integration_id: integration_id:"));
         let blank = steps(json!([{"say": "hi", "expect": []}, {"say": "  ", "expect": []}]));
         assert!(invalid(ScenarioInput::parse(given(Scripted, &blank, None))).starts_with("invalid_say: steps[1].say:"));
     }

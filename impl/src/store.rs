@@ -23,6 +23,7 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 const MIGRATIONS: &[(&str, &str)] = &[
     ("0001_foundation", include_str!("../migrations/0001_foundation.sql")),
     ("0002_projects_and_testing_model", include_str!("../migrations/0002_projects_and_testing_model.sql")),
+    ("0003_engine", include_str!("../migrations/0003_engine.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -221,7 +221,7 @@ fn with_personas(tx: &rusqlite::Transaction<'_>, mut test: types::Test) -> Resul
     Ok(test)
 }
 
-fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Test> {
+pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Test> {
     let test = tx
         .prepare_cached(&format!("SELECT {COLUMNS} FROM tests t WHERE t.id = ?1"))?
         .query_row(params![id], from_row)

@@ -25,6 +25,7 @@ pub fn ensure_by_email(tx: &rusqlite::Transaction<'_>, email: &str) -> Result<St
         "INSERT INTO users (id, email, name, created_at) VALUES (?1, ?2, ?3, ?4)",
         params![id, email, name, ids::format_time(&ids::now())],
     )?;
+    crate::credits::grant_starting(tx, &id)?;
     Ok(id)
 }
 
@@ -78,6 +79,7 @@ pub async fn ensure_for_identity(store: &Store, identity: Identity) -> Result<St
                     ids::format_time(&ids::now())
                 ],
             )?;
+            crate::credits::grant_starting(tx, &id)?;
             Ok(id)
         })
         .await

@@ -3,6 +3,9 @@
 //! log captured so tests can check what it wrote.
 #![allow(dead_code)]
 
+pub mod engine;
+pub mod process;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
@@ -43,17 +46,28 @@ impl TestServer {
     }
 
     pub async fn start_with_oidc(oidc: Vec<IssuerConfig>) -> TestServer {
+        Self::start_configured(oidc, |_| {}).await
+    }
+
+    /// A server whose configuration `adjust` changes (workers, credits, …).
+    pub async fn start_configured(
+        oidc: Vec<IssuerConfig>,
+        adjust: impl FnOnce(&mut sparring_impl::Config),
+    ) -> TestServer {
         let data_dir = tempfile::tempdir().unwrap();
         let log = LogBuffer::default();
         // Debug level, so that anything a handler logs is in the buffer.
         let drain = slog_bunyan::with_name("sparring-test", log.clone()).build();
         let logger = slog::Logger::root(Mutex::new(drain).fuse(), slog::o!());
-        let config = sparring_impl::Config {
+        let mut config = sparring_impl::Config {
             bind: "127.0.0.1:0".parse().unwrap(),
             data_dir: data_dir.path().to_path_buf(),
             oidc,
             secret_key_file: None,
+            engine: Default::default(),
+            starting_credits: sparring_impl::credits::DEFAULT_STARTING_CREDITS,
         };
+        adjust(&mut config);
         let server = sparring_impl::start(config, logger).await.unwrap();
         let admin_key = server.first_start_key.clone().expect("a fresh database gets an admin key");
         TestServer {

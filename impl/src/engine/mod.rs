@@ -6,10 +6,16 @@
 //!   driven by a scripted or simulated scenario; gives an [`Outcome`].
 //! - [`evaluate`]: the evaluators of DESIGN §4 over an [`Outcome`], and the
 //!   result's verdict.
+//! - [`queue`]: the durable run queue (claims, leases, counts, completion).
+//! - [`worker`]: the tasks that take runs and hold their conversations.
+//! - [`webhooks`]: `batch_run.completed` events, signed and retried.
 
 pub mod conversation;
 pub mod evaluate;
 pub mod llm;
+pub mod queue;
+pub mod webhooks;
+pub mod worker;
 
 use std::time::Duration;
 
@@ -61,8 +67,11 @@ pub struct Outcome {
     /// wrong, in words a person understands.
     pub error: Option<String>,
     pub metrics: types::CallMetrics,
-    /// Scripted scenarios: for step `i`, the transcript indices of the
-    /// agent's reply to its line (empty when the agent said nothing or the
-    /// call ended before the step).
+    /// Scripted scenarios: one entry per step whose line the caller said, in
+    /// step order, holding the transcript indices of the agent's reply to
+    /// that line (empty when the agent said nothing). A step the call never
+    /// reached has NO entry (the list is shorter than the steps): its
+    /// `expect` evaluators then fail with "the call ended before step N",
+    /// whereas an empty entry is judged as "the agent said nothing".
     pub step_replies: Vec<Vec<usize>>,
 }

@@ -1,0 +1,198 @@
+//! The credit ledger (DESIGN §7): every change to a user's credits is an
+//! entry with its signed `amount` and the `balance_after` it leaves.
+//!
+//! Entries are appended only by the single writer, each from the previous
+//! entry's balance, so the balance (the last `balance_after`) always equals
+//! the sum of the amounts; the table's CHECK keeps it from going below zero
+//! even if a bug tried. A run reserves its worst case up front
+//! (`reservation`, negative) and gets the unused part back when it ends
+//! (`refund`); what it cost is the difference.
+//!
+//! A conversation costs 1 credit per started minute, at least 1.
+
+use rusqlite::{params, OptionalExtension as _};
+use sparring_server::{params as p, types, Caller};
+
+use crate::failure::{Failure, Result};
+use crate::pagination::PageRequest;
+use crate::{ids, AppState};
+
+pub const DEFAULT_STARTING_CREDITS: i64 = 1000;
+/// `server_settings` key of the grant a new user gets.
+const STARTING_CREDITS_KEY: &str = "starting_credits";
+
+/// What a conversation of `duration_ms` costs.
+pub fn cost_of(duration_ms: u64) -> i64 {
+    (duration_ms.div_ceil(60_000)).max(1) as i64
+}
+
+/// The most a conversation limited to `max_duration_s` can cost.
+pub fn worst_case(max_duration_s: u32) -> i64 {
+    cost_of(u64::from(max_duration_s) * 1000)
+}
+
+pub fn balance(tx: &rusqlite::Connection, user_id: &str) -> rusqlite::Result<i64> {
+    Ok(tx
+        .prepare_cached("SELECT balance_after FROM transactions WHERE user_id = ?1 ORDER BY seq DESC LIMIT 1")?
+        .query_row(params![user_id], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0))
+}
+
+/// Appends an entry; fails (and so rolls the transaction back) if it would
+/// take the balance below zero.
+pub fn append(
+    tx: &rusqlite::Transaction<'_>,
+    user_id: &str,
+    kind: types::TransactionKind,
+    amount: i64,
+    description: &str,
+    batch_run_id: Option<&str>,
+) -> rusqlite::Result<i64> {
+    let after = balance(tx, user_id)? + amount;
+    tx.prepare_cached(
+        "INSERT INTO transactions (id, user_id, kind, amount, balance_after, description, batch_run_id, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        ids::new_id("txn"),
+        user_id,
+        kind.to_string(),
+        amount,
+        after,
+        description,
+        batch_run_id,
+        ids::format_time(&ids::now())
+    ])?;
+    Ok(after)
+}
+
+/// Records the server's starting grant, for users created from now on.
+pub fn set_starting_credits(tx: &rusqlite::Transaction<'_>, amount: i64) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO server_settings (key, value) VALUES (?1, ?2)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        params![STARTING_CREDITS_KEY, amount.to_string()],
+    )?;
+    Ok(())
+}
+
+/// Gives a user created in this transaction the starting grant.
+pub fn grant_starting(tx: &rusqlite::Transaction<'_>, user_id: &str) -> rusqlite::Result<()> {
+    let amount: i64 = tx
+        .query_row("SELECT value FROM server_settings WHERE key = ?1", params![STARTING_CREDITS_KEY], |r| {
+            r.get::<_, String>(0)
+        })
+        .optional()?
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_STARTING_CREDITS);
+    if amount > 0 {
+        append(tx, user_id, types::TransactionKind::Grant, amount, "starting credits", None)?;
+    }
+    Ok(())
+}
+
+/// `sparring admin grant-credits`: a `grant` (positive) or an `adjustment`
+/// (negative, never below zero) for the user with this email.
+pub fn admin_grant(tx: &rusqlite::Transaction<'_>, email: &str, amount: i64, description: &str) -> anyhow::Result<i64> {
+    let user_id: String = tx
+        .query_row("SELECT id FROM users WHERE email = ?1", params![email], |r| r.get(0))
+        .optional()?
+        .ok_or_else(|| anyhow::anyhow!("no user with email {email}"))?;
+    let kind = if amount >= 0 { types::TransactionKind::Grant } else { types::TransactionKind::Adjustment };
+    let before = balance(tx, &user_id)?;
+    if before + amount < 0 {
+        anyhow::bail!("{email} has {before} credits; taking {} would go below zero", -amount);
+    }
+    Ok(append(tx, &user_id, kind, amount, description, None)?)
+}
+
+/// [`admin_grant`] in its own write transaction.
+pub async fn admin_grant_async(
+    store: &crate::store::Store,
+    email: String,
+    amount: i64,
+    description: String,
+) -> anyhow::Result<i64> {
+    store
+        .write(move |tx| admin_grant(tx, &email, amount, &description).map_err(|e| AdminError(format!("{e:#}"))))
+        .await
+        .map_err(|e| anyhow::anyhow!(e.0))
+}
+
+#[derive(Debug)]
+pub struct AdminError(String);
+
+impl From<crate::store::StoreError> for AdminError {
+    fn from(e: crate::store::StoreError) -> Self {
+        AdminError(e.to_string())
+    }
+}
+
+const COLUMNS: &str = "id, kind, amount, balance_after, description, batch_run_id, created_at";
+
+fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Transaction> {
+    let kind: String = row.get(1)?;
+    let created: String = row.get(6)?;
+    Ok(types::Transaction {
+        id: row.get(0)?,
+        kind: kind.parse().map_err(|e: types::error::ConversionError| {
+            rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, e.to_string().into())
+        })?,
+        amount: row.get(2)?,
+        balance_after: row.get(3)?,
+        description: row.get(4)?,
+        batch_run_id: row.get(5)?,
+        created_at: ids::parse_time(&created).unwrap_or_default(),
+    })
+}
+
+pub async fn list(state: &AppState, caller: Caller, query: p::ListTransactionsQuery) -> Result<types::TransactionList> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let kind = query.kind.map(|k| k.to_string());
+    state
+        .store
+        .read(move |tx| {
+            let rows = tx
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM transactions
+                     WHERE user_id = ?1 AND (?2 IS NULL OR kind = ?2) AND (?3 IS NULL OR batch_run_id = ?3)
+                       AND (?4 IS NULL OR id < ?4)
+                     ORDER BY id DESC LIMIT ?5"
+                ))?
+                .query_map(params![caller.user_id, kind, query.batch_run_id, page.after, page.fetch_limit()], from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |t| t.id.clone());
+            Ok(types::TransactionList { transactions: page.items, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+pub async fn get(state: &AppState, caller: Caller, path: p::GetTransactionPath) -> Result<types::Transaction> {
+    state
+        .store
+        .read(move |tx| {
+            tx.prepare_cached(&format!("SELECT {COLUMNS} FROM transactions WHERE id = ?1 AND user_id = ?2"))?
+                .query_row(params![path.id, caller.user_id], from_row)
+                .optional()?
+                .ok_or_else(|| Failure::not_found("transaction", &path.id))
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_started_minute_costs_one_credit() {
+        assert_eq!(cost_of(0), 1);
+        assert_eq!(cost_of(1), 1);
+        assert_eq!(cost_of(60_000), 1);
+        assert_eq!(cost_of(60_001), 2);
+        assert_eq!(cost_of(600_000), 10);
+        assert_eq!(worst_case(600), 10);
+        assert_eq!(worst_case(61), 2);
+        assert_eq!(worst_case(1), 1);
+    }
+}

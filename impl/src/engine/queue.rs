@@ -1,0 +1,428 @@
+//! The run queue, in the database (DESIGN §5.2). Every function here runs
+//! inside one write transaction of the caller's, so a claim, a finish, a
+//! requeue or a cancel moves a run and its batch run's counts together.
+//!
+//! - **Claim**: a queued run becomes `running` with a lease (owner, expiry).
+//!   Which one: among batch runs with queued work that are under their
+//!   `concurrency` and whose user is under the per-user limit, the user with
+//!   the fewest running runs goes first (fair between users), then the
+//!   oldest batch run; inside it, runs go in the order they were queued.
+//! - **Renew**: the owner pushes its leases forward while it talks.
+//! - **Finish**: only the lease holder of the same attempt may finish a run,
+//!   so a run is never finished twice, even if its lease expired and another
+//!   worker took it over.
+//! - **Requeue**: a run whose lease expired goes back to `queued` with
+//!   `attempt + 1`; after [`MAX_ATTEMPTS`] it is `error`.
+//! - When a batch run's last run ends, it is completed (or cancelled): its
+//!   verdict is decided, unused credits are refunded, and a webhook delivery
+//!   is queued if the project has a webhook.
+
+use std::collections::HashMap;
+
+use rusqlite::{params, OptionalExtension as _};
+use serde_json::json;
+use sparring_server::types;
+
+use crate::activity::{self, Record};
+use crate::auth::Actor;
+use crate::failure::Result;
+use crate::{credits, ids};
+
+pub const MAX_ATTEMPTS: u32 = 3;
+
+/// A run a worker took, with what it needs to start.
+#[derive(Clone, Debug)]
+pub struct Claimed {
+    pub run_id: String,
+    pub batch_run_id: String,
+    pub project_id: String,
+    pub user_id: String,
+    pub test_id: String,
+    pub scenario_id: String,
+    pub persona_id: Option<String>,
+    pub iteration: u32,
+    pub attempt: u32,
+    pub call_id: String,
+}
+
+struct Active {
+    id: String,
+    user_id: String,
+    running: i64,
+    concurrency: i64,
+    queued: i64,
+}
+
+pub fn now_ms() -> i64 {
+    ids::now().timestamp_millis()
+}
+
+/// Claims up to `n` runs for `owner`.
+pub fn claim(
+    tx: &rusqlite::Transaction<'_>,
+    owner: &str,
+    n: usize,
+    per_user: i64,
+    lease_ms: i64,
+) -> rusqlite::Result<Vec<Claimed>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut active: Vec<Active> = tx
+        .prepare_cached(
+            "SELECT id, user_id, running, concurrency, queued FROM batch_runs
+             WHERE status IN ('queued', 'running') ORDER BY id",
+        )?
+        .query_map([], |r| {
+            Ok(Active {
+                id: r.get(0)?,
+                user_id: r.get(1)?,
+                running: r.get(2)?,
+                concurrency: r.get(3)?,
+                queued: r.get(4)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut user_running: HashMap<String, i64> = HashMap::new();
+    for a in &active {
+        *user_running.entry(a.user_id.clone()).or_default() += a.running;
+    }
+    let now = ids::now();
+    let now_text = ids::format_time(&now);
+    let now_ms = now.timestamp_millis();
+    let mut claimed = Vec::new();
+    while claimed.len() < n {
+        let pick = active
+            .iter_mut()
+            .filter(|a| a.queued > 0 && a.running < a.concurrency && user_running[&a.user_id] < per_user)
+            .min_by(|a, b| user_running[&a.user_id].cmp(&user_running[&b.user_id]).then_with(|| a.id.cmp(&b.id)));
+        let Some(batch_run) = pick else { break };
+        let next = tx
+            .prepare_cached(
+                "SELECT id, project_id, user_id, test_id, scenario_id, persona_id, iteration, attempt FROM runs
+                 WHERE batch_run_id = ?1 AND status = 'queued' ORDER BY id LIMIT 1",
+            )?
+            .query_row(params![batch_run.id], |r| {
+                Ok(Claimed {
+                    run_id: r.get(0)?,
+                    batch_run_id: batch_run.id.clone(),
+                    project_id: r.get(1)?,
+                    user_id: r.get(2)?,
+                    test_id: r.get(3)?,
+                    scenario_id: r.get(4)?,
+                    persona_id: r.get(5)?,
+                    iteration: r.get(6)?,
+                    attempt: r.get(7)?,
+                    call_id: ids::new_id("call"),
+                })
+            })
+            .optional()?;
+        let Some(run) = next else {
+            // The counts said there was one; trust the rows.
+            batch_run.queued = 0;
+            continue;
+        };
+        tx.prepare_cached(
+            "UPDATE runs SET status = 'running', lease_owner = ?2, lease_expires_ms = ?3, call_id = ?4,
+                             started_at = ?5, started_ms = ?6, updated_at = ?5
+             WHERE id = ?1",
+        )?
+        .execute(params![run.run_id, owner, now_ms + lease_ms, run.call_id, now_text, now_ms])?;
+        tx.prepare_cached(
+            "UPDATE batch_runs SET queued = queued - 1, running = running + 1, status = 'running',
+                                   started_at = coalesce(started_at, ?2), updated_at = ?2
+             WHERE id = ?1",
+        )?
+        .execute(params![batch_run.id, now_text])?;
+        batch_run.queued -= 1;
+        batch_run.running += 1;
+        *user_running.get_mut(&batch_run.user_id).expect("every active user is counted") += 1;
+        claimed.push(run);
+    }
+    Ok(claimed)
+}
+
+/// Pushes forward the leases of every run `owner` holds.
+pub fn renew(tx: &rusqlite::Transaction<'_>, owner: &str, lease_ms: i64) -> rusqlite::Result<usize> {
+    tx.prepare_cached("UPDATE runs SET lease_expires_ms = ?2 WHERE status = 'running' AND lease_owner = ?1")?
+        .execute(params![owner, now_ms() + lease_ms])
+}
+
+/// How a run ended.
+pub struct Finish<'a> {
+    pub status: types::RunStatus,
+    /// The result to store (absent when the conversation never happened).
+    pub result: Option<&'a types::TestResult>,
+    /// Why a run without a result ended.
+    pub error: Option<&'a str>,
+    pub credits: i64,
+}
+
+/// Ends a claimed run. Returns false (and changes nothing) when the run is
+/// no longer this worker's: its lease expired and it was requeued or taken
+/// over, or it was already finished.
+pub fn finish(tx: &rusqlite::Transaction<'_>, owner: &str, run: &Claimed, end: Finish<'_>) -> Result<bool> {
+    let held: Option<bool> = tx
+        .prepare_cached("SELECT status = 'running' AND lease_owner = ?2 AND attempt = ?3 FROM runs WHERE id = ?1")?
+        .query_row(params![run.run_id, owner, run.attempt], |r| r.get(0))
+        .optional()?;
+    if held != Some(true) {
+        return Ok(false);
+    }
+    let now = ids::now();
+    let now_text = ids::format_time(&now);
+    if let Some(result) = end.result {
+        let document =
+            serde_json::to_string(result).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        tx.prepare_cached(
+            "INSERT INTO test_results (id, project_id, run_id, batch_run_id, test_id, call_id, status, created_at, document)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )?
+        .execute(params![
+            result.id,
+            result.project_id,
+            result.run_id,
+            result.batch_run_id,
+            result.test_id,
+            result.call_id,
+            result.status.to_string(),
+            ids::format_time(&result.created_at),
+            document
+        ])?;
+    }
+    tx.prepare_cached(
+        "UPDATE runs SET status = ?2, test_result_id = ?3, error = ?4, credits = ?5, lease_owner = NULL,
+                         lease_expires_ms = NULL, finished_at = ?6, finished_ms = ?7, updated_at = ?6
+         WHERE id = ?1",
+    )?
+    .execute(params![
+        run.run_id,
+        end.status.to_string(),
+        end.result.map(|r| r.id.clone()),
+        end.error,
+        end.credits,
+        now_text,
+        now.timestamp_millis()
+    ])?;
+    let counter = counter_of(end.status);
+    tx.prepare_cached(&format!(
+        "UPDATE batch_runs SET running = running - 1, {counter} = {counter} + 1,
+                               credits_charged = credits_charged + ?2, updated_at = ?3
+         WHERE id = ?1"
+    ))?
+    .execute(params![run.batch_run_id, end.credits, now_text])?;
+    maybe_complete(tx, &run.batch_run_id)?;
+    Ok(true)
+}
+
+fn counter_of(status: types::RunStatus) -> &'static str {
+    match status {
+        types::RunStatus::Passed => "passed",
+        types::RunStatus::Failed => "failed",
+        types::RunStatus::Cancelled => "cancelled",
+        // Queued and running never end a run; count them as errors rather
+        // than lose them.
+        types::RunStatus::Error | types::RunStatus::Queued | types::RunStatus::Running => "errored",
+    }
+}
+
+/// Runs whose lease expired before `before_ms` go back to the queue with one
+/// more attempt, or end in `error` after [`MAX_ATTEMPTS`], or end
+/// `cancelled` when their batch run was cancelled. Returns how many moved.
+pub fn requeue_expired(tx: &rusqlite::Transaction<'_>, before_ms: i64) -> Result<usize> {
+    let expired: Vec<(String, String, u32, bool)> = tx
+        .prepare_cached(
+            "SELECT r.id, r.batch_run_id, r.attempt, b.cancel_requested FROM runs r
+             JOIN batch_runs b ON b.id = r.batch_run_id
+             WHERE r.status = 'running' AND r.lease_expires_ms < ?1",
+        )?
+        .query_map(params![before_ms], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let now = ids::now();
+    let now_text = ids::format_time(&now);
+    let now_ms = now.timestamp_millis();
+    for (run_id, batch_run_id, attempt, cancelled) in &expired {
+        if *cancelled || *attempt >= MAX_ATTEMPTS {
+            let (status, counter, error) = if *cancelled {
+                ("cancelled", "cancelled", "cancelled while its worker was gone".to_string())
+            } else {
+                (
+                    "error",
+                    "errored",
+                    format!("the server running it stopped {MAX_ATTEMPTS} times before the conversation ended"),
+                )
+            };
+            tx.prepare_cached(
+                "UPDATE runs SET status = ?2, error = ?3, lease_owner = NULL, lease_expires_ms = NULL,
+                                 finished_at = ?4, finished_ms = ?5, updated_at = ?4
+                 WHERE id = ?1",
+            )?
+            .execute(params![run_id, status, error, now_text, now_ms])?;
+            tx.prepare_cached(&format!(
+                "UPDATE batch_runs SET running = running - 1, {counter} = {counter} + 1, updated_at = ?2 WHERE id = ?1"
+            ))?
+            .execute(params![batch_run_id, now_text])?;
+        } else {
+            tx.prepare_cached(
+                "UPDATE runs SET status = 'queued', attempt = attempt + 1, lease_owner = NULL, lease_expires_ms = NULL,
+                                 call_id = NULL, started_at = NULL, started_ms = NULL, updated_at = ?2
+                 WHERE id = ?1",
+            )?
+            .execute(params![run_id, now_text])?;
+            tx.prepare_cached(
+                "UPDATE batch_runs SET running = running - 1, queued = queued + 1, updated_at = ?2 WHERE id = ?1",
+            )?
+            .execute(params![batch_run_id, now_text])?;
+        }
+        maybe_complete(tx, batch_run_id)?;
+    }
+    Ok(expired.len())
+}
+
+/// Cancels a batch run: its queued runs end `cancelled` now; returns the
+/// ids of its running runs, which stop at their next turn.
+pub fn cancel(tx: &rusqlite::Transaction<'_>, batch_run_id: &str) -> Result<Vec<String>> {
+    let now = ids::now();
+    let now_text = ids::format_time(&now);
+    let n = tx
+        .prepare_cached(
+            "UPDATE runs SET status = 'cancelled', error = 'cancelled before it started', finished_at = ?2,
+                             finished_ms = ?3, updated_at = ?2
+             WHERE batch_run_id = ?1 AND status = 'queued'",
+        )?
+        .execute(params![batch_run_id, now_text, now.timestamp_millis()])?;
+    tx.prepare_cached(
+        "UPDATE batch_runs SET cancel_requested = 1, queued = queued - ?2, cancelled = cancelled + ?2, updated_at = ?3
+         WHERE id = ?1",
+    )?
+    .execute(params![batch_run_id, n as i64, now_text])?;
+    let running = tx
+        .prepare_cached("SELECT id FROM runs WHERE batch_run_id = ?1 AND status = 'running'")?
+        .query_map(params![batch_run_id], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
+    maybe_complete(tx, batch_run_id)?;
+    Ok(running)
+}
+
+/// Whether the batch run `id` has been asked to stop.
+pub fn cancel_requested(tx: &rusqlite::Connection, batch_run_id: &str) -> rusqlite::Result<bool> {
+    tx.prepare_cached("SELECT cancel_requested FROM batch_runs WHERE id = ?1")?
+        .query_row(params![batch_run_id], |r| r.get(0))
+        .optional()
+        .map(|c| c.unwrap_or(true))
+}
+
+/// When nothing of the batch run is queued or running any more: decide its
+/// verdict, refund unused credits, record it, and queue its webhook.
+fn maybe_complete(tx: &rusqlite::Transaction<'_>, batch_run_id: &str) -> Result<()> {
+    struct Ending {
+        status: String,
+        user_id: String,
+        project_id: String,
+        unfinished: i64,
+        cancel_requested: bool,
+        reserved: i64,
+        charged: i64,
+    }
+    let row = tx
+        .prepare_cached(
+            "SELECT status, user_id, project_id, queued + running, cancel_requested, credits_reserved, credits_charged
+             FROM batch_runs WHERE id = ?1",
+        )?
+        .query_row(params![batch_run_id], |r| {
+            Ok(Ending {
+                status: r.get(0)?,
+                user_id: r.get(1)?,
+                project_id: r.get(2)?,
+                unfinished: r.get(3)?,
+                cancel_requested: r.get(4)?,
+                reserved: r.get(5)?,
+                charged: r.get(6)?,
+            })
+        })
+        .optional()?;
+    let Some(Ending { status, user_id, project_id, unfinished, cancel_requested, reserved, charged }) = row else {
+        return Ok(());
+    };
+    let unused = reserved - charged;
+    if unfinished > 0 || !(status == "queued" || status == "running") {
+        return Ok(());
+    }
+    // Every test met its threshold over the runs it had.
+    let tests: Vec<(i64, i64, f64)> = tx
+        .prepare_cached(
+            "SELECT coalesce(sum(r.status = 'passed'), 0), count(r.id), t.pass_threshold
+             FROM batch_run_tests t LEFT JOIN runs r ON r.batch_run_id = t.batch_run_id AND r.test_id = t.test_id
+             WHERE t.batch_run_id = ?1 GROUP BY t.test_id",
+        )?
+        .query_map(params![batch_run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let verdict = !cancel_requested
+        && tests
+            .iter()
+            .all(|(passed, total, threshold)| super::evaluate::test_passed(*passed as u32, *total as u32, *threshold));
+    let final_status = if cancel_requested { "cancelled" } else { "completed" };
+    let now_text = ids::format_time(&ids::now());
+    tx.prepare_cached(
+        "UPDATE batch_runs SET status = ?2, verdict = ?3, finished_at = ?4, updated_at = ?4 WHERE id = ?1",
+    )?
+    .execute(params![batch_run_id, final_status, verdict, now_text])?;
+    if unused > 0 {
+        credits::append(
+            tx,
+            &user_id,
+            types::TransactionKind::Refund,
+            unused,
+            &format!(
+                "unused part of the reservation of batch run {batch_run_id} ({reserved} reserved, {charged} used)"
+            ),
+            Some(batch_run_id),
+        )?;
+    }
+    let run = crate::runs::load_batch_run(tx, batch_run_id)?;
+    activity::record(
+        tx,
+        &Actor::System,
+        Record {
+            action: "batch_run.complete",
+            resource_type: "batch_run",
+            resource_id: batch_run_id,
+            project_id: Some(&project_id),
+            summary: format!(
+                "batch run {batch_run_id} {final_status}: {} passed, {} failed, {} errors, {} cancelled; {}",
+                run.counts.passed,
+                run.counts.failed,
+                run.counts.errored,
+                run.counts.cancelled,
+                if verdict { "passed" } else { "did not pass" }
+            ),
+            changes: json!({"status": final_status, "passed": verdict, "credits_charged": charged,
+                            "credits_refunded": unused.max(0)}),
+        },
+    )?;
+    super::webhooks::enqueue(tx, &project_id, &run)?;
+    Ok(())
+}
+
+/// On a clean shutdown: the runs `owner` holds go back to the queue with the
+/// same attempt (they did not fail; the server stopped).
+pub fn release(tx: &rusqlite::Transaction<'_>, owner: &str) -> Result<usize> {
+    let held: Vec<(String, String)> = tx
+        .prepare_cached("SELECT id, batch_run_id FROM runs WHERE status = 'running' AND lease_owner = ?1")?
+        .query_map(params![owner], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let now_text = ids::format_time(&ids::now());
+    for (run_id, batch_run_id) in &held {
+        tx.prepare_cached(
+            "UPDATE runs SET status = 'queued', lease_owner = NULL, lease_expires_ms = NULL, call_id = NULL,
+                             started_at = NULL, started_ms = NULL, updated_at = ?2
+             WHERE id = ?1",
+        )?
+        .execute(params![run_id, now_text])?;
+        tx.prepare_cached(
+            "UPDATE batch_runs SET running = running - 1, queued = queued + 1, updated_at = ?2 WHERE id = ?1",
+        )?
+        .execute(params![batch_run_id, now_text])?;
+    }
+    Ok(held.len())
+}

@@ -1,0 +1,438 @@
+//! The workers: tasks in the server process that take runs from the queue
+//! and hold their conversations.
+//!
+//! A conversation is I/O-bound (it mostly waits for the agent), so a worker
+//! is a tokio task, not a thread: `--workers` (default
+//! [`DEFAULT_WORKERS`]) conversations run at once per server. One dispatcher
+//! task claims runs when there are free slots (woken when runs are queued or
+//! a conversation ends, and every [`POLL`] in case), one keeper task renews
+//! this process's leases and requeues expired ones, one task sends webhooks.
+//!
+//! On start, every run still marked `running` belonged to a process that
+//! died (the data dir lock guarantees there is no other server), so it is
+//! requeued at once with `attempt + 1`. On a clean shutdown the runs in
+//! flight are put back in the queue with the same attempt.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{params, OptionalExtension as _};
+use serde_json::{Map, Value};
+use sparring_server::types;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::queue::{self, Claimed, Finish};
+use super::{conversation, evaluate, webhooks, AgentEndpoint, CallPlan, LlmEndpoint};
+use crate::failure::{Failure, Result};
+use crate::{credits, ids, AppState};
+
+pub const DEFAULT_WORKERS: u32 = 256;
+pub const DEFAULT_PER_USER: u32 = 128;
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(500);
+const WEBHOOK_POLL: Duration = Duration::from_millis(500);
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Conversations at once in this server.
+    pub workers: u32,
+    /// Conversations at once for one user (fairness).
+    pub per_user: u32,
+    /// How long a claim holds without renewal.
+    pub lease: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { workers: DEFAULT_WORKERS, per_user: DEFAULT_PER_USER, lease: DEFAULT_LEASE }
+    }
+}
+
+pub struct Engine {
+    config: EngineConfig,
+    /// This process's lease owner id.
+    owner: String,
+    wake: Notify,
+    /// Runs in flight here: run id → its stop signal.
+    running: Mutex<HashMap<String, CancellationToken>>,
+    http: reqwest::Client,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig) -> Engine {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(usize::try_from(config.workers).unwrap_or(256))
+            .build()
+            .expect("the HTTP client builds with default TLS settings");
+        Engine {
+            config,
+            owner: ids::new_id("wrk"),
+            wake: Notify::new(),
+            running: Mutex::new(HashMap::new()),
+            http,
+            tasks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Tells the dispatcher that runs may be waiting.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    pub fn workers(&self) -> u32 {
+        self.config.workers
+    }
+
+    pub fn busy(&self) -> u32 {
+        self.running.lock().expect("not poisoned").len() as u32
+    }
+
+    /// Stops these runs at their next turn (those running here).
+    pub fn cancel_runs(&self, run_ids: &[String]) {
+        let running = self.running.lock().expect("not poisoned");
+        for id in run_ids {
+            if let Some(token) = running.get(id) {
+                token.cancel();
+            }
+        }
+    }
+
+    /// Recovers runs of a dead process and starts the tasks.
+    pub async fn start(state: Arc<AppState>) -> anyhow::Result<()> {
+        let recovered = state.store.write(|tx| queue::requeue_expired(tx, i64::MAX)).await?;
+        if recovered > 0 {
+            slog::info!(state.log, "requeued runs left running by a stopped server"; "runs" => recovered);
+        }
+        let engine = state.engine.clone();
+        let tasks = vec![
+            tokio::spawn(dispatch(state.clone())),
+            tokio::spawn(keep_leases(state.clone())),
+            tokio::spawn(webhooks::run(state.clone(), engine.http.clone(), WEBHOOK_POLL)),
+        ];
+        engine.tasks.lock().expect("not poisoned").extend(tasks);
+        engine.wake();
+        Ok(())
+    }
+
+    /// Stops the tasks and puts the runs in flight back in the queue.
+    pub async fn shutdown(state: &AppState) -> anyhow::Result<()> {
+        let engine = &state.engine;
+        for task in engine.tasks.lock().expect("not poisoned").drain(..) {
+            task.abort();
+        }
+        for token in engine.running.lock().expect("not poisoned").values() {
+            token.cancel();
+        }
+        let owner = engine.owner.clone();
+        state.store.write(move |tx| queue::release(tx, &owner)).await?;
+        Ok(())
+    }
+}
+
+async fn dispatch(state: Arc<AppState>) {
+    let engine = state.engine.clone();
+    loop {
+        let free = engine.config.workers.saturating_sub(engine.busy()) as usize;
+        let claimed = if free == 0 {
+            Vec::new()
+        } else {
+            let owner = engine.owner.clone();
+            let per_user = i64::from(engine.config.per_user);
+            let lease_ms = engine.config.lease.as_millis() as i64;
+            let claim = move |tx: &rusqlite::Transaction<'_>| -> Result<Vec<Claimed>> {
+                Ok(queue::claim(tx, &owner, free, per_user, lease_ms)?)
+            };
+            match state.store.write(claim).await {
+                Ok(claimed) => claimed,
+                Err(e) => {
+                    slog::warn!(state.log, "claiming runs failed; will retry"; "error" => %e);
+                    Vec::new()
+                }
+            }
+        };
+        let full = !claimed.is_empty() && claimed.len() == free;
+        for run in claimed {
+            let token = CancellationToken::new();
+            engine.running.lock().expect("not poisoned").insert(run.run_id.clone(), token.clone());
+            let state = state.clone();
+            tokio::spawn(async move {
+                let run_id = run.run_id.clone();
+                hold(&state, run, token).await;
+                state.engine.running.lock().expect("not poisoned").remove(&run_id);
+                state.engine.wake();
+            });
+        }
+        if full {
+            // There may be more to claim as soon as a slot frees.
+            tokio::task::yield_now().await;
+        }
+        tokio::select! {
+            _ = engine.wake.notified() => {}
+            _ = tokio::time::sleep(POLL) => {}
+        }
+    }
+}
+
+async fn keep_leases(state: Arc<AppState>) {
+    let engine = state.engine.clone();
+    let lease_ms = engine.config.lease.as_millis() as i64;
+    let mut tick = tokio::time::interval(engine.config.lease / 3);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let owner = engine.owner.clone();
+        let renewed = state
+            .store
+            .write(move |tx| {
+                queue::renew(tx, &owner, lease_ms)?;
+                queue::requeue_expired(tx, queue::now_ms())
+            })
+            .await;
+        match renewed {
+            Ok(0) => {}
+            Ok(n) => {
+                slog::info!(state.log, "requeued runs whose lease expired"; "runs" => n);
+                engine.wake();
+            }
+            Err(e) => {
+                let e: Failure = e;
+                slog::warn!(state.log, "renewing leases failed; will retry"; "error" => %e);
+            }
+        }
+    }
+}
+
+/// Everything a run needs from the database, secrets opened.
+struct Loaded {
+    plan: CallPlan,
+    test: types::Test,
+    channel_id: String,
+    judges: HashMap<String, LlmEndpoint>,
+    metadata: Map<String, Value>,
+    /// The most the conversation may cost.
+    worst_case: i64,
+}
+
+/// Why a run could not start, in words for its `error`.
+struct Unrunnable(String);
+
+fn load(state: &AppState, tx: &rusqlite::Transaction<'_>, run: &Claimed) -> Result<Result<Loaded, Unrunnable>> {
+    let test = match crate::tests::load(tx, &run.test_id) {
+        Ok(t) => t,
+        Err(Failure::NotFound(_)) => return Ok(Err(Unrunnable("the test was deleted before the run started".into()))),
+        Err(e) => return Err(e),
+    };
+    let scenario = match crate::scenarios::load(tx, &run.scenario_id) {
+        Ok(s) => s,
+        Err(Failure::NotFound(_)) => {
+            return Ok(Err(Unrunnable("the scenario was deleted before the run started".into())))
+        }
+        Err(e) => return Err(e),
+    };
+    let persona = match &run.persona_id {
+        Some(id) => match crate::personas::load(tx, id) {
+            Ok(p) => Some(p),
+            Err(Failure::NotFound(_)) => {
+                return Ok(Err(Unrunnable(format!("persona `{id}` was deleted before the run started"))))
+            }
+            Err(e) => return Err(e),
+        },
+        None => None,
+    };
+    let channel = match crate::channels::load(tx, &test.channel_id) {
+        Ok(c) => c,
+        Err(Failure::NotFound(_)) => {
+            return Ok(Err(Unrunnable("the channel was deleted before the run started".into())))
+        }
+        Err(e) => return Err(e),
+    };
+    let sealed: Option<Vec<u8>> =
+        tx.query_row("SELECT headers FROM channels WHERE id = ?1", params![channel.id], |r| r.get(0))?;
+    let headers: Vec<(String, String)> = match sealed {
+        None => Vec::new(),
+        Some(sealed) => {
+            let plain = match state.secrets.open(&sealed, &crate::channels::headers_context(&channel.id)) {
+                Ok(p) => p,
+                Err(e) => return Ok(Err(Unrunnable(format!("the channel's header values cannot be opened: {e}")))),
+            };
+            let map: std::collections::BTreeMap<String, String> = serde_json::from_slice(&plain).unwrap_or_default();
+            map.into_iter().collect()
+        }
+    };
+    let project_limit: u32 =
+        tx.query_row("SELECT max_call_duration_s FROM projects WHERE id = ?1", params![run.project_id], |r| r.get(0))?;
+    let limit_s = scenario.max_duration_s.get().min(channel.max_call_duration_s.get()).min(project_limit);
+
+    // Every LLM the run talks to: the simulated caller and the judges.
+    let mut wanted = BTreeSet::new();
+    if let Some(id) = &scenario.integration_id {
+        wanted.insert(id.clone());
+    }
+    let lists = scenario.steps.iter().map(|s| &s.expect).chain([&scenario.success_criteria, &test.evaluators]);
+    for list in lists {
+        for e in list {
+            if let types::Evaluator::LlmJudge { integration_id, .. } = e {
+                wanted.insert(integration_id.clone());
+            }
+        }
+    }
+    let mut llms = HashMap::new();
+    for id in wanted {
+        let row: Option<(String, Option<Vec<u8>>)> = tx
+            .query_row("SELECT config, credentials FROM integrations WHERE id = ?1", params![id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        let Some((config, sealed)) = row else { continue };
+        let config: Map<String, Value> = serde_json::from_str(&config).unwrap_or_default();
+        let credentials: Option<Map<String, Value>> = match sealed {
+            Some(s) => match state.secrets.open(&s, &crate::integrations::credentials_context(&id)) {
+                Ok(plain) => serde_json::from_slice(&plain).ok(),
+                Err(e) => {
+                    return Ok(Err(Unrunnable(format!("integration `{id}`'s credentials cannot be opened: {e}"))))
+                }
+            },
+            None => None,
+        };
+        if let Some(llm) = LlmEndpoint::from_integration(&config, credentials.as_ref()) {
+            llms.insert(id, llm);
+        }
+    }
+    let metadata: String =
+        tx.query_row("SELECT metadata FROM batch_runs WHERE id = ?1", params![run.batch_run_id], |r| r.get(0))?;
+    let plan = CallPlan {
+        call_id: run.call_id.clone(),
+        caller_llm: scenario.integration_id.as_ref().and_then(|id| llms.get(id).cloned()),
+        max_turns: scenario.max_turns.get(),
+        max_duration: Duration::from_secs(u64::from(limit_s)),
+        agent: AgentEndpoint {
+            kind: channel.kind,
+            target: channel.target.clone(),
+            headers,
+            turn_timeout: Duration::from_millis(channel.turn_timeout_ms.max(1) as u64),
+        },
+        scenario,
+        persona,
+    };
+    Ok(Ok(Loaded {
+        plan,
+        channel_id: channel.id,
+        test,
+        judges: llms,
+        metadata: match serde_json::from_str(&metadata) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        },
+        worst_case: credits::worst_case(limit_s),
+    }))
+}
+
+/// Holds one run: loads it, talks, judges, and records the end.
+async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
+    let engine = &state.engine;
+    let owner = engine.owner.clone();
+    let loaded = {
+        let state2 = state.clone();
+        let run = run.clone();
+        state.store.read(move |tx| load(&state2, tx, &run)).await
+    };
+    let finished = match loaded {
+        Err(e) => {
+            // The database failed; leave the lease to expire and the run to
+            // be retried.
+            slog::error!(state.log, "loading a run failed"; "run_id" => &run.run_id, "error" => %e);
+            return;
+        }
+        Ok(Err(Unrunnable(reason))) => {
+            let run = run.clone();
+            state
+                .store
+                .write(move |tx| {
+                    queue::finish(
+                        tx,
+                        &owner,
+                        &run,
+                        Finish { status: types::RunStatus::Error, result: None, error: Some(&reason), credits: 0 },
+                    )
+                })
+                .await
+        }
+        Ok(Ok(loaded)) => {
+            let result = converse_and_judge(engine, &run, &loaded, &token).await;
+            let credits = result.credits as i64;
+            let status = match (result.ended_reason, result.status) {
+                (types::EndedReason::Cancelled, _) => types::RunStatus::Cancelled,
+                (_, types::TestResultStatus::Passed) => types::RunStatus::Passed,
+                (_, types::TestResultStatus::Failed) => types::RunStatus::Failed,
+                (_, types::TestResultStatus::Error) => types::RunStatus::Error,
+            };
+            let run = run.clone();
+            state
+                .store
+                .write(move |tx| {
+                    queue::finish(tx, &owner, &run, Finish { status, result: Some(&result), error: None, credits })
+                })
+                .await
+        }
+    };
+    match finished {
+        Ok(true) => {}
+        Ok(false) => {
+            slog::warn!(state.log, "a run ended after its lease was lost; its result was not recorded";
+                        "run_id" => &run.run_id);
+        }
+        Err(e) => slog::error!(state.log, "recording a run's end failed"; "run_id" => &run.run_id, "error" => %e),
+    }
+}
+
+async fn converse_and_judge(
+    engine: &Engine,
+    run: &Claimed,
+    loaded: &Loaded,
+    token: &CancellationToken,
+) -> types::TestResult {
+    let outcome = conversation::converse(&engine.http, &loaded.plan, token).await;
+    let evaluated =
+        evaluate::evaluate(&engine.http, &loaded.plan.scenario, &loaded.test.evaluators, &outcome, &loaded.judges)
+            .await;
+    let verdict = evaluate::verdict(&outcome, &evaluated);
+    let (status, failure_reason) = if outcome.ended_reason == types::EndedReason::Cancelled {
+        let turns = outcome.transcript.len();
+        (types::TestResultStatus::Error, Some(format!("cancelled after {turns} turns")))
+    } else {
+        (verdict.status, verdict.failure_reason)
+    };
+    let ended_at = outcome.started_at + chrono::Duration::milliseconds(outcome.duration_ms as i64);
+    let now = ids::now();
+    types::TestResult {
+        id: ids::new_id("trs"),
+        project_id: run.project_id.clone(),
+        run_id: run.run_id.clone(),
+        batch_run_id: run.batch_run_id.clone(),
+        test_id: run.test_id.clone(),
+        call_id: run.call_id.clone(),
+        scenario_id: loaded.plan.scenario.id.clone(),
+        scenario_version: loaded.plan.scenario.version,
+        persona_id: run.persona_id.clone(),
+        channel_id: loaded.channel_id.clone(),
+        iteration: std::num::NonZeroU32::new(run.iteration).unwrap_or(std::num::NonZeroU32::MIN),
+        status,
+        score: verdict.score,
+        failure_reason,
+        ended_reason: outcome.ended_reason,
+        started_at: outcome.started_at,
+        ended_at,
+        duration_ms: outcome.duration_ms as i64,
+        transcript: outcome.transcript,
+        tool_calls: outcome.tool_calls,
+        metrics: outcome.metrics,
+        evaluations: evaluated.into_iter().map(|e| e.result).collect(),
+        credits: credits::cost_of(outcome.duration_ms).min(loaded.worst_case),
+        metadata: loaded.metadata.clone(),
+        created_at: now,
+        updated_at: now,
+    }
+}

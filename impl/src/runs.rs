@@ -1,0 +1,675 @@
+//! Batch runs, the runs inside them and their test results, as the API
+//! shows them; starting and cancelling batch runs.
+//!
+//! Starting (`POST /batches/{id}/run`, `/channels/{id}/run`,
+//! `/tests/{id}/run`) is one write transaction: the tests are expanded into
+//! runs (test × persona × iteration), the worst case is priced (every
+//! conversation lasting its longest: the smallest of the scenario's, the
+//! channel's and the project's limits, 1 credit per started minute) and
+//! reserved from the caller's credits, and the batch run and its runs are
+//! written. When the credits do not cover it, the batch run is recorded as
+//! `insufficient_credits`, nothing is queued, and the answer is 402. The
+//! workers (see `engine::worker`) take it from there.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{params, OptionalExtension as _};
+use serde_json::{json, Map, Value};
+use sparring_server::{params as p, types, Caller};
+
+use crate::access::{self, Need};
+use crate::activity::{self, Record};
+use crate::auth::Actor;
+use crate::failure::{Failure, Result};
+use crate::pagination::PageRequest;
+use crate::{credits, ids, AppState};
+
+/// Most runs one request may queue.
+pub const MAX_RUNS_PER_REQUEST: usize = 10_000;
+/// Largest `metadata` accepted, serialized.
+pub const MAX_METADATA_BYTES: usize = 16 * 1024;
+
+/// What a run request starts from.
+struct Source {
+    kind: types::BatchRunSource,
+    resource_id: String,
+    project_id: String,
+    batch_id: Option<String>,
+    channel_id: Option<String>,
+    test_id: Option<String>,
+    concurrency: u32,
+    test_ids: Vec<String>,
+}
+
+/// One run to queue.
+struct Planned {
+    test_id: String,
+    scenario_id: String,
+    persona_id: Option<String>,
+    iteration: u32,
+}
+
+fn metadata(given: Map<String, Value>) -> Result<Map<String, Value>> {
+    let size = serde_json::to_string(&given).map(|s| s.len()).unwrap_or(usize::MAX);
+    if size > MAX_METADATA_BYTES {
+        return Err(Failure::invalid(
+            "metadata",
+            format_args!("at most {MAX_METADATA_BYTES} bytes of JSON, got {size}"),
+        ));
+    }
+    Ok(given)
+}
+
+/// The runs of `test_ids` and the credits their worst case needs.
+fn expand(
+    tx: &rusqlite::Transaction<'_>,
+    project_id: &str,
+    test_ids: &[String],
+) -> Result<(Vec<Planned>, i64, BTreeMap<String, f64>)> {
+    let project_limit: u32 =
+        tx.query_row("SELECT max_call_duration_s FROM projects WHERE id = ?1", params![project_id], |r| r.get(0))?;
+    let mut planned = Vec::new();
+    let mut worst = 0i64;
+    let mut thresholds = BTreeMap::new();
+    for (i, test_id) in test_ids.iter().enumerate() {
+        let field = format!("test_ids[{i}]");
+        access::require_reference(tx, "tests", &field, test_id, project_id)?;
+        let test = crate::tests::load(tx, test_id)?;
+        let scenario = crate::scenarios::load(tx, &test.scenario_id)?;
+        let channel = crate::channels::load(tx, &test.channel_id)?;
+        if !matches!(channel.kind, types::ChannelKind::Http | types::ChannelKind::Websocket) {
+            return Err(Failure::Unsupported(format!(
+                "test `{test_id}` uses channel `{}` of kind `{}`: calls over `phone` and `sip` channels are not \
+                 built yet; use an `http` or `websocket` channel",
+                channel.id, channel.kind
+            )));
+        }
+        let personas: Vec<Option<String>> = if test.persona_ids.is_empty() {
+            vec![scenario.default_persona_id.clone()]
+        } else {
+            test.persona_ids.iter().cloned().map(Some).collect()
+        };
+        let limit = scenario.max_duration_s.get().min(channel.max_call_duration_s.get()).min(project_limit);
+        let iterations = test.iterations.get();
+        for persona in &personas {
+            for iteration in 1..=iterations {
+                planned.push(Planned {
+                    test_id: test.id.clone(),
+                    scenario_id: scenario.id.clone(),
+                    persona_id: persona.clone(),
+                    iteration,
+                });
+                worst += credits::worst_case(limit);
+            }
+        }
+        thresholds.insert(test.id.clone(), test.pass_threshold);
+        if planned.len() > MAX_RUNS_PER_REQUEST {
+            return Err(Failure::invalid(
+                "test_ids",
+                format_args!("more than {MAX_RUNS_PER_REQUEST} runs (tests × personas × iterations) in one request"),
+            ));
+        }
+    }
+    if planned.is_empty() {
+        return Err(Failure::Conflict { code: "nothing_to_run", message: "there are no tests to run".into() });
+    }
+    Ok((planned, worst, thresholds))
+}
+
+/// Starts a batch run: checks, prices, reserves and queues in one
+/// transaction; wakes the workers after.
+async fn start(
+    state: &AppState,
+    caller: Caller,
+    resolve: impl FnOnce(&rusqlite::Transaction<'_>, &str) -> Result<Source> + Send + 'static,
+    metadata: Map<String, Value>,
+) -> Result<types::BatchRun> {
+    let id = ids::new_id("brn");
+    let started = state
+        .store
+        .write(move |tx| {
+            let source = resolve(tx, &caller.user_id)?;
+            let (planned, worst, thresholds) = expand(tx, &source.project_id, &source.test_ids)?;
+            let now = ids::now();
+            let now_text = ids::format_time(&now);
+            let now_ms = now.timestamp_millis();
+            let balance = credits::balance(tx, &caller.user_id)?;
+            let enough = balance >= worst;
+            let status = if enough { "queued" } else { "insufficient_credits" };
+            let n = planned.len() as i64;
+            tx.execute(
+                "INSERT INTO batch_runs (id, project_id, user_id, source, batch_id, channel_id, test_id, status,
+                                         concurrency, total, queued, cancelled, metadata, credits_reserved,
+                                         finished_at, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 0, ?12, ?13, ?14, ?15, ?15)",
+                params![
+                    id,
+                    source.project_id,
+                    caller.user_id,
+                    source.kind.to_string(),
+                    source.batch_id,
+                    source.channel_id,
+                    source.test_id,
+                    status,
+                    source.concurrency,
+                    if enough { n } else { 0 },
+                    if enough { n } else { 0 },
+                    Value::Object(metadata.clone()).to_string(),
+                    if enough { worst } else { 0 },
+                    (!enough).then(|| now_text.clone()),
+                    now_text,
+                ],
+            )?;
+            let mut insert_test = tx.prepare_cached(
+                "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold) VALUES (?1, ?2, ?3)",
+            )?;
+            for (test_id, threshold) in &thresholds {
+                insert_test.execute(params![id, test_id, threshold])?;
+            }
+            if enough {
+                credits::append(
+                    tx,
+                    &caller.user_id,
+                    types::TransactionKind::Reservation,
+                    -worst,
+                    &format!("reserved for {n} conversations of batch run {id}"),
+                    Some(&id),
+                )?;
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, persona_id,
+                                       iteration, status, queued_at, queued_ms, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'queued', ?9, ?10, ?9, ?9)",
+                )?;
+                for run in &planned {
+                    insert.execute(params![
+                        ids::new_id("run"),
+                        id,
+                        source.project_id,
+                        caller.user_id,
+                        run.test_id,
+                        run.scenario_id,
+                        run.persona_id,
+                        run.iteration,
+                        now_text,
+                        now_ms
+                    ])?;
+                }
+            }
+            let resource_type = source.kind.to_string();
+            let summary = if enough {
+                format!("started batch run {id}: {n} conversations, {worst} credits reserved")
+            } else {
+                format!("batch run {id} not started: {worst} credits needed, {balance} available")
+            };
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: &format!("{resource_type}.run"),
+                    resource_type: &resource_type,
+                    resource_id: &source.resource_id,
+                    project_id: Some(&source.project_id),
+                    summary,
+                    changes: json!({"batch_run_id": id, "status": status, "runs": n, "credits_needed": worst,
+                                    "metadata": metadata}),
+                },
+            )?;
+            let run = load_batch_run(tx, &id)?;
+            Ok::<_, Failure>((run, enough, worst, balance))
+        })
+        .await?;
+    let (run, enough, worst, balance) = started;
+    if !enough {
+        return Err(Failure::InsufficientCredits(format!(
+            "the run needs up to {worst} credits (every conversation at its longest) and you have {balance}; \
+             batch run {} is recorded as insufficient_credits and nothing was queued",
+            run.id
+        )));
+    }
+    state.engine.wake();
+    Ok(run)
+}
+
+pub async fn run_batch(
+    state: &AppState,
+    caller: Caller,
+    path: p::RunBatchPath,
+    body: types::RunBatchRequest,
+) -> Result<types::BatchRun> {
+    let metadata = metadata(body.metadata)?;
+    start(
+        state,
+        caller,
+        move |tx, user_id| {
+            let (project_id, _) = access::require_resource(tx, user_id, "batches", "batch", &path.id, Need::Edit)?;
+            let batch = crate::batches::load(tx, &path.id)?;
+            Ok(Source {
+                kind: types::BatchRunSource::Batch,
+                resource_id: batch.id.clone(),
+                project_id,
+                batch_id: Some(batch.id),
+                channel_id: None,
+                test_id: None,
+                concurrency: batch.concurrency.get(),
+                test_ids: batch.test_ids,
+            })
+        },
+        metadata,
+    )
+    .await
+}
+
+fn project_concurrency(tx: &rusqlite::Transaction<'_>, project_id: &str) -> Result<u32> {
+    Ok(tx.query_row("SELECT default_concurrency FROM projects WHERE id = ?1", params![project_id], |r| r.get(0))?)
+}
+
+pub async fn run_channel(
+    state: &AppState,
+    caller: Caller,
+    path: p::RunChannelPath,
+    body: types::RunChannelRequest,
+) -> Result<types::BatchRun> {
+    let metadata = metadata(body.metadata)?;
+    let named = body.test_ids;
+    start(
+        state,
+        caller,
+        move |tx, user_id| {
+            let (project_id, _) = access::require_resource(tx, user_id, "channels", "channel", &path.id, Need::Edit)?;
+            let test_ids: Vec<String> = if named.is_empty() {
+                tx.prepare_cached("SELECT id FROM tests WHERE channel_id = ?1 ORDER BY id")?
+                    .query_map(params![path.id], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?
+            } else {
+                for (i, test_id) in named.iter().enumerate() {
+                    let field = format!("test_ids[{i}]");
+                    access::require_reference(tx, "tests", &field, test_id, &project_id)?;
+                    let channel: String =
+                        tx.query_row("SELECT channel_id FROM tests WHERE id = ?1", params![test_id], |r| r.get(0))?;
+                    if channel != path.id {
+                        return Err(Failure::invalid(
+                            &field,
+                            format_args!("test `{test_id}` uses channel `{channel}`, not `{}`", path.id),
+                        ));
+                    }
+                }
+                let mut unique = named.clone();
+                unique.dedup();
+                unique
+            };
+            Ok(Source {
+                kind: types::BatchRunSource::Channel,
+                resource_id: path.id.clone(),
+                concurrency: project_concurrency(tx, &project_id)?,
+                project_id,
+                batch_id: None,
+                channel_id: Some(path.id),
+                test_id: None,
+                test_ids,
+            })
+        },
+        metadata,
+    )
+    .await
+}
+
+pub async fn run_test(
+    state: &AppState,
+    caller: Caller,
+    path: p::RunTestPath,
+    body: types::RunTestRequest,
+) -> Result<types::BatchRun> {
+    let metadata = metadata(body.metadata)?;
+    start(
+        state,
+        caller,
+        move |tx, user_id| {
+            let (project_id, _) = access::require_resource(tx, user_id, "tests", "test", &path.id, Need::Edit)?;
+            Ok(Source {
+                kind: types::BatchRunSource::Test,
+                resource_id: path.id.clone(),
+                concurrency: project_concurrency(tx, &project_id)?,
+                project_id,
+                batch_id: None,
+                channel_id: None,
+                test_id: Some(path.id.clone()),
+                test_ids: vec![path.id],
+            })
+        },
+        metadata,
+    )
+    .await
+}
+
+pub async fn cancel(state: &AppState, caller: Caller, path: p::CancelBatchRunPath) -> Result<types::BatchRun> {
+    let id = path.id;
+    let (run, running) = state
+        .store
+        .write(move |tx| {
+            access::require_resource(tx, &caller.user_id, "batch_runs", "batch run", &id, Need::Edit)?;
+            let before = load_batch_run(tx, &id)?;
+            if !matches!(before.status, types::BatchRunStatus::Queued | types::BatchRunStatus::Running) {
+                return Ok::<_, Failure>((before, Vec::new()));
+            }
+            let running = crate::engine::queue::cancel(tx, &id)?;
+            let after = load_batch_run(tx, &id)?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "batch_run.cancel",
+                    resource_type: "batch_run",
+                    resource_id: &id,
+                    project_id: Some(&after.project_id),
+                    summary: format!(
+                        "cancelled batch run {id}: {} queued runs cancelled, {} running runs stopping",
+                        after.counts.cancelled - before.counts.cancelled,
+                        running.len()
+                    ),
+                    changes: json!({"status": {"from": before.status, "to": after.status}}),
+                },
+            )?;
+            Ok((after, running))
+        })
+        .await?;
+    state.engine.cancel_runs(&running);
+    Ok(run)
+}
+
+// Reading.
+
+const BATCH_RUN_COLUMNS: &str = "id, project_id, source, batch_id, channel_id, test_id, status, total, queued, \
+                                 running, passed, failed, errored, cancelled, verdict, metadata, credits_reserved, \
+                                 credits_charged, started_at, finished_at, created_at, updated_at";
+
+fn conversion(column: usize, e: impl std::fmt::Display) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, e.to_string().into())
+}
+
+fn time(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<chrono::DateTime<chrono::Utc>> {
+    let s: String = row.get(i)?;
+    ids::parse_time(&s).ok_or_else(|| conversion(i, "not a time"))
+}
+
+fn optional_time(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Option<chrono::DateTime<chrono::Utc>>> {
+    let s: Option<String> = row.get(i)?;
+    Ok(s.and_then(|s| ids::parse_time(&s)))
+}
+
+/// Passed over finished (not cancelled) runs; `None` while none finished.
+pub fn pass_rate(passed: i64, failed: i64, errored: i64) -> Option<f64> {
+    let finished = passed + failed + errored;
+    (finished > 0).then(|| passed as f64 / finished as f64)
+}
+
+fn batch_run_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::BatchRun> {
+    let count = |i: usize| row.get::<_, i64>(i).map(|n| n.max(0));
+    let source: String = row.get(2)?;
+    let status: String = row.get(6)?;
+    let metadata: String = row.get(15)?;
+    let (passed, failed, errored) = (row.get::<_, i64>(10)?, row.get::<_, i64>(11)?, row.get::<_, i64>(12)?);
+    Ok(types::BatchRun {
+        id: row.get(0)?,
+        project_id: row.get(1)?,
+        source: source.parse().map_err(|e| conversion(2, e))?,
+        batch_id: row.get(3)?,
+        channel_id: row.get(4)?,
+        test_id: row.get(5)?,
+        status: status.parse().map_err(|e| conversion(6, e))?,
+        counts: types::BatchRunCounts {
+            total: count(7)?,
+            queued: count(8)?,
+            running: count(9)?,
+            passed: count(10)?,
+            failed: count(11)?,
+            errored: count(12)?,
+            cancelled: count(13)?,
+        },
+        pass_rate: pass_rate(passed, failed, errored),
+        passed: row.get::<_, Option<bool>>(14)?,
+        metadata: match serde_json::from_str(&metadata) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        },
+        credits_reserved: count(16)?,
+        credits_charged: count(17)?,
+        started_at: optional_time(row, 18)?,
+        finished_at: optional_time(row, 19)?,
+        created_at: time(row, 20)?,
+        updated_at: time(row, 21)?,
+    })
+}
+
+pub(crate) fn load_batch_run(tx: &rusqlite::Connection, id: &str) -> Result<types::BatchRun> {
+    tx.prepare_cached(&format!("SELECT {BATCH_RUN_COLUMNS} FROM batch_runs WHERE id = ?1"))?
+        .query_row(params![id], batch_run_from_row)
+        .optional()?
+        .ok_or_else(|| Failure::not_found("batch run", id))
+}
+
+/// `Batch::last_run`: the newest batch run of the batch.
+pub(crate) fn last_run_of_batch(tx: &rusqlite::Connection, batch_id: &str) -> Result<Option<types::BatchLastRun>> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT id, status, passed, failed, errored FROM batch_runs WHERE batch_id = ?1 ORDER BY id DESC LIMIT 1",
+        )?
+        .query_row(params![batch_id], |r| {
+            let status: String = r.get(1)?;
+            Ok(types::BatchLastRun {
+                id: r.get(0)?,
+                status: status.parse().map_err(|e| conversion(1, e))?,
+                pass_rate: pass_rate(r.get(2)?, r.get(3)?, r.get(4)?),
+            })
+        })
+        .optional()?)
+}
+
+pub async fn get_batch_run(state: &AppState, caller: Caller, path: p::GetBatchRunPath) -> Result<types::BatchRun> {
+    state
+        .store
+        .read(move |tx| {
+            access::require_resource(tx, &caller.user_id, "batch_runs", "batch run", &path.id, Need::Read)?;
+            load_batch_run(tx, &path.id)
+        })
+        .await
+}
+
+pub async fn list_batch_runs(
+    state: &AppState,
+    caller: Caller,
+    query: p::ListBatchRunsQuery,
+) -> Result<types::BatchRunList> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let status = query.status.map(|s| s.to_string());
+    state
+        .store
+        .read(move |tx| {
+            if let Some(project_id) = &query.project_id {
+                access::require(tx, &caller.user_id, project_id, Need::Read)?;
+            }
+            let rows = tx
+                .prepare_cached(&format!(
+                    "SELECT {BATCH_RUN_COLUMNS} FROM batch_runs
+                     WHERE project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+                       AND (?2 IS NULL OR project_id = ?2) AND (?3 IS NULL OR batch_id = ?3)
+                       AND (?4 IS NULL OR status = ?4) AND (?5 IS NULL OR id < ?5)
+                     ORDER BY id DESC LIMIT ?6"
+                ))?
+                .query_map(
+                    params![caller.user_id, query.project_id, query.batch_id, status, page.after, page.fetch_limit()],
+                    batch_run_from_row,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |b| b.id.clone());
+            Ok(types::BatchRunList { batch_runs: page.items, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+const RUN_COLUMNS: &str =
+    "id, project_id, batch_run_id, test_id, scenario_id, persona_id, iteration, status, attempt, \
+                           call_id, test_result_id, queued_at, started_at, finished_at, created_at, updated_at";
+
+fn run_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Run> {
+    let status: String = row.get(7)?;
+    let positive =
+        |i: usize| row.get::<_, u32>(i).and_then(|n| std::num::NonZeroU32::new(n).ok_or_else(|| conversion(i, "zero")));
+    Ok(types::Run {
+        id: row.get(0)?,
+        project_id: row.get(1)?,
+        batch_run_id: row.get(2)?,
+        test_id: row.get(3)?,
+        scenario_id: row.get(4)?,
+        persona_id: row.get(5)?,
+        iteration: positive(6)?,
+        status: status.parse().map_err(|e| conversion(7, e))?,
+        attempt: positive(8)?,
+        call_id: row.get(9)?,
+        test_result_id: row.get(10)?,
+        queued_at: time(row, 11)?,
+        started_at: optional_time(row, 12)?,
+        finished_at: optional_time(row, 13)?,
+        created_at: time(row, 14)?,
+        updated_at: time(row, 15)?,
+    })
+}
+
+pub async fn list_runs(
+    state: &AppState,
+    caller: Caller,
+    path: p::ListBatchRunRunsPath,
+    query: p::ListBatchRunRunsQuery,
+) -> Result<types::RunList> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let status = query.status.map(|s| s.to_string());
+    state
+        .store
+        .read(move |tx| {
+            access::require_resource(tx, &caller.user_id, "batch_runs", "batch run", &path.batch_id, Need::Read)?;
+            let rows = tx
+                .prepare_cached(&format!(
+                    "SELECT {RUN_COLUMNS} FROM runs
+                     WHERE batch_run_id = ?1 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR id < ?3)
+                     ORDER BY id DESC LIMIT ?4"
+                ))?
+                .query_map(params![path.batch_id, status, page.after, page.fetch_limit()], run_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |r| r.id.clone());
+            Ok(types::RunList { runs: page.items, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+fn result_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::TestResult> {
+    let document: String = row.get(0)?;
+    serde_json::from_str(&document).map_err(|e| conversion(0, e))
+}
+
+/// A test result the caller may read, by id or by call id.
+fn readable_result(
+    tx: &rusqlite::Transaction<'_>,
+    user_id: &str,
+    column: &str,
+    value: &str,
+) -> Result<types::TestResult> {
+    let found: Option<(String, String)> = tx
+        .prepare_cached(&format!("SELECT project_id, document FROM test_results WHERE {column} = ?1"))?
+        .query_row(params![value], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let what = if column == "id" { "test result" } else { "test result for call" };
+    let Some((project_id, document)) = found else {
+        return Err(Failure::not_found(what, value));
+    };
+    // Outsiders get the same 404 as for a result that does not exist.
+    access::require(tx, user_id, &project_id, Need::Read).map_err(|_| Failure::not_found(what, value))?;
+    serde_json::from_str(&document).map_err(|e| Failure::Store(conversion(0, e).into()))
+}
+
+pub async fn get_test_result(
+    state: &AppState,
+    caller: Caller,
+    path: p::GetTestResultPath,
+) -> Result<types::TestResult> {
+    state.store.read(move |tx| readable_result(tx, &caller.user_id, "id", &path.id)).await
+}
+
+pub async fn get_test_result_by_call(
+    state: &AppState,
+    caller: Caller,
+    path: p::GetTestResultByCallPath,
+) -> Result<types::TestResult> {
+    state.store.read(move |tx| readable_result(tx, &caller.user_id, "call_id", &path.call_id)).await
+}
+
+pub async fn list_test_results(
+    state: &AppState,
+    caller: Caller,
+    path: p::ListTestResultsPath,
+    query: p::ListTestResultsQuery,
+) -> Result<types::TestResultList> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let status = query.status.map(|s| s.to_string());
+    state
+        .store
+        .read(move |tx| {
+            access::require_resource(tx, &caller.user_id, "tests", "test", &path.id, Need::Read)?;
+            let rows = tx
+                .prepare_cached(
+                    "SELECT document, id FROM test_results
+                     WHERE test_id = ?1 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR id < ?3)
+                     ORDER BY id DESC LIMIT ?4",
+                )?
+                .query_map(params![path.id, status, page.after, page.fetch_limit()], result_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |r| r.id.clone());
+            Ok(types::TestResultList { test_results: page.items, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+pub async fn queue_stats(state: &AppState, caller: Caller) -> Result<types::QueueStats> {
+    let workers = state.engine.workers();
+    let busy = state.engine.busy();
+    state
+        .store
+        .read(move |tx| {
+            let hour_ago = ids::now().timestamp_millis() - 3_600_000;
+            let (queued, running, oldest): (i64, i64, Option<String>) = tx.query_row(
+                "SELECT (SELECT count(*) FROM runs WHERE status = 'queued'),
+                        (SELECT count(*) FROM runs WHERE status = 'running'),
+                        (SELECT queued_at FROM runs WHERE status = 'queued' ORDER BY queued_ms LIMIT 1)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?;
+            let (completed, failed): (i64, i64) = tx.query_row(
+                "SELECT count(*), coalesce(sum(status IN ('failed', 'error')), 0) FROM runs
+                 WHERE finished_ms >= ?1 AND status IN ('passed', 'failed', 'error')",
+                params![hour_ago],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            let avg_wait: Option<f64> = tx.query_row(
+                "SELECT avg(started_ms - queued_ms) FROM runs WHERE started_ms >= ?1",
+                params![hour_ago],
+                |r| r.get(0),
+            )?;
+            let (mine_queued, mine_running): (i64, i64) = tx.query_row(
+                "SELECT coalesce(sum(status = 'queued'), 0), coalesce(sum(status = 'running'), 0) FROM runs
+                 WHERE user_id = ?1 AND status IN ('queued', 'running')",
+                params![caller.user_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            let n = |v: i64| v.max(0);
+            Ok(types::QueueStats {
+                queued: n(queued),
+                running: n(running),
+                workers: workers as i32,
+                available_slots: workers.saturating_sub(busy) as i32,
+                oldest_queued_at: oldest.and_then(|s| ids::parse_time(&s)),
+                completed_last_hour: n(completed),
+                failed_last_hour: n(failed),
+                avg_wait_ms_last_hour: avg_wait.map(|w| w.max(0.0).round() as i64),
+                mine: types::QueueShare { queued: n(mine_queued), running: n(mine_running) },
+            })
+        })
+        .await
+}

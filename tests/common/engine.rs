@@ -1,0 +1,194 @@
+//! What the engine tests share: the reference agent as a child process,
+//! a loopback stand-in for an LLM's chat-completions endpoint, a webhook
+//! receiver, and waiting for a batch run to end.
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use super::process::Proc;
+use super::TestServer;
+
+/// `sparring agent` on a free loopback port.
+pub struct Agent {
+    pub proc: Proc,
+    pub base: String,
+}
+
+impl Agent {
+    pub fn start(args: &[&str]) -> Agent {
+        let mut all = vec!["agent", "--bind", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        let proc = Proc::spawn(&all);
+        proc.expect("the agent to listen", |o| o.stdout.contains("listening on http://"));
+        let stdout = proc.stdout();
+        let line = stdout.lines().find(|l| l.contains("listening on http://")).unwrap();
+        let base = line[line.find("http://").unwrap()..].trim().to_string();
+        Agent { proc, base }
+    }
+
+    pub fn http_target(&self) -> String {
+        format!("{}/http", self.base)
+    }
+
+    pub fn ws_target(&self) -> String {
+        format!("{}/ws", self.base.replacen("http://", "ws://", 1))
+    }
+
+    pub async fn stats(&self) -> Value {
+        reqwest::get(format!("{}/stats", self.base)).await.unwrap().json().await.unwrap()
+    }
+}
+
+/// Polls the batch run until it has ended (or the deadline passes).
+pub async fn wait_for_end(s: &TestServer, key: &str, batch_run_id: &str) -> Value {
+    wait_for_end_at(&s.base, key, batch_run_id).await
+}
+
+pub async fn wait_for_end_at(base: &str, key: &str, batch_run_id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let http = reqwest::Client::new();
+    loop {
+        let run: Value = http
+            .get(format!("{base}/v1/batch-runs/{batch_run_id}"))
+            .header("x-api-key", key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let status = run["status"].as_str().unwrap_or_default();
+        if !matches!(status, "queued" | "running") {
+            return run;
+        }
+        assert!(Instant::now() < deadline, "batch run {batch_run_id} did not end: {run}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every item of a paginated list.
+pub async fn all_pages(s: &TestServer, key: &str, path: &str, field: &str) -> Vec<Value> {
+    let mut items = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let url = match &cursor {
+            Some(c) => format!("{path}{sep}limit=200&cursor={c}"),
+            None => format!("{path}{sep}limit=200"),
+        };
+        let page = s.expect(Method::GET, &url, key, None, 200).await;
+        items.extend(page[field].as_array().unwrap().iter().cloned());
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return items,
+        }
+    }
+}
+
+/// A project with a channel to `target`, ready for scenarios and tests.
+pub async fn channel(s: &TestServer, key: &str, project_id: &str, kind: &str, target: &str) -> String {
+    let body = json!({"project_id": project_id, "name": format!("{kind} {target}"), "kind": kind, "target": target,
+                      "turn_timeout_ms": 3000});
+    s.expect(Method::POST, "/v1/channels", key, Some(body), 200).await["id"].as_str().unwrap().to_string()
+}
+
+pub async fn create(s: &TestServer, key: &str, path: &str, body: Value) -> String {
+    s.expect(Method::POST, path, key, Some(body), 200).await["id"].as_str().unwrap().to_string()
+}
+
+/// What a recording loopback server received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+type Responder = dyn Fn(&Received, usize) -> (u16, String) + Send + Sync;
+
+/// A loopback HTTP server that records every request and answers with
+/// `respond(request, index)`: the test's own stand-in for services outside
+/// the machine (an LLM's chat-completions endpoint, a webhook receiver).
+pub struct Recorder {
+    pub base: String,
+    pub received: Arc<Mutex<Vec<Received>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Recorder {
+    pub async fn start(respond: impl Fn(&Received, usize) -> (u16, String) + Send + Sync + 'static) -> Recorder {
+        use http_body_util::BodyExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let respond: Arc<Responder> = Arc::new(respond);
+        let log = received.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let log = log.clone();
+                let respond = respond.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let log = log.clone();
+                        let respond = respond.clone();
+                        async move {
+                            let path = req.uri().path().to_string();
+                            let headers = req
+                                .headers()
+                                .iter()
+                                .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or_default().to_string()))
+                                .collect();
+                            let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                            let got = Received { path, headers, body: String::from_utf8_lossy(&body).into_owned() };
+                            let index = {
+                                let mut log = log.lock().unwrap();
+                                log.push(got.clone());
+                                log.len() - 1
+                            };
+                            let (status, body) = respond(&got, index);
+                            Ok::<_, std::convert::Infallible>(
+                                hyper::Response::builder()
+                                    .status(status)
+                                    .header("content-type", "application/json")
+                                    .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Recorder { base, received, task }
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+/// A chat-completions answer whose content is `content`.
+pub fn completion(content: &str) -> String {
+    json!({"id": "chatcmpl-1", "object": "chat.completion",
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]})
+    .to_string()
+}

@@ -1,0 +1,634 @@
+//! The engine end to end: real server, real SQLite, the real reference agent
+//! (`sparring agent`, a child process) over loopback HTTP and WebSocket.
+//! Only the LLM and the webhook receiver are the test's own loopback
+//! stand-ins, speaking their real protocols.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use common::engine::{all_pages, channel, completion, create, wait_for_end, Agent, Recorder};
+use common::{error_body, TestServer};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// Books Tuesday at 3 pm with the reference agent: passes against the real
+/// agent, fails against `--bug wrong-day` (step 1's "right day") and
+/// `--bug no-confirmation` (step 1's "confirms").
+fn booking(project_id: &str, persona: &str) -> Value {
+    json!({
+        "project_id": project_id,
+        "name": "book tuesday",
+        "mode": "scripted",
+        "default_persona_id": persona,
+        "first_message": "Hi, I'd like to book an appointment.",
+        "steps": [
+            {"say": "Tuesday at 3 pm, please.", "expect": [
+                {"type": "contains", "name": "confirms", "text": "confirmed"},
+                {"type": "contains", "name": "right day", "text": "Tuesday"}
+            ]},
+            {"say": "That's all, goodbye.", "expect": [{"type": "agent_ended_call", "name": "hangs up"}]}
+        ],
+        "success_criteria": [{"type": "tool_called", "name": "books", "tool": "book_appointment"}],
+        "max_duration_s": 60
+    })
+}
+
+/// Two caller lines and no goodbye: the caller ends the call.
+fn short_call(project_id: &str, persona: &str) -> Value {
+    json!({
+        "project_id": project_id,
+        "name": "two lines",
+        "mode": "scripted",
+        "default_persona_id": persona,
+        "first_message": "Hi, what are your opening hours?",
+        "steps": [{"say": "Thanks. And can I book for Wednesday at 10am?", "expect": []}],
+        "max_duration_s": 60
+    })
+}
+
+fn test_body(project_id: &str, name: &str, channel: &str, scenario: &str, iterations: u32) -> Value {
+    json!({"project_id": project_id, "name": name, "channel_id": channel, "scenario_id": scenario,
+           "iterations": iterations})
+}
+
+struct Setup {
+    persona: String,
+}
+
+async fn persona(s: &TestServer, key: &str, project_id: &str) -> Setup {
+    let persona =
+        create(s, key, "/v1/personas", json!({"project_id": project_id, "name": "Dana", "prompt": "A busy parent"}))
+            .await;
+    Setup { persona }
+}
+
+async fn results_of(s: &TestServer, key: &str, test_id: &str) -> Vec<Value> {
+    all_pages(s, key, &format!("/v1/tests/{test_id}/results"), "test_results").await
+}
+
+fn ledger_balances(transactions: &[Value]) -> i64 {
+    // Newest first: the balance is the first entry's `balance_after`, and
+    // it equals the sum of every amount.
+    let sum: i64 = transactions.iter().map(|t| t["amount"].as_i64().unwrap()).sum();
+    let balance = transactions[0]["balance_after"].as_i64().unwrap();
+    assert_eq!(sum, balance, "the balance is the sum of the ledger: {transactions:#?}");
+    for t in transactions {
+        assert!(t["balance_after"].as_i64().unwrap() >= 0, "never negative: {t}");
+    }
+    balance
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_passes_and_fails_for_real_reasons() {
+    let good = Agent::start(&[]);
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("end to end").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", booking(p, &persona)).await;
+    let over_http = channel(&s, &t.editor, p, "http", &good.http_target()).await;
+    let over_ws = channel(&s, &t.editor, p, "websocket", &good.ws_target()).await;
+    let buggy = channel(&s, &t.editor, p, "http", &wrong_day.http_target()).await;
+    let t1 = create(&s, &t.editor, "/v1/tests", test_body(p, "books over http", &over_http, &scenario, 2)).await;
+    let t2 = create(&s, &t.editor, "/v1/tests", test_body(p, "books over websocket", &over_ws, &scenario, 1)).await;
+    let t3 = create(&s, &t.editor, "/v1/tests", test_body(p, "books the right day", &buggy, &scenario, 2)).await;
+    let batch =
+        create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "nightly", "test_ids": [t1, t2, t3]}))
+            .await;
+
+    let metadata = json!({"git_commit": "0a1b2c3", "branch": "main"});
+    let started = s
+        .expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, Some(json!({"metadata": metadata})), 200)
+        .await;
+    assert_eq!(started["counts"]["total"], 5);
+    assert_eq!(started["source"], "batch");
+    assert_eq!(started["batch_id"], json!(batch));
+    assert_eq!(started["metadata"], metadata);
+    // 60 s at most each: 1 credit per conversation, reserved up front.
+    assert_eq!(started["credits_reserved"], 5);
+    assert_eq!(started["passed"], Value::Null);
+    let id = started["id"].as_str().unwrap();
+
+    let done = wait_for_end(&s, &t.viewer, id).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    assert_eq!(
+        done["counts"],
+        json!({"total": 5, "queued": 0, "running": 0, "passed": 3, "failed": 2, "errored": 0, "cancelled": 0}),
+        "{done:#}"
+    );
+    assert_eq!(done["pass_rate"], 0.6);
+    assert_eq!(done["passed"], false, "a test below its threshold fails the batch run");
+    assert_eq!(done["credits_charged"], 5);
+    assert!(done["finished_at"].is_string() && done["started_at"].is_string());
+
+    // The buggy agent's results fail for the real reason.
+    let failed = results_of(&s, &t.viewer, &t3).await;
+    assert_eq!(failed.len(), 2);
+    for r in &failed {
+        assert_eq!(r["status"], "failed", "{r:#}");
+        let reason = r["failure_reason"].as_str().unwrap();
+        assert!(reason.contains("right day") && reason.contains("Tuesday"), "{reason}");
+        let right_day = r["evaluations"].as_array().unwrap().iter().find(|e| e["name"] == "step 1: right day").unwrap();
+        assert_eq!(right_day["passed"], false);
+        let confirms = r["evaluations"].as_array().unwrap().iter().find(|e| e["name"] == "step 1: confirms").unwrap();
+        assert_eq!(confirms["passed"], true, "it does confirm, just the wrong day");
+    }
+    for (test, n) in [(&t1, 2), (&t2, 1)] {
+        let passed = results_of(&s, &t.viewer, test).await;
+        assert_eq!(passed.len(), n);
+        for r in &passed {
+            assert_eq!(r["status"], "passed", "{r:#}");
+            assert_eq!(r["score"], 1.0);
+            assert_eq!(r["failure_reason"], Value::Null);
+            assert_eq!(r["ended_reason"], "agent_ended");
+            assert_eq!(r["metadata"], metadata, "results keep the run's metadata");
+            assert_eq!(r["scenario_version"], 1);
+            assert_eq!(r["batch_run_id"], json!(id));
+            assert_eq!(r["credits"], 1);
+            let transcript = r["transcript"].as_array().unwrap();
+            assert_eq!(transcript[0]["role"], "caller");
+            assert_eq!(transcript[0]["text"], "Hi, I'd like to book an appointment.");
+            assert_eq!(transcript[1]["role"], "agent");
+            assert!(transcript[1]["latency_ms"].is_u64());
+            assert_eq!(r["metrics"]["turns"], transcript.len());
+            assert!(r["metrics"]["latency_ms"]["p95"].is_u64());
+            assert!(r["metrics"]["time_to_first_word_ms"].is_u64());
+            assert!(r["tool_calls"].as_array().unwrap().iter().any(|c| c["name"] == "book_appointment"), "{r:#}");
+            // The same record by the call id we sent the agent.
+            let call = r["call_id"].as_str().unwrap();
+            let by_call =
+                s.expect(Method::GET, &format!("/v1/test-results/by-call/{call}"), &t.viewer, None, 200).await;
+            assert_eq!(&by_call, r);
+            let by_id = s
+                .expect(Method::GET, &format!("/v1/test-results/{}", r["id"].as_str().unwrap()), &t.viewer, None, 200)
+                .await;
+            assert_eq!(&by_id, r);
+        }
+    }
+    // Every run ended once, with its result.
+    let runs = all_pages(&s, &t.viewer, &format!("/v1/batch-runs/{id}/runs"), "runs").await;
+    assert_eq!(runs.len(), 5);
+    let statuses: BTreeMap<String, usize> = runs.iter().fold(BTreeMap::new(), |mut m, r| {
+        *m.entry(r["status"].as_str().unwrap().to_string()).or_default() += 1;
+        m
+    });
+    assert_eq!(statuses, BTreeMap::from([("failed".into(), 2), ("passed".into(), 3)]));
+    assert!(runs.iter().all(|r| r["test_result_id"].is_string() && r["attempt"] == 1));
+
+    // The batch shows its last run; the ledger shows the reservation, and no
+    // refund since every conversation used its credit.
+    let b = s.expect(Method::GET, &format!("/v1/batches/{batch}"), &t.viewer, None, 200).await;
+    assert_eq!(b["last_run"], json!({"id": id, "status": "completed", "pass_rate": 0.6}));
+    let ledger = all_pages(&s, &t.editor, "/v1/transactions", "transactions").await;
+    let kinds: Vec<&str> = ledger.iter().map(|t| t["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["reservation", "grant"]);
+    assert_eq!(ledger_balances(&ledger), 1000 - 5);
+    let mine = s.expect(Method::GET, &format!("/v1/transactions?batch_run_id={id}"), &t.editor, None, 200).await;
+    assert_eq!(mine["transactions"][0]["amount"], -5);
+
+    // Running only the passing tests passes: the CI gate says yes.
+    let again = s.expect(Method::POST, &format!("/v1/tests/{t1}/run"), &t.editor, Some(json!({})), 200).await;
+    let again = wait_for_end(&s, &t.viewer, again["id"].as_str().unwrap()).await;
+    assert_eq!((again["status"].as_str(), again["passed"].as_bool()), (Some("completed"), Some(true)));
+    assert_eq!(again["source"], "test");
+    let listed = s.expect(Method::GET, &format!("/v1/batch-runs?batch_id={batch}"), &t.viewer, None, 200).await;
+    assert_eq!(listed["batch_runs"].as_array().unwrap().len(), 1, "filtered by batch");
+    let listed = s.expect(Method::GET, &format!("/v1/batch-runs?project_id={p}"), &t.viewer, None, 200).await;
+    assert_eq!(listed["batch_runs"].as_array().unwrap().len(), 2);
+    assert_eq!(listed["batch_runs"][0]["id"], again["id"], "newest first");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_agent_failure_is_an_error_with_a_reason() {
+    let five_hundred = Agent::start(&["--error-rate", "1.0"]);
+    let bad_json = Agent::start(&["--fault", "bad-json"]);
+    let hangs = Agent::start(&["--fault", "hang"]);
+    let drops = Agent::start(&["--fault", "disconnect"]);
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let s = TestServer::start().await;
+    let t = s.team("failures").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", booking(p, &persona)).await;
+    let cases: Vec<(&str, String, &[&str])> = vec![
+        ("http", format!("http://127.0.0.1:{closed_port}/http"), &["connect"]),
+        ("http", five_hundred.http_target(), &["500"]),
+        ("http", bad_json.http_target(), &["json"]),
+        ("http", hangs.http_target(), &["3000 ms"]),
+        ("websocket", drops.ws_target(), &["closed"]),
+        ("websocket", hangs.ws_target(), &["3000 ms"]),
+    ];
+    let mut tests = Vec::new();
+    for (i, (kind, target, _)) in cases.iter().enumerate() {
+        let ch = channel(&s, &t.editor, p, kind, target).await;
+        tests.push(create(&s, &t.editor, "/v1/tests", test_body(p, &format!("case {i}"), &ch, &scenario, 1)).await);
+    }
+    let batch =
+        create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "faults", "test_ids": tests})).await;
+    let run = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, Some(json!({})), 200).await;
+    let done = wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    assert_eq!(done["counts"]["errored"], 6, "{done:#}");
+    assert_eq!(done["passed"], false);
+    for (test, (kind, target, words)) in tests.iter().zip(&cases) {
+        let results = results_of(&s, &t.viewer, test).await;
+        assert_eq!(results.len(), 1);
+        let r = &results[0];
+        assert_eq!(r["status"], "error", "{kind} {target}: {r:#}");
+        assert_eq!(r["ended_reason"], "agent_error");
+        let reason = r["failure_reason"].as_str().unwrap().to_lowercase();
+        for word in *words {
+            assert!(reason.contains(word), "{kind} {target}: {reason:?} should say {word:?}");
+        }
+        assert!(reason.contains("turn"), "the reason names the turn: {reason}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_overlap_up_to_the_batch_concurrency() {
+    let agent = Agent::start(&["--latency-ms", "300"]);
+    let s = TestServer::start().await;
+    let t = s.team("concurrency").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "many", &ch, &scenario, 12)).await;
+    let batch = create(
+        &s,
+        &t.editor,
+        "/v1/batches",
+        json!({"project_id": p, "name": "three at once", "test_ids": [test], "concurrency": 3}),
+    )
+    .await;
+    let run = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, Some(json!({})), 200).await;
+    let done = wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    assert_eq!(done["counts"]["passed"], 12, "{done:#}");
+    let stats = agent.stats().await;
+    assert_eq!(stats["calls_started"], 12);
+    assert_eq!(stats["peak_active_calls"], 3, "three at once, never more: {stats}");
+    assert_eq!(stats["active_calls"], 0, "every call was ended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_users_share_the_workers_fairly() {
+    let agent = Agent::start(&["--latency-ms", "200"]);
+    let s = TestServer::start_configured(Vec::new(), |c| c.engine.workers = 2).await;
+    let a = s.team("first user").await;
+    let b = s.team("second user").await;
+    let mut batches = Vec::new();
+    for (team, n) in [(&a, 6), (&b, 2)] {
+        let p = &team.project_id;
+        let Setup { persona } = persona(&s, &team.editor, p).await;
+        let scenario = create(&s, &team.editor, "/v1/scenarios", short_call(p, &persona)).await;
+        let ch = channel(&s, &team.editor, p, "http", &agent.http_target()).await;
+        let test = create(&s, &team.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, n)).await;
+        batches.push(
+            create(&s, &team.editor, "/v1/batches", json!({"project_id": p, "name": "b", "test_ids": [test]})).await,
+        );
+    }
+    let run_a =
+        s.expect(Method::POST, &format!("/v1/batches/{}/run", batches[0]), &a.editor, Some(json!({})), 200).await;
+    let run_b =
+        s.expect(Method::POST, &format!("/v1/batches/{}/run", batches[1]), &b.editor, Some(json!({})), 200).await;
+    let (ida, idb) = (run_a["id"].as_str().unwrap(), run_b["id"].as_str().unwrap());
+    wait_for_end(&s, &a.viewer, ida).await;
+    wait_for_end(&s, &b.viewer, idb).await;
+    let starts = |runs: &[Value]| -> Vec<String> {
+        let mut v: Vec<String> = runs.iter().map(|r| r["started_at"].as_str().unwrap().to_string()).collect();
+        v.sort();
+        v
+    };
+    let a_starts = starts(&all_pages(&s, &a.viewer, &format!("/v1/batch-runs/{ida}/runs"), "runs").await);
+    let b_starts = starts(&all_pages(&s, &b.viewer, &format!("/v1/batch-runs/{idb}/runs"), "runs").await);
+    let b_last = b_starts.last().unwrap();
+    let a_before = a_starts.iter().filter(|s| *s < b_last).count();
+    // First come, first served would start all six of the first user's runs
+    // before the second user's; fair shares start the second user's as soon
+    // as slots free up.
+    assert!(
+        a_before <= 4,
+        "{a_before} of the first user's runs started before the second user's last: {a_starts:?} {b_starts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_queued_runs_at_once_and_running_ones_at_their_next_turn() {
+    let agent = Agent::start(&["--latency-ms", "700"]);
+    let s = TestServer::start().await;
+    let t = s.team("cancel").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", booking(p, &persona)).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "slow", &ch, &scenario, 10)).await;
+    let batch = create(
+        &s,
+        &t.editor,
+        "/v1/batches",
+        json!({"project_id": p, "name": "b", "test_ids": [test], "concurrency": 2}),
+    )
+    .await;
+    let run = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = run["id"].as_str().unwrap();
+    // Wait until two are talking.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &t.viewer, None, 200).await;
+        if now["counts"]["running"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never two running: {now}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Viewers and reviewers may not cancel; outsiders do not see it.
+    for (key, status) in [(&t.viewer, 403), (&t.reviewer, 403), (&t.outsider, 404)] {
+        let (got, _) =
+            error_body(s.send_json(Method::POST, &format!("/v1/batch-runs/{id}/cancel"), key, None).await).await;
+        assert_eq!(got, status);
+    }
+    let cancelled = s.expect(Method::POST, &format!("/v1/batch-runs/{id}/cancel"), &t.editor, None, 200).await;
+    assert_eq!(cancelled["counts"]["queued"], 0, "queued runs stop at once: {cancelled:#}");
+    assert_eq!(cancelled["counts"]["cancelled"], 8);
+    let done = wait_for_end(&s, &t.viewer, id).await;
+    assert_eq!(done["status"], "cancelled", "{done:#}");
+    assert_eq!(done["passed"], false);
+    assert_eq!(done["counts"]["cancelled"], 10, "the two running ones stopped at their next turn: {done:#}");
+    // Cancelling again changes nothing.
+    let again = s.expect(Method::POST, &format!("/v1/batch-runs/{id}/cancel"), &t.editor, None, 200).await;
+    assert_eq!(again["counts"], done["counts"]);
+    // Refunds follow: what was charged is what the two conversations used.
+    let charged = done["credits_charged"].as_i64().unwrap();
+    assert_eq!(charged, 2);
+    let ledger = all_pages(&s, &t.editor, "/v1/transactions", "transactions").await;
+    let kinds: Vec<&str> = ledger.iter().map(|t| t["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["refund", "reservation", "grant"]);
+    assert_eq!(ledger[0]["amount"], 10 - charged);
+    assert_eq!(ledger_balances(&ledger), 1000 - charged);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credits_are_reserved_once_and_never_go_below_zero() {
+    let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 5).await;
+    let t = s.team("credits").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    // An agent that is not there: every conversation ends at once in error.
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let big = create(&s, &t.editor, "/v1/tests", test_body(p, "big", &ch, &scenario, 6)).await;
+    let (status, e) =
+        error_body(s.send_json(Method::POST, &format!("/v1/tests/{big}/run"), &t.editor, Some(json!({}))).await).await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (402, "insufficient_credits"));
+    assert!(e["message"].as_str().unwrap().contains("6 credits"), "{e}");
+    let refused = s.expect(Method::GET, "/v1/batch-runs?status=insufficient_credits", &t.viewer, None, 200).await;
+    let refused = &refused["batch_runs"][0];
+    assert_eq!(refused["counts"]["total"], 0, "nothing queued");
+    assert_eq!(refused["credits_reserved"], 0);
+    let ledger = all_pages(&s, &t.editor, "/v1/transactions", "transactions").await;
+    assert_eq!(ledger.len(), 1, "only the starting grant");
+
+    // Five requests at once for 2 credits each against a balance of 5:
+    // exactly two are accepted.
+    let small = create(&s, &t.editor, "/v1/tests", test_body(p, "small", &ch, &scenario, 2)).await;
+    let path = format!("/v1/tests/{small}/run");
+    let requests = (0..5).map(|_| s.send_json(Method::POST, &path, &t.editor, Some(json!({}))));
+    let answers = futures::future::join_all(requests).await;
+    let mut accepted = Vec::new();
+    let mut refusals = 0;
+    for resp in answers {
+        match resp.status().as_u16() {
+            200 => accepted.push(resp.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string()),
+            402 => refusals += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!((accepted.len(), refusals), (2, 3));
+    for id in &accepted {
+        let done = wait_for_end(&s, &t.viewer, id).await;
+        assert_eq!(done["counts"]["errored"], 2);
+        assert_eq!(done["credits_charged"], 2, "an agent error still cost its started minute");
+    }
+    let ledger = all_pages(&s, &t.editor, "/v1/transactions", "transactions").await;
+    assert_eq!(ledger_balances(&ledger), 1);
+    // Another user's ledger entry is not found.
+    let theirs = ledger[0]["id"].as_str().unwrap();
+    let (status, _) = error_body(s.get(&format!("/v1/transactions/{theirs}"), &t.viewer).await).await;
+    assert_eq!(status, 404);
+    let own = s.expect(Method::GET, &format!("/v1/transactions/{theirs}"), &t.editor, None, 200).await;
+    assert_eq!(own, ledger[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_caller_and_an_llm_judge_talk_to_a_chat_completions_endpoint() {
+    let agent = Agent::start(&[]);
+    // The LLM: under /caller it plays the caller (two lines, then done);
+    // under /judge it judges (passes unless told to talk nonsense).
+    let llm = Recorder::start(|req, _| {
+        let body: Value = serde_json::from_str(&req.body).unwrap_or_default();
+        let lines = body["messages"].as_array().map(|m| m.len()).unwrap_or(0);
+        if req.path.starts_with("/caller") {
+            let said = if lines <= 3 {
+                json!({"say": "I'd like to book an appointment on Tuesday at 3 pm.", "done": false})
+            } else {
+                json!({"say": "Perfect, thanks. Goodbye.", "done": true})
+            };
+            (200, completion(&said.to_string()))
+        } else if req.path.starts_with("/nonsense") {
+            (200, completion("I think it went fine, probably."))
+        } else {
+            (200, completion(r#"Verdict: {"passed": true, "reason": "the booking was confirmed"}"#))
+        }
+    })
+    .await;
+    let s = TestServer::start().await;
+    let t = s.team("simulated").await;
+    let p = &t.project_id;
+    let integration = |name: &str, path: &str| {
+        json!({"project_id": p, "provider": "openai_compatible", "name": name,
+               "config": {"base_url": format!("{}/{path}", llm.base), "model": "test-model"},
+               "credentials": {"api_key": format!("sk-{path}-secret")}})
+    };
+    let caller = create(&s, &t.editor, "/v1/integrations", integration("caller", "caller")).await;
+    let judge = create(&s, &t.editor, "/v1/integrations", integration("judge", "judge")).await;
+    let nonsense = create(&s, &t.editor, "/v1/integrations", integration("nonsense", "nonsense")).await;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let scenario = |judge: &str| {
+        json!({"project_id": p, "name": "simulated booking", "mode": "simulated", "default_persona_id": persona,
+               "goal": "Book an appointment for Tuesday afternoon", "integration_id": caller,
+               "success_criteria": [{"type": "llm_judge", "name": "booked", "integration_id": judge,
+                                     "prompt": "Did the agent confirm a booking?"}]})
+    };
+    let judged = create(&s, &t.editor, "/v1/scenarios", scenario(&judge)).await;
+    let garbled = create(&s, &t.editor, "/v1/scenarios", scenario(&nonsense)).await;
+    let good = create(&s, &t.editor, "/v1/tests", test_body(p, "judged", &ch, &judged, 1)).await;
+    let bad = create(&s, &t.editor, "/v1/tests", test_body(p, "garbled", &ch, &garbled, 1)).await;
+    for (test, status) in [(&good, "passed"), (&bad, "error")] {
+        let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+        wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+        let r = &results_of(&s, &t.viewer, test).await[0];
+        assert_eq!(r["status"], status, "{r:#}");
+        let transcript = r["transcript"].as_array().unwrap();
+        let caller_lines: Vec<&str> =
+            transcript.iter().filter(|t| t["role"] == "caller").map(|t| t["text"].as_str().unwrap()).collect();
+        assert_eq!(caller_lines[0], "I'd like to book an appointment on Tuesday at 3 pm.");
+        assert_eq!(r["ended_reason"], "caller_done");
+        let verdict = &r["evaluations"][0];
+        assert_eq!(verdict["source"], "llm");
+        if status == "passed" {
+            assert_eq!(verdict["passed"], true);
+            assert_eq!(verdict["reason"], "the booking was confirmed");
+        } else {
+            assert_eq!(verdict["passed"], false, "an unparseable verdict is never a pass");
+            assert!(r["failure_reason"].as_str().unwrap().contains("judge error"), "{r:#}");
+        }
+    }
+    // The caller model was prompted with the goal; the judge saw the
+    // transcript; each got its own key.
+    let received = llm.received();
+    let to_caller: Vec<_> = received.iter().filter(|r| r.path == "/caller/chat/completions").collect();
+    assert!(to_caller[0].body.contains("Tuesday afternoon"), "{}", to_caller[0].body);
+    assert_eq!(to_caller[0].header("authorization"), Some("Bearer sk-caller-secret"));
+    let to_judge: Vec<_> = received.iter().filter(|r| r.path == "/judge/chat/completions").collect();
+    assert_eq!(to_judge.len(), 1);
+    assert!(to_judge[0].body.contains("Did the agent confirm a booking?"));
+    assert!(to_judge[0].body.contains("I'd like to book an appointment on Tuesday at 3 pm."));
+    assert_eq!(to_judge[0].header("authorization"), Some("Bearer sk-judge-secret"));
+    // Keys never come out.
+    assert!(!s.log.contents().contains("-secret"), "a key in the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_are_signed_and_retried_until_delivered() {
+    use hmac::{Hmac, Mac};
+    // Fails twice, then accepts.
+    let receiver = Recorder::start(|_, i| if i < 2 { (500, "{}".into()) } else { (200, "{}".into()) }).await;
+    let s = TestServer::start().await;
+    let t = s.team("webhooks").await;
+    let p = &t.project_id;
+    s.expect(
+        Method::PUT,
+        &format!("/v1/projects/{p}"),
+        &t.owner,
+        Some(json!({"name": "webhooks", "webhook_url": format!("{}/hook", receiver.base), "webhook_secret": "whsec_abc"})),
+        200,
+    )
+    .await;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = run["id"].as_str().unwrap();
+    let done = wait_for_end(&s, &t.viewer, id).await;
+    // Wait for the third attempt (retries after 1 s and 5 s).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let delivery = loop {
+        let list = s.expect(Method::GET, &format!("/v1/projects/{p}/webhook-deliveries"), &t.editor, None, 200).await;
+        let d = list["webhook_deliveries"][0].clone();
+        if d["status"] == "delivered" {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "not delivered: {list:#}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(delivery["attempts"], 3);
+    assert_eq!(delivery["last_response_status"], 200);
+    assert_eq!(delivery["batch_run_id"], json!(id));
+    let received = receiver.received();
+    assert_eq!(received.len(), 3);
+    for r in &received {
+        assert_eq!(r.path, "/hook");
+        let signature = r.header("x-sparring-signature").unwrap();
+        let (t_part, v1) = signature.split_once(',').unwrap();
+        let timestamp = t_part.strip_prefix("t=").unwrap();
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"whsec_abc").unwrap();
+        mac.update(format!("{timestamp}.{}", r.body).as_bytes());
+        let expected: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(v1, format!("v1={expected}"), "the receiver can verify the signature");
+        let body: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(body["event"], "batch_run.completed");
+        assert_eq!(body["batch_run"]["id"], json!(id));
+        assert_eq!(body["batch_run"]["counts"], done["counts"]);
+    }
+    // Owners and editors read deliveries; reviewers and viewers may not.
+    for (key, status) in [(&t.viewer, 403), (&t.reviewer, 403), (&t.outsider, 404)] {
+        let (got, _) = error_body(s.get(&format!("/v1/projects/{p}/webhook-deliveries"), key).await).await;
+        assert_eq!(got, status);
+    }
+    assert!(!s.log.contents().contains("whsec_abc"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn who_may_run_and_read_runs() {
+    let s = TestServer::start().await;
+    let t = s.team("run roles").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
+    let batch = create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "b", "test_ids": [test]})).await;
+    let mut started = Vec::new();
+    for path in [format!("/v1/batches/{batch}/run"), format!("/v1/channels/{ch}/run"), format!("/v1/tests/{test}/run")]
+    {
+        for (role, key) in t.all() {
+            let want = match role {
+                "owner" | "editor" => 200,
+                "outsider" => 404,
+                _ => 403,
+            };
+            let resp = s.send_json(Method::POST, &path, key, Some(json!({}))).await;
+            assert_eq!(resp.status().as_u16(), want, "{role} POST {path}");
+            if want == 200 {
+                started.push(resp.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    let id = &started[0];
+    wait_for_end(&s, &t.viewer, id).await;
+    let result = &results_of(&s, &t.viewer, &test).await[0];
+    let reads = [
+        format!("/v1/batch-runs/{id}"),
+        format!("/v1/batch-runs/{id}/runs"),
+        format!("/v1/tests/{test}/results"),
+        format!("/v1/test-results/{}", result["id"].as_str().unwrap()),
+        format!("/v1/test-results/by-call/{}", result["call_id"].as_str().unwrap()),
+    ];
+    for path in &reads {
+        for (role, key) in t.all() {
+            let want = if role == "outsider" { 404 } else { 200 };
+            assert_eq!(s.get(path, key).await.status().as_u16(), want, "{role} GET {path}");
+        }
+    }
+    // Lists never show another project's runs.
+    let theirs = s.expect(Method::GET, "/v1/batch-runs", &t.outsider, None, 200).await;
+    assert_eq!(theirs["batch_runs"], json!([]));
+    // A channel run of named tests refuses a test of another channel.
+    let other = channel(&s, &t.editor, p, "http", "http://127.0.0.1:9/http").await;
+    let (status, e) = error_body(
+        s.send_json(Method::POST, &format!("/v1/channels/{other}/run"), &t.editor, Some(json!({"test_ids": [test]})))
+            .await,
+    )
+    .await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_test_ids"));
+    let (status, e) =
+        error_body(s.send_json(Method::POST, &format!("/v1/channels/{other}/run"), &t.editor, Some(json!({}))).await)
+            .await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "nothing_to_run"));
+    // Queue statistics: the caller's share is the caller's.
+    let stats = s.expect(Method::GET, "/v1/queue/stats", &t.outsider, None, 200).await;
+    assert_eq!(stats["mine"], json!({"queued": 0, "running": 0}));
+    assert!(stats["workers"].as_i64().unwrap() > 0);
+    let seen: HashSet<&str> = started.iter().map(String::as_str).collect();
+    assert_eq!(seen.len(), 6);
+}
