@@ -43,7 +43,7 @@ impl Server {
             Log::Discard => Stdio::null(),
         };
         let shown = format!("{command:?}");
-        let mut child = command
+        let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)

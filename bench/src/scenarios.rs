@@ -97,6 +97,7 @@ fn post_template() -> anyhow::Result<(String, String)> {
         channel_id: "@C@".into(),
         scenario_id: "@S@".into(),
         persona_id: "@R@".into(),
+        test_ids: Vec::new(),
     };
     let mut json = serde_json::to_string(&seed::test_body(&p, "@N@"))?;
     anyhow::ensure!(!json.contains('%'), "the test body must not contain `%`");

@@ -41,6 +41,9 @@ pub struct ProjectParts {
     pub channel_id: String,
     pub scenario_id: String,
     pub persona_id: String,
+    /// The project's seeded tests.
+    #[serde(default)]
+    pub test_ids: Vec<String>,
 }
 
 /// What was seeded, for the scenarios (saved as `manifest.json`).
@@ -164,7 +167,7 @@ pub async fn via_api(base: &str, id_token: &str, subject: &str, scale: &Scale) -
                        "target": "http://127.0.0.1:9/agent"}),
             )
             .await?;
-        projects.push(ProjectParts { id, channel_id, scenario_id, persona_id });
+        projects.push(ProjectParts { id, channel_id, scenario_id, persona_id, test_ids: Vec::new() });
     }
     timings.push((
         format!("{} projects with their persona, scenario, channel (API)", scale.projects),
@@ -172,16 +175,27 @@ pub async fn via_api(base: &str, id_token: &str, subject: &str, scale: &Scale) -
     ));
 
     let t = Instant::now();
-    let bodies: Vec<Value> = projects
+    let bodies: Vec<(usize, Value)> = projects
         .iter()
-        .flat_map(|p| (0..scale.tests_per_project).map(move |i| test_body(p, &format!("booking regression {i}"))))
+        .enumerate()
+        .flat_map(|(n, p)| {
+            (0..scale.tests_per_project).map(move |i| (n, test_body(p, &format!("booking regression {i}"))))
+        })
         .collect();
     let total = bodies.len();
-    let test_ids: Vec<String> = futures::stream::iter(bodies)
-        .map(|body| api.create("/v1/tests", body))
+    let created: Vec<(usize, String)> = futures::stream::iter(bodies)
+        .map(|(n, body)| {
+            let api = &api;
+            async move { Ok::<_, anyhow::Error>((n, api.create("/v1/tests", body).await?)) }
+        })
         .buffer_unordered(16)
         .try_collect()
         .await?;
+    let mut test_ids = Vec::with_capacity(total);
+    for (n, id) in created {
+        projects[n].test_ids.push(id.clone());
+        test_ids.push(id);
+    }
     let secs = t.elapsed().as_secs_f64();
     timings.push((format!("{total} tests (API, 16 in flight: {:.0}/s)", total as f64 / secs), secs));
 
