@@ -150,7 +150,10 @@ impl ServeArgs {
 fn logger(format: LogFormat) -> slog::Logger {
     match format {
         LogFormat::Json => {
-            let drain = slog_bunyan::with_name("sparring", std::io::stderr()).build().fuse();
+            // One write(2) per record: slog-json writes a record in many
+            // small pieces, each a system call on unbuffered stderr.
+            let stderr = std::io::BufWriter::new(std::io::stderr());
+            let drain = slog_bunyan::with_name("sparring", stderr).set_flush(true).build().fuse();
             slog::Logger::root(slog_async::Async::new(drain).build().fuse(), slog::o!())
         }
         LogFormat::Pretty => {

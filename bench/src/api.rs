@@ -142,6 +142,15 @@ async fn check(base: &str, s: &Scenario) -> anyhow::Result<()> {
     (c.expect)(&serde_json::from_str(&text)?).with_context(|| format!("{}: {} {}", s.title, c.method, c.path))
 }
 
+/// Runs `load` against `server`, noting the server's CPU time per request.
+fn measured(server: &Server, load: impl FnOnce() -> anyhow::Result<wrk::Outcome>) -> anyhow::Result<wrk::Outcome> {
+    let before = server.cpu_seconds()?;
+    let mut outcome = load()?;
+    let used = server.cpu_seconds()? - before;
+    outcome.server_cpu_us = used * 1e6 / outcome.requests.max(1) as f64;
+    Ok(outcome)
+}
+
 pub async fn run(o: Options) -> anyhow::Result<()> {
     let sparring = std::fs::canonicalize(&o.sparring).with_context(|| format!("{}", o.sparring.display()))?;
     let o = Options { sparring, ..o };
@@ -222,20 +231,23 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     for round in 1..=o.rounds {
         for (i, s) in all.iter().enumerate() {
             baseline.reset_peak()?;
-            let b = wrk::run(baseline.addr, &baseline_script, load(o.duration))?;
+            let b = measured(&baseline, || wrk::run(baseline.addr, &baseline_script, load(o.duration)))?;
             baseline_peak = baseline_peak.max(baseline.peak_rss_kib()?);
             sparring.reset_peak()?;
-            let r = wrk::run(sparring.addr, &scripts[i], load(o.duration))
+            let r = measured(&sparring, || wrk::run(sparring.addr, &scripts[i], load(o.duration)))
                 .with_context(|| format!("round {round}: {}", s.title))?;
             let peak_kib = sparring.peak_rss_kib()?;
             println!(
-                "  round {round} {:<40} {:>8.0} req/s (baseline {:>8.0}, ratio {:.2})  p50 {:.2} ms  p99 {:.2} ms  peak RSS {:.0} MB",
+                "  round {round} {:<40} {:>6.0} req/s (baseline {:>6.0}, ratio {:.2})  p50 {:.2} ms  p99 {:.2} ms  \
+                 CPU {:.0} µs/req (baseline {:.0})  peak RSS {:.0} MB",
                 s.title,
                 r.rps(),
                 b.rps(),
                 r.rps() / b.rps(),
                 r.p50_us as f64 / 1e3,
                 r.p99_us as f64 / 1e3,
+                r.server_cpu_us,
+                b.server_cpu_us,
                 peak_kib as f64 / 1024.0
             );
             pairs[i].push(RunPair { baseline: b, scenario: r, peak_rss_kib: peak_kib });

@@ -31,7 +31,8 @@ async fn ping(_rqctx: RequestContext<()>) -> Result<HttpResponseOk<Pong>, HttpEr
 
 /// The logger of `sparring serve --log-format json` (see `src/main.rs`).
 fn logger() -> slog::Logger {
-    let drain = slog_bunyan::with_name("sparring", std::io::stderr()).build().fuse();
+    let stderr = std::io::BufWriter::new(std::io::stderr());
+    let drain = slog_bunyan::with_name("sparring", stderr).set_flush(true).build().fuse();
     slog::Logger::root(slog_async::Async::new(drain).build().fuse(), slog::o!())
 }
 

@@ -85,6 +85,21 @@ impl Server {
             .with_context(|| format!("no {field} in {path}"))
     }
 
+    /// CPU time the process has used so far (user and system), in seconds.
+    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let path = format!("/proc/{}/stat", self.pid());
+        let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        // Fields after the command name (which is in parentheses and may
+        // hold spaces): state is field 3, utime 14, stime 15.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).context("no command name in /proc/PID/stat")?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks =
+            |i: usize| -> anyhow::Result<f64> { Ok(fields.get(i).context("short /proc/PID/stat")?.parse::<f64>()?) };
+        // Linux reports in clock ticks of 1/100 s (USER_HZ) on every
+        // architecture it runs this on.
+        Ok((ticks(11)? + ticks(12)?) / 100.0)
+    }
+
     /// The most memory the process has held since it started or since the
     /// last [`Server::reset_peak`] (`VmHWM`), in KiB.
     pub fn peak_rss_kib(&self) -> anyhow::Result<u64> {

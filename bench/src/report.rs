@@ -25,6 +25,9 @@ pub struct Row {
     pub p99_ms: f64,
     /// The highest p99 of any round.
     pub worst_p99_ms: f64,
+    /// The server's CPU time per request, µs (median over the rounds).
+    pub cpu_us: f64,
+    pub baseline_cpu_us: f64,
     pub peak_rss_mb: f64,
     #[serde(skip)]
     pub target: Option<Target>,
@@ -51,6 +54,8 @@ impl Row {
             p50_ms: of(&|r| r.scenario.p50_us as f64 / 1e3),
             p99_ms: of(&|r| r.scenario.p99_us as f64 / 1e3),
             worst_p99_ms: runs.iter().map(|r| r.scenario.p99_us as f64 / 1e3).fold(0.0, f64::max),
+            cpu_us: of(&|r| r.scenario.server_cpu_us),
+            baseline_cpu_us: of(&|r| r.baseline.server_cpu_us),
             peak_rss_mb: runs.iter().map(|r| r.peak_rss_kib).max().unwrap_or(0) as f64 / 1024.0,
             target,
             runs,
@@ -77,9 +82,10 @@ pub const RSS_TARGET_MB: f64 = 150.0;
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
     out.push_str(
-        "| scenario | req/s | baseline req/s | ratio (target) | p50 ms | p99 ms (target) | worst p99 ms | peak RSS MB | met |\n",
+        "| scenario | req/s | baseline req/s | ratio (target) | p50 ms | p99 ms (target) | worst p99 ms \
+         | CPU µs/req (baseline) | peak RSS MB | met |\n",
     );
-    out.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |\n");
+    out.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |\n");
     for row in &r.rows {
         let (ratio_t, p99_t) = match row.target {
             Some(t) => (format!(" (≥ {})", t.ratio), format!(" (≤ {})", t.p99_ms)),
@@ -91,12 +97,21 @@ pub fn render(r: &Report) -> String {
             None => "",
         };
         out.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {:.2}{ratio_t} | {:.2} | {:.2}{p99_t} | {:.2} | {:.0} | {met} |\n",
-            row.title, row.rps, row.baseline_rps, row.ratio, row.p50_ms, row.p99_ms, row.worst_p99_ms, row.peak_rss_mb
+            "| {} | {:.0} | {:.0} | {:.2}{ratio_t} | {:.2} | {:.2}{p99_t} | {:.2} | {:.0} ({:.0}) | {:.0} | {met} |\n",
+            row.title,
+            row.rps,
+            row.baseline_rps,
+            row.ratio,
+            row.p50_ms,
+            row.p99_ms,
+            row.worst_p99_ms,
+            row.cpu_us,
+            row.baseline_cpu_us,
+            row.peak_rss_mb
         ));
     }
     for p in &r.pending {
-        out.push_str(&format!("| {p} | pending | | | | | | | |\n"));
+        out.push_str(&format!("| {p} | pending | | | | | | | | |\n"));
     }
     let peak = r.rows.iter().map(|row| row.peak_rss_mb).fold(0.0, f64::max);
     out.push_str(&format!(

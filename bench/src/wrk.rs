@@ -34,6 +34,11 @@ pub struct Outcome {
     /// Responses with a status of 400 or more, and socket errors.
     pub status_errors: u64,
     pub socket_errors: u64,
+    /// The server's CPU time per request, in µs (user + system, all its
+    /// threads): what a request costs, less sensitive than throughput to
+    /// what else the machine is doing. Filled in by the caller.
+    #[serde(default)]
+    pub server_cpu_us: f64,
 }
 
 impl Outcome {

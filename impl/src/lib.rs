@@ -28,6 +28,7 @@ pub mod failure;
 pub mod http;
 pub mod ids;
 pub mod integrations;
+pub mod key_cache;
 pub mod oidc;
 pub mod pagination;
 pub mod personas;
@@ -87,6 +88,8 @@ pub struct AppState {
     pub secrets: Secrets,
     pub oidc: Oidc,
     pub last_used: LastUsed,
+    /// API keys already found valid (see `key_cache`).
+    pub keys: key_cache::KeyCache,
     /// (issuer, subject) → user id, for users already signed in.
     oidc_users: Mutex<HashMap<(String, String), String>>,
     pub engine: Arc<Engine>,
@@ -197,6 +200,7 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
         secrets,
         oidc,
         last_used: LastUsed::default(),
+        keys: key_cache::KeyCache::default(),
         oidc_users: Mutex::new(HashMap::new()),
         engine: Arc::new(Engine::new(config.engine.clone())),
         log: log.clone(),
