@@ -3,6 +3,8 @@
 //! `sparring` (or `sparring serve`) serves the API; `sparring admin …` works
 //! on a data dir directly, for scripts and bootstrapping.
 
+mod agent;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,6 +29,9 @@ struct Cli {
 enum Command {
     /// Serve the API (the default).
     Serve(ServeArgs),
+    /// Serve the reference agent under test (an appointment-booking voice
+    /// agent, text only) over the http and websocket channel protocols.
+    Agent(agent::AgentConfig),
     /// Administer a data dir directly.
     Admin {
         #[command(subcommand)]
@@ -175,6 +180,7 @@ fn main() -> ExitCode {
             None => serve(cli.serve).await,
             Some(Command::Serve(args)) => serve(args).await,
             Some(Command::Admin { command }) => admin(command).await,
+            Some(Command::Agent(config)) => run_agent(config).await,
         }
     });
     match result {
@@ -215,6 +221,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     shutdown_signal().await;
     slog::info!(log, "shutting down: finishing in-flight requests");
     server.shutdown().await
+}
+
+async fn run_agent(config: agent::AgentConfig) -> anyhow::Result<()> {
+    let log = logger(LogFormat::Pretty);
+    let server = agent::serve(config, log.clone()).await?;
+    // Scripts and tests read the address from this line.
+    println!("listening on http://{}", server.local_addr());
+    shutdown_signal().await;
+    server.close().await.map_err(|e| anyhow::anyhow!(e))
 }
 
 async fn shutdown_signal() {
