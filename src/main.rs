@@ -4,6 +4,7 @@
 //! on a data dir directly, for scripts and bootstrapping.
 
 mod agent;
+mod demo;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,6 +33,10 @@ enum Command {
     /// Serve the reference agent under test (an appointment-booking voice
     /// agent, text only) over the http and websocket channel protocols.
     Agent(agent::AgentConfig),
+    /// Show the whole product in one command: a server and reference agents
+    /// on a temporary data dir, a project, a batch run with a live progress
+    /// bar, and a results table.
+    Demo(demo::DemoArgs),
     /// Administer a data dir directly.
     Admin {
         #[command(subcommand)]
@@ -181,6 +186,7 @@ fn main() -> ExitCode {
             Some(Command::Serve(args)) => serve(args).await,
             Some(Command::Admin { command }) => admin(command).await,
             Some(Command::Agent(config)) => run_agent(config).await,
+            Some(Command::Demo(args)) => demo::run(args).await,
         }
     });
     match result {
