@@ -101,6 +101,46 @@ async fn admin_create_key_prints_the_key_alone() {
     assert!(!server.proc.stdout().contains("spk_"), "{}", server.proc.stdout());
 }
 
+#[tokio::test]
+async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let (status, stdout, _) =
+        run(&["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "deploy"]);
+    assert!(status.success());
+    let key = stdout.trim().to_string();
+    let grant = |amount: &str| {
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "ops@example.com", "--amount", amount])
+    };
+    let (status, stdout, stderr) = grant("250");
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "ops@example.com now has 1250 credits", "the starting 1000 plus 250");
+    let (status, _, stderr) = grant("-5000");
+    assert!(!status.success());
+    assert!(stderr.contains("below zero"), "{stderr}");
+    let (status, _, stderr) =
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "nobody@example.com", "--amount", "1"]);
+    assert!(!status.success() && stderr.contains("no user"), "{stderr}");
+
+    let mut server = serve(dir.path());
+    let resp = http().get(server.url("/v1/transactions")).header("x-api-key", &key).send().await.unwrap();
+    let ledger: Value = resp.json().await.unwrap();
+    let entries: Vec<(String, i64, i64)> = ledger["transactions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["kind"].as_str().unwrap().to_string(),
+                t["amount"].as_i64().unwrap(),
+                t["balance_after"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(entries, [("grant".to_string(), 250, 1250), ("grant".to_string(), 1000, 1000)]);
+    assert!(server.proc.terminate().success());
+}
+
 #[test]
 fn bad_label_is_refused() {
     let dir = tempfile::tempdir().unwrap();
