@@ -1,1 +1,0 @@
-//! One conversation with the agent under test.
