@@ -141,6 +141,21 @@ async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
     assert!(server.proc.terminate().success());
 }
 
+/// `sparring demo` shows the whole product: a real batch run against the
+/// reference agents, with the buggy agent's test failing for its real reason.
+#[test]
+fn the_demo_runs_a_batch_and_prints_its_results() {
+    let (status, stdout, stderr) = run(&["demo"]);
+    assert!(status.success(), "{status}: {stderr}\n{stdout}");
+    let row = |name: &str| stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name}: {stdout}"));
+    assert!(row("Books over http").contains("100%"), "{stdout}");
+    assert!(row("Books over websocket").contains("100%"), "{stdout}");
+    let buggy = row("Books the right day (buggy agent)");
+    assert!(buggy.contains(" 0%") && buggy.contains("right day"), "{buggy}");
+    assert!(stdout.contains("passed: false (the CI gate)"), "{stdout}");
+    assert!(stdout.contains("/v1/batch-runs/brn_"), "{stdout}");
+}
+
 #[test]
 fn bad_label_is_refused() {
     let dir = tempfile::tempdir().unwrap();
