@@ -3,6 +3,9 @@
 //! `sparring` (or `sparring serve`) serves the API; `sparring admin …` works
 //! on a data dir directly, for scripts and bootstrapping.
 
+mod agent;
+mod demo;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,6 +30,13 @@ struct Cli {
 enum Command {
     /// Serve the API (the default).
     Serve(ServeArgs),
+    /// Serve the reference agent under test (an appointment-booking voice
+    /// agent, text only) over the http and websocket channel protocols.
+    Agent(agent::AgentConfig),
+    /// Show the whole product in one command: a server and reference agents
+    /// on a temporary data dir, a project, a batch run with a live progress
+    /// bar, and a results table.
+    Demo(demo::DemoArgs),
     /// Administer a data dir directly.
     Admin {
         #[command(subcommand)]
@@ -178,6 +188,8 @@ fn main() -> ExitCode {
             None => serve(cli.serve).await,
             Some(Command::Serve(args)) => serve(args).await,
             Some(Command::Admin { command }) => admin(command).await,
+            Some(Command::Agent(config)) => run_agent(config).await,
+            Some(Command::Demo(args)) => demo::run(args).await,
         }
     });
     match result {
@@ -218,6 +230,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     shutdown_signal().await;
     slog::info!(log, "shutting down: finishing in-flight requests");
     server.shutdown().await
+}
+
+async fn run_agent(config: agent::AgentConfig) -> anyhow::Result<()> {
+    let log = logger(LogFormat::Pretty);
+    let server = agent::serve(config, log.clone()).await?;
+    // Scripts and tests read the address from this line.
+    println!("listening on http://{}", server.local_addr());
+    shutdown_signal().await;
+    server.close().await.map_err(|e| anyhow::anyhow!(e))
 }
 
 async fn shutdown_signal() {

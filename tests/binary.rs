@@ -101,6 +101,61 @@ async fn admin_create_key_prints_the_key_alone() {
     assert!(!server.proc.stdout().contains("spk_"), "{}", server.proc.stdout());
 }
 
+#[tokio::test]
+async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let (status, stdout, _) =
+        run(&["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "deploy"]);
+    assert!(status.success());
+    let key = stdout.trim().to_string();
+    let grant = |amount: &str| {
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "ops@example.com", "--amount", amount])
+    };
+    let (status, stdout, stderr) = grant("250");
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "ops@example.com now has 1250 credits", "the starting 1000 plus 250");
+    let (status, _, stderr) = grant("-5000");
+    assert!(!status.success());
+    assert!(stderr.contains("below zero"), "{stderr}");
+    let (status, _, stderr) =
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "nobody@example.com", "--amount", "1"]);
+    assert!(!status.success() && stderr.contains("no user"), "{stderr}");
+
+    let mut server = serve(dir.path());
+    let resp = http().get(server.url("/v1/transactions")).header("x-api-key", &key).send().await.unwrap();
+    let ledger: Value = resp.json().await.unwrap();
+    let entries: Vec<(String, i64, i64)> = ledger["transactions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["kind"].as_str().unwrap().to_string(),
+                t["amount"].as_i64().unwrap(),
+                t["balance_after"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(entries, [("grant".to_string(), 250, 1250), ("grant".to_string(), 1000, 1000)]);
+    assert!(server.proc.terminate().success());
+}
+
+/// `sparring demo` shows the whole product: a real batch run against the
+/// reference agents, with the buggy agent's test failing for its real reason.
+#[test]
+fn the_demo_runs_a_batch_and_prints_its_results() {
+    let (status, stdout, stderr) = run(&["demo"]);
+    assert!(status.success(), "{status}: {stderr}\n{stdout}");
+    let row = |name: &str| stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name}: {stdout}"));
+    assert!(row("Books over http").contains("100%"), "{stdout}");
+    assert!(row("Books over websocket").contains("100%"), "{stdout}");
+    let buggy = row("Books the right day (buggy agent)");
+    assert!(buggy.contains(" 0%") && buggy.contains("right day"), "{buggy}");
+    assert!(stdout.contains("passed: false (the CI gate)"), "{stdout}");
+    assert!(stdout.contains("/v1/batch-runs/brn_"), "{stdout}");
+}
+
 #[test]
 fn bad_label_is_refused() {
     let dir = tempfile::tempdir().unwrap();

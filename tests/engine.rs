@@ -437,7 +437,8 @@ async fn a_simulated_caller_and_an_llm_judge_talk_to_a_chat_completions_endpoint
             let said = if lines <= 3 {
                 json!({"say": "I'd like to book an appointment on Tuesday at 3 pm.", "done": false})
             } else {
-                json!({"say": "Perfect, thanks. Goodbye.", "done": true})
+                // Done, without last words: the caller hangs up.
+                json!({"done": true})
             };
             (200, completion(&said.to_string()))
         } else if req.path.starts_with("/nonsense") {

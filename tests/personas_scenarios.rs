@@ -487,11 +487,11 @@ async fn scenario_input_is_checked_field_by_field() {
     let s = TestServer::start().await;
     let t = s.team("scenario validation").await;
     let p = &t.project_id;
+    let caller = caller_llm(&s, &t.owner, p).await;
     let before = activity_count(&s, &t.owner, p).await;
     let long = |n: usize| "x".repeat(n);
     let step = |say: &str| json!({"say": say, "expect": []});
     let base = scripted(p, "x");
-    let caller = caller_llm(&s, &t.owner, p).await;
     let sim = simulated(p, &caller, "x");
     let cases: Vec<(Value, &str, &str)> = vec![
         (with(base.clone(), json!({"name": " "})), "invalid_name", "name"),
@@ -765,6 +765,7 @@ async fn replacing_bumps_the_version_and_resets_what_is_left_out() {
     let s = TestServer::start().await;
     let t = s.team("versions").await;
     let p = &t.project_id;
+    let caller = caller_llm(&s, &t.owner, p).await;
     let per = id(&create(&s, "/v1/personas", &t.editor, persona(p, "caller")).await);
     let first = create(
         &s,
@@ -799,7 +800,13 @@ async fn replacing_bumps_the_version_and_resets_what_is_left_out() {
     assert_eq!(second["created_at"], first["created_at"]);
     // Absent optional fields go back to their defaults.
     let third = s
-        .expect(Method::PUT, &path, &t.editor, Some(json!({"name": "v3", "mode": "simulated", "goal": "g"})), 200)
+        .expect(
+            Method::PUT,
+            &path,
+            &t.editor,
+            Some(json!({"name": "v3", "mode": "simulated", "goal": "g", "integration_id": caller})),
+            200,
+        )
         .await;
     assert_eq!(third["version"], 3);
     for (field, value) in [
@@ -817,7 +824,13 @@ async fn replacing_bumps_the_version_and_resets_what_is_left_out() {
     assert_eq!(s.expect(Method::GET, &path, &t.viewer, None, 200).await, third);
     // The same body again is still a new version.
     let fourth = s
-        .expect(Method::PUT, &path, &t.editor, Some(json!({"name": "v3", "mode": "simulated", "goal": "g"})), 200)
+        .expect(
+            Method::PUT,
+            &path,
+            &t.editor,
+            Some(json!({"name": "v3", "mode": "simulated", "goal": "g", "integration_id": caller})),
+            200,
+        )
         .await;
     assert_eq!(fourth["version"], 4);
     // Each replace is one record, with the version change.
@@ -854,7 +867,7 @@ async fn judges_are_recorded_and_replaced() {
     assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "in_use"), "{e}");
     assert!(e["message"].as_str().unwrap().contains(&id(&scn)), "{e}");
     // After a replace, only the new judge is held.
-    let body = json!({"name": "judged", "mode": "simulated", "goal": "g", "success_criteria": [judge(&b, "final")]});
+    let body = json!({"name": "judged", "mode": "simulated", "goal": "g", "integration_id": b, "success_criteria": [judge(&b, "final")]});
     s.expect(Method::PUT, &path, &t.editor, Some(body), 200).await;
     s.expect(Method::DELETE, &format!("/v1/integrations/{a}"), &t.owner, None, 200).await;
     let (status, _) =
@@ -895,7 +908,7 @@ async fn a_persona_a_scenario_defaults_to_is_in_use() {
         Method::PUT,
         &format!("/v1/scenarios/{}", id(&scn)),
         &t.editor,
-        Some(json!({"name": "checkout flow", "mode": "simulated", "goal": "g"})),
+        Some(json!({"name": "checkout flow", "mode": "simulated", "goal": "g", "integration_id": caller})),
         200,
     )
     .await;
@@ -942,7 +955,7 @@ async fn what_a_test_uses_is_in_use() {
             Method::PUT,
             &format!("/v1/scenarios/{scn}"),
             &t.editor,
-            Some(json!({"name": "booking", "mode": "simulated", "goal": "g2"})),
+            Some(json!({"name": "booking", "mode": "simulated", "goal": "g2", "integration_id": caller})),
             200,
         )
         .await;
@@ -1079,7 +1092,7 @@ async fn each_change_is_recorded_once() {
         Method::PUT,
         &format!("/v1/scenarios/{sid}"),
         &t.editor,
-        Some(json!({"name": "s", "mode": "simulated", "goal": "other"})),
+        Some(json!({"name": "s", "mode": "simulated", "goal": "other", "integration_id": caller})),
         200,
     )
     .await;
@@ -1087,7 +1100,7 @@ async fn each_change_is_recorded_once() {
         Method::PUT,
         &format!("/v1/scenarios/{sid}"),
         &t.reviewer,
-        Some(json!({"name": "s", "mode": "simulated", "goal": "x"})),
+        Some(json!({"name": "s", "mode": "simulated", "goal": "x", "integration_id": caller})),
         403,
     )
     .await;

@@ -66,6 +66,11 @@ pub struct Outcome {
     /// With `ended_reason` `agent_error` (or a caller LLM failure): what went
     /// wrong, in words a person understands.
     pub error: Option<String>,
+    /// The simulated caller could not go on (its LLM failed or is not
+    /// configured): not the agent's fault, so the verdict is `error` with
+    /// `error` as the reason ("the simulated caller's LLM failed: …"). The
+    /// caller hung up, so `ended_reason` is `caller_done`.
+    pub caller_error: bool,
     pub metrics: types::CallMetrics,
     /// Scripted scenarios: one entry per step whose line the caller said, in
     /// step order, holding the transcript indices of the agent's reply to

@@ -93,6 +93,7 @@ impl OutcomeBuilder {
             tool_calls: self.tool_calls,
             ended_reason: self.ended_reason,
             error: self.error,
+            caller_error: false,
             step_replies: self.step_replies,
         }
     }

@@ -1,0 +1,189 @@
+//! The `http` channel: one `POST {target}` per caller event
+//! (`{"call_id", "turn", "event": "start"|"message"|"end", "message"}`),
+//! answered with `{"messages": [...], "end_call", "tool_calls"}`.
+
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tokio::time::Instant;
+
+use super::{turn_limit, Reply, TurnFailure, CALL_ID_HEADER};
+use crate::engine::llm::clip;
+use crate::engine::CallPlan;
+
+/// Replies larger than this are refused: a reply is a few sentences.
+const MAX_REPLY_BYTES: usize = 1 << 20;
+
+pub(super) struct HttpAgent<'a> {
+    http: &'a reqwest::Client,
+    target: &'a str,
+    call_id: &'a str,
+    headers: HeaderMap,
+    turn_timeout: Duration,
+}
+
+/// The reply body of the protocol. `end_call` and `tool_calls` may be left
+/// out or null.
+#[derive(Deserialize)]
+struct WireReply {
+    messages: Vec<WireMessage>,
+    #[serde(default)]
+    end_call: Option<bool>,
+    #[serde(default)]
+    tool_calls: Option<Vec<WireToolCall>>,
+}
+
+#[derive(Deserialize)]
+struct WireMessage {
+    /// Meant to be `assistant`; not checked, an agent has only one role.
+    #[serde(default)]
+    #[allow(dead_code)]
+    role: Option<String>,
+    #[serde(default)]
+    content: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireToolCall {
+    name: String,
+    #[serde(default)]
+    arguments: Option<Map<String, Value>>,
+}
+
+impl<'a> HttpAgent<'a> {
+    /// Checks the channel's headers once, so a bad one is reported before
+    /// the call starts (by name: values are secret).
+    pub(super) fn new(http: &'a reqwest::Client, plan: &'a CallPlan) -> Result<Self, String> {
+        let mut headers = header_map(&plan.agent.headers)?;
+        headers.insert(
+            HeaderName::from_static(CALL_ID_HEADER),
+            HeaderValue::from_str(&plan.call_id)
+                .map_err(|_| format!("the call id `{}` is not a valid header value", plan.call_id))?,
+        );
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        Ok(HttpAgent {
+            http,
+            target: &plan.agent.target,
+            call_id: &plan.call_id,
+            headers,
+            turn_timeout: plan.agent.turn_timeout,
+        })
+    }
+
+    /// `start` (turn 0) or `message` with the caller's line, and the reply.
+    pub(super) async fn exchange(
+        &self,
+        turn: u32,
+        line: Option<&str>,
+        deadline: Instant,
+    ) -> Result<Reply, TurnFailure> {
+        let event = if turn == 0 { "start" } else { "message" };
+        let message = line.map(|content| json!({"role": "user", "content": content}));
+        let body = json!({"call_id": self.call_id, "turn": turn, "event": event, "message": message});
+        let (limit, deadline_binds) = turn_limit(self.turn_timeout, deadline);
+        let sent_at = Instant::now();
+        let text = match tokio::time::timeout_at(limit, self.post(turn, &body)).await {
+            Ok(result) => result.map_err(TurnFailure::Agent)?,
+            Err(_) if deadline_binds => return Err(TurnFailure::Deadline(None)),
+            Err(_) => {
+                return Err(TurnFailure::Agent(format!(
+                    "the agent did not answer turn {turn} within {} ms",
+                    self.turn_timeout.as_millis()
+                )))
+            }
+        };
+        let mut reply = Reply::new(sent_at);
+        reply.arrived(Instant::now());
+        let wire = parse_reply(turn, &text).map_err(TurnFailure::Agent)?;
+        reply.texts = wire.messages.into_iter().filter_map(|m| m.content).collect();
+        reply.tool_calls = wire
+            .tool_calls
+            .unwrap_or_default()
+            .into_iter()
+            .map(|call| (call.name, call.arguments.unwrap_or_default()))
+            .collect();
+        reply.end_call = wire.end_call.unwrap_or(false);
+        Ok(reply)
+    }
+
+    /// The caller hangs up: `end`, best effort, its reply ignored.
+    pub(super) async fn end(&self, turn: u32) {
+        let body = json!({"call_id": self.call_id, "turn": turn, "event": "end", "message": null});
+        let _ = tokio::time::timeout(self.turn_timeout, self.post(turn, &body)).await;
+    }
+
+    /// One POST; the body of a 2xx answer, or why there is none.
+    async fn post(&self, turn: u32, body: &Value) -> Result<String, String> {
+        let mut response =
+            self.http.post(self.target).headers(self.headers.clone()).body(body.to_string()).send().await.map_err(
+                |e| {
+                    if e.is_connect() {
+                        format!("could not reach the agent at {} for turn {turn}: {}", self.target, innermost(&e))
+                    } else {
+                        format!("the request for turn {turn} to the agent at {} failed: {}", self.target, innermost(&e))
+                    }
+                },
+            )?;
+        let status = response.status();
+        let mut bytes = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    bytes.extend_from_slice(&chunk);
+                    if bytes.len() > MAX_REPLY_BYTES {
+                        return Err(format!("the agent's reply to turn {turn} is larger than {MAX_REPLY_BYTES} bytes"));
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => return Err(format!("the agent's reply to turn {turn} broke off: {}", innermost(&e))),
+            }
+        }
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        if !status.is_success() {
+            return Err(format!(
+                "the agent answered turn {turn} with HTTP {}: {}",
+                status.as_u16(),
+                clip(text.trim(), 300)
+            ));
+        }
+        Ok(text)
+    }
+}
+
+fn parse_reply(turn: u32, text: &str) -> Result<WireReply, String> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| format!("the agent's reply to turn {turn} is not JSON ({e}): {}", clip(text.trim(), 200)))?;
+    serde_json::from_value(value).map_err(|e| {
+        format!(
+            "the agent's reply to turn {turn} is not of the protocol's shape \
+             {{\"messages\": [{{\"role\": \"assistant\", \"content\": …}}], \"end_call\": …, \"tool_calls\": […]}} \
+             ({e}): {}",
+            clip(text.trim(), 200)
+        )
+    })
+}
+
+/// The channel's headers as a header map; a bad one is named, never shown.
+pub(super) fn header_map(headers: &[(String, String)]) -> Result<HeaderMap, String> {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("the channel header name `{name}` is not a valid HTTP header name"))?;
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| format!("the value of the channel header `{name}` is not a valid HTTP header value"))?;
+        map.append(name, value);
+    }
+    Ok(map)
+}
+
+/// The innermost cause of a request error: the useful part ("connection
+/// refused"), without reqwest's wrapping.
+fn innermost(e: &reqwest::Error) -> String {
+    let mut source: &dyn std::error::Error = e;
+    while let Some(next) = source.source() {
+        source = next;
+    }
+    source.to_string()
+}

@@ -1,0 +1,160 @@
+//! The record of a call as it happens: transcript turns with their timings,
+//! tool calls, step replies; and the metrics computed from them at the end.
+
+use chrono::Utc;
+use sparring_server::types::{self, CallMetrics, LatencyPercentiles, ScenarioMode, TurnRole};
+use tokio::time::Instant;
+
+use super::{Ending, Reply};
+use crate::engine::{CallPlan, Outcome};
+
+pub(super) struct Recorder {
+    /// The start of the call: every `*_ms` is measured from here.
+    t0: Instant,
+    started_at: chrono::DateTime<Utc>,
+    transcript: Vec<types::TranscriptTurn>,
+    tool_calls: Vec<types::ToolCall>,
+    step_replies: Vec<Vec<usize>>,
+    /// How many scripted steps the caller said: the steps after them were
+    /// never reached and get no `step_replies` entry.
+    steps_said: usize,
+    agent_ended: bool,
+}
+
+impl Recorder {
+    pub(super) fn start(plan: &CallPlan) -> Self {
+        let steps = match plan.scenario.mode {
+            ScenarioMode::Scripted => plan.scenario.steps.len(),
+            ScenarioMode::Simulated => 0,
+        };
+        Recorder {
+            t0: Instant::now(),
+            started_at: Utc::now(),
+            transcript: Vec::new(),
+            tool_calls: Vec::new(),
+            step_replies: vec![Vec::new(); steps],
+            steps_said: 0,
+            agent_ended: false,
+        }
+    }
+
+    pub(super) fn call_start(&self) -> Instant {
+        self.t0
+    }
+
+    pub(super) fn transcript(&self) -> &[types::TranscriptTurn] {
+        &self.transcript
+    }
+
+    /// Whether `turns` more turns fit in `max_turns`.
+    pub(super) fn has_room(&self, max_turns: u32, turns: usize) -> bool {
+        self.transcript.len() + turns <= max_turns as usize
+    }
+
+    /// Whether the agent asked to end the call in one of its replies.
+    pub(super) fn agent_ended(&self) -> bool {
+        self.agent_ended
+    }
+
+    fn ms(&self, at: Instant) -> i64 {
+        i64::try_from(at.saturating_duration_since(self.t0).as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// The caller said `line` at `at`.
+    pub(super) fn caller(&mut self, line: &str, at: Instant) {
+        let ms = self.ms(at);
+        self.transcript.push(types::TranscriptTurn {
+            role: TurnRole::Caller,
+            text: line.to_string(),
+            start_ms: ms,
+            end_ms: ms,
+            latency_ms: None,
+        });
+    }
+
+    /// Records the agent's reply as one transcript turn (its messages'
+    /// contents joined with a single space) with its tool calls, and returns
+    /// the turn's index. A reply with neither words nor tool calls adds no
+    /// turn: there is nothing to show or to time.
+    pub(super) fn agent(&mut self, reply: Reply) -> Option<usize> {
+        self.agent_ended |= reply.end_call;
+        let text = reply.texts.iter().map(|t| t.trim()).filter(|t| !t.is_empty()).collect::<Vec<_>>().join(" ");
+        if text.is_empty() && reply.tool_calls.is_empty() {
+            return None;
+        }
+        let first = reply.first_at.unwrap_or_else(Instant::now);
+        let last = reply.last_at.unwrap_or(first);
+        let index = self.transcript.len();
+        self.transcript.push(types::TranscriptTurn {
+            role: TurnRole::Agent,
+            text,
+            start_ms: self.ms(first),
+            end_ms: self.ms(last),
+            latency_ms: Some(
+                i64::try_from(first.saturating_duration_since(reply.sent_at).as_millis()).unwrap_or(i64::MAX),
+            ),
+        });
+        let turn = i32::try_from(index).unwrap_or(i32::MAX);
+        self.tool_calls.extend(reply.tool_calls.into_iter().map(|(name, arguments)| types::ToolCall {
+            name,
+            arguments,
+            turn,
+        }));
+        Some(index)
+    }
+
+    /// The caller said scripted step `step`'s line.
+    pub(super) fn step_said(&mut self, step: usize) {
+        self.steps_said = self.steps_said.max(step + 1);
+    }
+
+    /// The agent's reply to scripted step `step` is transcript turn `index`.
+    pub(super) fn step_reply(&mut self, step: usize, index: usize) {
+        if let Some(replies) = self.step_replies.get_mut(step) {
+            replies.push(index);
+        }
+    }
+
+    pub(super) fn finish(mut self, ending: Ending) -> Outcome {
+        let metrics = metrics(&self.transcript);
+        self.step_replies.truncate(self.steps_said);
+        Outcome {
+            started_at: self.started_at,
+            duration_ms: u64::try_from(ending.at.saturating_duration_since(self.t0).as_millis()).unwrap_or(u64::MAX),
+            transcript: self.transcript,
+            tool_calls: self.tool_calls,
+            ended_reason: ending.reason,
+            error: ending.error,
+            caller_error: ending.caller_error,
+            metrics,
+            step_replies: self.step_replies,
+        }
+    }
+}
+
+/// Turns, time to first word and latency percentiles of a transcript.
+pub(super) fn metrics(transcript: &[types::TranscriptTurn]) -> CallMetrics {
+    let agent = || transcript.iter().filter(|t| t.role == TurnRole::Agent);
+    let mut latencies: Vec<i64> = agent().filter_map(|t| t.latency_ms).collect();
+    latencies.sort_unstable();
+    CallMetrics {
+        turns: i32::try_from(transcript.len()).unwrap_or(i32::MAX),
+        time_to_first_word_ms: agent().find(|t| !t.text.is_empty()).map(|t| t.start_ms),
+        latency_ms: LatencyPercentiles {
+            p50: nearest_rank(&latencies, 50),
+            p90: nearest_rank(&latencies, 90),
+            p95: nearest_rank(&latencies, 95),
+            max: latencies.last().copied(),
+        },
+    }
+}
+
+/// The `p`th percentile of `sorted` by the nearest-rank method: the value
+/// at rank ⌈p/100 · n⌉ (1-based); `None` for no values.
+pub(super) fn nearest_rank(sorted: &[i64], p: usize) -> Option<i64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (p * sorted.len()).div_ceil(100).max(1);
+    sorted.get(rank - 1).copied()
+}

@@ -1,0 +1,1173 @@
+//! Conversations against loopback agents that speak the protocol (a tiny
+//! hyper server for `http`, tungstenite for `websocket`) and a loopback
+//! chat-completions double for the simulated caller.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use reqwest::header::HeaderMap;
+use serde_json::{json, Value};
+use sparring_server::types::{self, ChannelKind, EndedReason, TurnRole};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+use tokio_util::sync::CancellationToken;
+
+use super::record::{metrics, nearest_rank};
+use super::simulated;
+use super::*;
+use crate::engine::{AgentEndpoint, LlmEndpoint};
+
+// ---------------------------------------------------------------------------
+// Doubles
+
+/// What a loopback HTTP server does with one request.
+enum Act {
+    Json(Value),
+    Raw(u16, String),
+    /// Never answers.
+    Hang,
+}
+
+/// One request a loopback HTTP server received.
+struct Seen {
+    headers: HeaderMap,
+    body: Value,
+}
+
+type Log<T> = Arc<Mutex<Vec<T>>>;
+
+/// An HTTP/1 server on a free loopback port answering every request with
+/// `handler(body)`; returns its base URL and what it received.
+async fn serve_http<F>(handler: F) -> (String, Log<Seen>)
+where
+    F: Fn(&Value) -> Act + Send + Sync + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let seen: Log<Seen> = Arc::default();
+    let handler = Arc::new(handler);
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let handler = handler.clone();
+            let log = log.clone();
+            let service = service_fn(move |request: hyper::Request<Incoming>| {
+                let handler = handler.clone();
+                let log = log.clone();
+                async move {
+                    let (parts, body) = request.into_parts();
+                    let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                    let act = handler(&body);
+                    log.lock().unwrap().push(Seen { headers: parts.headers, body });
+                    let (status, text) = match act {
+                        Act::Json(value) => (200, value.to_string()),
+                        Act::Raw(status, text) => (status, text),
+                        Act::Hang => std::future::pending().await,
+                    };
+                    Ok::<_, Infallible>(
+                        hyper::Response::builder().status(status).body(Full::new(Bytes::from(text))).unwrap(),
+                    )
+                }
+            });
+            tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), service));
+        }
+    });
+    (base, seen)
+}
+
+/// The server side of one websocket call, logging every frame it receives.
+struct Peer {
+    ws: WebSocketStream<TcpStream>,
+    log: Log<Value>,
+}
+
+impl Peer {
+    /// The next JSON text frame from Sparring; `None` once it closed.
+    async fn recv(&mut self) -> Option<Value> {
+        loop {
+            match self.ws.next().await? {
+                Ok(Message::Text(text)) => {
+                    let value: Value = serde_json::from_str(&text).unwrap();
+                    self.log.lock().unwrap().push(value.clone());
+                    return Some(value);
+                }
+                Ok(Message::Close(_)) | Err(_) => return None,
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    async fn send(&mut self, frame: Value) {
+        self.send_text(&frame.to_string()).await;
+    }
+
+    async fn send_text(&mut self, text: &str) {
+        let _ = self.ws.send(Message::text(text.to_string())).await;
+    }
+
+    /// Reads until Sparring closes (answering its close).
+    async fn drain(&mut self) {
+        while self.recv().await.is_some() {}
+    }
+}
+
+/// A websocket server on a free loopback port running `handler` for each
+/// connection; returns its `ws://` URL, the frames it received and the
+/// upgrade requests' headers.
+async fn serve_ws<F, Fut>(handler: F) -> (String, Log<Value>, Log<HeaderMap>)
+where
+    F: Fn(Peer) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}/ws", listener.local_addr().unwrap());
+    let frames: Log<Value> = Arc::default();
+    let upgrades: Log<HeaderMap> = Arc::default();
+    let handler = Arc::new(handler);
+    let (frame_log, upgrade_log) = (frames.clone(), upgrades.clone());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (handler, log, upgrade_log) = (handler.clone(), frame_log.clone(), upgrade_log.clone());
+            tokio::spawn(async move {
+                // The signature tungstenite's handshake callback requires.
+                #[allow(clippy::result_large_err)]
+                let callback = move |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
+                    upgrade_log.lock().unwrap().push(request.headers().clone());
+                    Ok(response)
+                };
+                if let Ok(ws) = tokio_tungstenite::accept_hdr_async(stream, callback).await {
+                    handler(Peer { ws, log }).await;
+                }
+            });
+        }
+    });
+    (url, frames, upgrades)
+}
+
+/// A free loopback port with nothing listening on it.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// The agent double's replies: (messages, tool calls, end_call).
+fn booking(line: Option<&str>) -> (Vec<&'static str>, Vec<Value>, bool) {
+    let line = line.unwrap_or("").to_lowercase();
+    if line.is_empty() {
+        (vec!["Welcome to Bella's!", "How can I help?"], vec![], false)
+    } else if line.contains("bye") {
+        (vec!["Goodbye!"], vec![], true)
+    } else if line.contains("hello") {
+        (vec!["Hi! How can I help?"], vec![], false)
+    } else if line.contains("tuesday") {
+        (vec!["Tuesday works."], vec![json!({"name": "check_availability", "arguments": {"day": "tuesday"}})], false)
+    } else if line.contains("table") {
+        (vec!["Sure.", "For which day?"], vec![], false)
+    } else {
+        (vec!["Sorry?"], vec![], false)
+    }
+}
+
+/// The booking agent over http.
+fn booking_http(body: &Value) -> Act {
+    if body["event"] == "end" {
+        return Act::Json(json!({"messages": []}));
+    }
+    let (messages, tool_calls, end_call) = booking(body["message"]["content"].as_str());
+    let messages: Vec<Value> = messages.iter().map(|m| json!({"role": "assistant", "content": m})).collect();
+    Act::Json(json!({"messages": messages, "tool_calls": tool_calls, "end_call": end_call}))
+}
+
+/// The booking agent over websocket; `greets` says whether it speaks
+/// first after `start`.
+async fn booking_ws(mut peer: Peer, greets: bool) {
+    let Some(start) = peer.recv().await else { return };
+    assert_eq!(start["type"], "start");
+    if greets {
+        reply_ws(&mut peer, None).await;
+    }
+    while let Some(frame) = peer.recv().await {
+        if frame["type"] == "message" && reply_ws(&mut peer, frame["content"].as_str()).await {
+            peer.drain().await;
+            return;
+        }
+    }
+}
+
+/// Sends the booking reply to `line` as frames; whether it ended the call.
+async fn reply_ws(peer: &mut Peer, line: Option<&str>) -> bool {
+    let (messages, tool_calls, end_call) = booking(line);
+    for message in messages {
+        peer.send(json!({"type": "message", "role": "assistant", "content": message})).await;
+    }
+    for call in tool_calls {
+        peer.send(json!({"type": "tool_call", "name": call["name"], "arguments": call["arguments"]})).await;
+    }
+    peer.send(json!({"type": if end_call { "end_call" } else { "turn_end" }})).await;
+    end_call
+}
+
+/// A chat-completions double answering with `answers` in turn (status,
+/// content); returns its base URL and the requests it received.
+async fn serve_llm(answers: Vec<(u16, &'static str)>) -> (String, Log<Seen>) {
+    let count = AtomicUsize::new(0);
+    serve_http(move |_| {
+        let (status, content) =
+            answers.get(count.fetch_add(1, Ordering::SeqCst)).copied().unwrap_or((200, "{\"done\": true}"));
+        if status == 200 {
+            Act::Json(json!({"choices": [{"message": {"role": "assistant", "content": content}}]}))
+        } else {
+            Act::Raw(status, content.to_string())
+        }
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------
+// Plans
+
+fn scenario(mode: &str, first_message: Option<&str>, steps: &[&str], goal: Option<&str>) -> types::Scenario {
+    serde_json::from_value(json!({
+        "created_at": "2025-01-01T00:00:00Z",
+        "updated_at": "2025-01-01T00:00:00Z",
+        "default_persona_id": null,
+        "description": "A guest books a table.",
+        "first_message": first_message,
+        "goal": goal,
+        "integration_id": null,
+        "id": "scn_1",
+        "max_duration_s": 60,
+        "max_turns": 50,
+        "mode": mode,
+        "name": "Book a table",
+        "project_id": "prj_1",
+        "steps": steps.iter().map(|s| json!({"say": s, "expect": []})).collect::<Vec<_>>(),
+        "success_criteria": [],
+        "tags": [],
+        "version": 1,
+    }))
+    .unwrap()
+}
+
+fn persona() -> types::Persona {
+    serde_json::from_value(json!({
+        "accent": "Scottish",
+        "background_noise": "none",
+        "background_noise_volume": 0.0,
+        "created_at": "2025-01-01T00:00:00Z",
+        "updated_at": "2025-01-01T00:00:00Z",
+        "description": "A retired teacher.",
+        "gender": null,
+        "id": "per_1",
+        "interruption_level": "high",
+        "language": "en-GB",
+        "name": "Morag",
+        "patience": "low",
+        "project_id": "prj_1",
+        "prompt": "Ask about the vegetarian menu at some point.",
+        "tags": ["regular guest"],
+        "verbosity": "low",
+        "voice": {"provider": null, "voice_id": null, "speed": 1.0},
+    }))
+    .unwrap()
+}
+
+fn plan(kind: ChannelKind, target: impl Into<String>, scenario: types::Scenario) -> CallPlan {
+    CallPlan {
+        call_id: "call_test1".into(),
+        scenario,
+        persona: None,
+        agent: AgentEndpoint {
+            kind,
+            target: target.into(),
+            headers: vec![("x-api-key".into(), "secret-value".into())],
+            turn_timeout: Duration::from_secs(10),
+        },
+        caller_llm: None,
+        max_turns: 50,
+        max_duration: Duration::from_secs(60),
+    }
+}
+
+fn scripted(first_message: Option<&str>, steps: &[&str]) -> types::Scenario {
+    scenario("scripted", first_message, steps, None)
+}
+
+async fn run(plan: &CallPlan) -> Outcome {
+    run_with(plan, &CancellationToken::new()).await
+}
+
+async fn run_with(plan: &CallPlan, cancel: &CancellationToken) -> Outcome {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    // A safety net so a bug shows as a failure, not a stuck test run.
+    tokio::time::timeout(Duration::from_secs(120), converse(&http, plan, cancel)).await.expect("converse hung")
+}
+
+/// The transcript as (role, text) pairs.
+fn lines(outcome: &Outcome) -> Vec<(&'static str, String)> {
+    outcome
+        .transcript
+        .iter()
+        .map(|t| (if t.role == TurnRole::Caller { "caller" } else { "agent" }, t.text.clone()))
+        .collect()
+}
+
+fn tool_calls(outcome: &Outcome) -> Vec<(String, Value, i32)> {
+    outcome.tool_calls.iter().map(|c| (c.name.clone(), Value::Object(c.arguments.clone()), c.turn)).collect()
+}
+
+/// (event, turn, caller line) of every request an http agent received.
+fn events(seen: &Log<Seen>) -> Vec<(String, u64, Option<String>)> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s.body["event"].as_str().unwrap_or("?").to_string(),
+                s.body["turn"].as_u64().unwrap_or(999),
+                s.body["message"]["content"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+/// The `type` (and content) of every frame a websocket agent received.
+fn frames(log: &Log<Value>) -> Vec<String> {
+    log.lock()
+        .unwrap()
+        .iter()
+        .map(|f| match f["content"].as_str() {
+            Some(content) => format!("{}: {content}", f["type"].as_str().unwrap_or("?")),
+            None => f["type"].as_str().unwrap_or("?").to_string(),
+        })
+        .collect()
+}
+
+fn s(text: &str) -> String {
+    text.to_string()
+}
+
+/// Invariants every outcome keeps: timings in order, latency only on agent
+/// turns, metrics consistent with the transcript.
+fn assert_consistent(outcome: &Outcome) {
+    let mut previous = 0;
+    for turn in &outcome.transcript {
+        assert!(turn.start_ms >= previous && turn.end_ms >= turn.start_ms, "{:?}", outcome.transcript);
+        previous = turn.end_ms;
+        assert_eq!(turn.latency_ms.is_some(), turn.role == TurnRole::Agent);
+        assert!(turn.latency_ms.unwrap_or(0) >= 0);
+    }
+    assert!(outcome.duration_ms as i64 >= previous);
+    assert_eq!(outcome.metrics.turns as usize, outcome.transcript.len());
+    let mut latencies: Vec<i64> = outcome.transcript.iter().filter_map(|t| t.latency_ms).collect();
+    latencies.sort();
+    assert_eq!(outcome.metrics.latency_ms.max, latencies.last().copied());
+    assert_eq!(outcome.metrics.latency_ms.p50, nearest_rank(&latencies, 50));
+    let first_words = outcome.transcript.iter().find(|t| t.role == TurnRole::Agent && !t.text.is_empty());
+    assert_eq!(outcome.metrics.time_to_first_word_ms, first_words.map(|t| t.start_ms));
+}
+
+// ---------------------------------------------------------------------------
+// Scripted calls over http
+
+#[tokio::test]
+async fn scripted_http_call_follows_the_script() {
+    let (base, seen) = serve_http(booking_http).await;
+    let plan = plan(
+        ChannelKind::Http,
+        format!("{base}/http"),
+        scripted(Some("Hi, I'd like a table"), &["Tuesday please", "Thanks"]),
+    );
+    let outcome = run(&plan).await;
+
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone);
+    assert_eq!(outcome.error, None);
+    assert!(!outcome.caller_error);
+    assert_eq!(
+        lines(&outcome),
+        vec![
+            ("caller", s("Hi, I'd like a table")),
+            ("agent", s("Sure. For which day?")),
+            ("caller", s("Tuesday please")),
+            ("agent", s("Tuesday works.")),
+            ("caller", s("Thanks")),
+            ("agent", s("Sorry?")),
+        ]
+    );
+    assert_eq!(outcome.step_replies, vec![vec![3], vec![5]]);
+    assert_eq!(tool_calls(&outcome), vec![(s("check_availability"), json!({"day": "tuesday"}), 3)]);
+    assert_eq!(outcome.metrics.turns, 6);
+    assert_eq!(outcome.metrics.time_to_first_word_ms, Some(outcome.transcript[1].start_ms));
+    assert!(outcome.metrics.latency_ms.p95.is_some());
+    assert_consistent(&outcome);
+
+    assert_eq!(
+        events(&seen),
+        vec![
+            (s("start"), 0, Some(s("Hi, I'd like a table"))),
+            (s("message"), 1, Some(s("Tuesday please"))),
+            (s("message"), 2, Some(s("Thanks"))),
+            (s("end"), 3, None),
+        ]
+    );
+    for request in seen.lock().unwrap().iter() {
+        assert_eq!(request.headers["x-sparring-call-id"], "call_test1");
+        assert_eq!(request.headers["x-api-key"], "secret-value");
+        assert_eq!(request.headers["content-type"], "application/json");
+        assert_eq!(request.body["call_id"], "call_test1");
+        if request.body["event"] != "end" {
+            assert_eq!(request.body["message"]["role"], "user");
+        } else {
+            assert_eq!(request.body["message"], Value::Null);
+        }
+    }
+}
+
+#[tokio::test]
+async fn agent_greets_first_when_there_is_no_first_message() {
+    let (base, seen) = serve_http(booking_http).await;
+    let plan = plan(ChannelKind::Http, format!("{base}/http"), scripted(None, &["A table, please"]));
+    let outcome = run(&plan).await;
+
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone);
+    assert_eq!(
+        lines(&outcome),
+        vec![
+            ("agent", s("Welcome to Bella's! How can I help?")),
+            ("caller", s("A table, please")),
+            ("agent", s("Sure. For which day?")),
+        ]
+    );
+    assert_eq!(outcome.step_replies, vec![vec![2]]);
+    assert_eq!(outcome.metrics.time_to_first_word_ms, Some(outcome.transcript[0].start_ms));
+    assert_consistent(&outcome);
+    assert_eq!(events(&seen).len(), 3, "start, one message, end");
+    let requests = seen.lock().unwrap();
+    assert_eq!(requests[0].body["event"], "start");
+    assert_eq!(requests[0].body["message"], Value::Null);
+}
+
+#[tokio::test]
+async fn agent_ends_the_call() {
+    let (base, seen) = serve_http(booking_http).await;
+    let plan = plan(
+        ChannelKind::Http,
+        format!("{base}/http"),
+        scripted(Some("Hi, a table"), &["Tuesday please", "OK bye", "Never said"]),
+    );
+    let outcome = run(&plan).await;
+
+    assert_eq!(outcome.ended_reason, EndedReason::AgentEnded);
+    assert_eq!(outcome.error, None);
+    assert_eq!(outcome.transcript.len(), 6);
+    assert_eq!(outcome.transcript[5].text, "Goodbye!");
+    assert_eq!(outcome.step_replies, vec![vec![3], vec![5]], "the third step was never reached: no entry");
+    // The agent hung up: no `end` is sent.
+    assert_eq!(events(&seen).last().unwrap().0, "message");
+    assert_eq!(events(&seen).len(), 3);
+}
+
+#[tokio::test]
+async fn max_turns_stops_before_a_line_whose_reply_would_not_fit() {
+    let steps = ["Hello there", "Tuesday please", "A table", "More", "Even more"];
+    let (base, seen) = serve_http(booking_http).await;
+    for (max_turns, expected) in [(4, 4), (5, 4), (6, 6)] {
+        let mut plan = plan(ChannelKind::Http, format!("{base}/http"), scripted(Some("Hi"), &steps));
+        plan.max_turns = max_turns;
+        let outcome = run(&plan).await;
+        assert_eq!(outcome.ended_reason, EndedReason::MaxTurns, "max_turns {max_turns}");
+        assert_eq!(outcome.transcript.len(), expected, "max_turns {max_turns}");
+        assert_eq!(outcome.step_replies.iter().filter(|r| !r.is_empty()).count(), expected / 2 - 1);
+        assert_consistent(&outcome);
+    }
+    // Each call hung up with `end`.
+    assert_eq!(events(&seen).iter().filter(|e| e.0 == "end").count(), 3);
+
+    // The limit counts the opening exchange too.
+    let mut tiny = plan(ChannelKind::Http, format!("{base}/http"), scripted(Some("Hi"), &steps));
+    tiny.max_turns = 1;
+    let before = events(&seen).len();
+    let outcome = run(&tiny).await;
+    assert_eq!(outcome.ended_reason, EndedReason::MaxTurns);
+    assert!(outcome.transcript.is_empty());
+    assert_eq!(events(&seen).len(), before, "a call with no room is not started");
+}
+
+#[tokio::test]
+async fn max_duration_ends_a_call_waiting_for_the_agent() {
+    // The agent never answers (but takes the hang-up): the call's limit, far
+    // below the turn timeout, ends it.
+    let (base, seen) = serve_http(|body| match body["event"].as_str() {
+        Some("end") => booking_http(body),
+        _ => Act::Hang,
+    })
+    .await;
+    let mut plan = plan(ChannelKind::Http, format!("{base}/http"), scripted(Some("Hi, a table"), &["Tuesday please"]));
+    plan.max_duration = Duration::from_millis(300);
+    plan.agent.turn_timeout = Duration::from_secs(60);
+    let outcome = run(&plan).await;
+
+    assert_eq!(outcome.ended_reason, EndedReason::MaxDuration);
+    assert_eq!(outcome.error, None);
+    assert_eq!(lines(&outcome), vec![("caller", s("Hi, a table"))]);
+    assert!(outcome.step_replies.is_empty(), "only the opening line was said; step 1 was never reached");
+    assert!(outcome.duration_ms >= 300);
+    assert_eq!(events(&seen).iter().map(|e| (e.0.as_str(), e.1)).collect::<Vec<_>>(), vec![("start", 0), ("end", 1)]);
+}
+
+#[tokio::test]
+async fn cancel_is_seen_before_the_next_caller_line() {
+    let cancel = CancellationToken::new();
+    let token = cancel.clone();
+    let (base, seen) = serve_http(move |body| {
+        if body["turn"] == 1 {
+            token.cancel();
+        }
+        booking_http(body)
+    })
+    .await;
+    let plan = plan(ChannelKind::Http, format!("{base}/http"), scripted(Some("Hi"), &["A table", "Tuesday", "More"]));
+    let outcome = run_with(&plan, &cancel).await;
+
+    assert_eq!(outcome.ended_reason, EndedReason::Cancelled);
+    // The turn running when the token was cancelled finished.
+    assert_eq!(outcome.transcript.len(), 4);
+    assert_eq!(outcome.transcript[3].text, "Sure. For which day?");
+    assert_eq!(
+        events(&seen).iter().map(|e| (e.0.as_str(), e.1)).collect::<Vec<_>>(),
+        vec![("start", 0), ("message", 1), ("end", 2)]
+    );
+
+    // Cancelled before it began: the agent is never called.
+    let (base, seen) = serve_http(booking_http).await;
+    let plan = self::plan(ChannelKind::Http, format!("{base}/http"), scripted(Some("Hi"), &["A table"]));
+    let outcome = run_with(&plan, &cancel).await;
+    assert_eq!(outcome.ended_reason, EndedReason::Cancelled);
+    assert!(outcome.transcript.is_empty());
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn empty_replies_add_no_turn_and_tool_only_replies_do() {
+    let (base, _seen) = serve_http(|body| match body["turn"].as_u64() {
+        Some(0) => Act::Json(json!({"messages": []})),
+        Some(1) => Act::Json(json!({"messages": [], "tool_calls": [{"name": "lookup"}]})),
+        _ => Act::Json(json!({"messages": [{"content": "  "}, {"role": "assistant", "content": "Done."}], "end_call": null, "tool_calls": null})),
+    })
+    .await;
+    let plan = plan(ChannelKind::Http, format!("{base}/http"), scripted(None, &["First", "Second"]));
+    let outcome = run(&plan).await;
+
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone);
+    assert_eq!(
+        lines(&outcome),
+        vec![("caller", s("First")), ("agent", s("")), ("caller", s("Second")), ("agent", s("Done."))]
+    );
+    assert_eq!(outcome.step_replies, vec![vec![1], vec![3]]);
+    assert_eq!(tool_calls(&outcome), vec![(s("lookup"), json!({}), 1)]);
+    // The first words came in turn 3, not in the silent turn 1.
+    assert_eq!(outcome.metrics.time_to_first_word_ms, Some(outcome.transcript[3].start_ms));
+    assert_consistent(&outcome);
+}
+
+// ---------------------------------------------------------------------------
+// http failures
+
+async fn http_failure(act: fn(&Value) -> Act, turn_timeout: Duration) -> (Outcome, Log<Seen>) {
+    let (base, seen) = serve_http(act).await;
+    let mut plan = plan(ChannelKind::Http, format!("{base}/http"), scripted(Some("Hi, a table"), &["Tuesday please"]));
+    plan.agent.turn_timeout = turn_timeout;
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{outcome:?}");
+    assert!(!outcome.caller_error);
+    assert_consistent(&outcome);
+    (outcome, seen)
+}
+
+#[tokio::test]
+async fn http_refused_connection() {
+    let port = closed_port();
+    let plan = plan(ChannelKind::Http, format!("http://127.0.0.1:{port}/http"), scripted(Some("Hi"), &[]));
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::AgentError);
+    let error = outcome.error.clone().unwrap();
+    assert!(
+        error.starts_with(&format!("could not reach the agent at http://127.0.0.1:{port}/http for turn 0: ")),
+        "{error}"
+    );
+    assert!(error.to_lowercase().contains("refused"), "{error}");
+    assert_eq!(lines(&outcome), vec![("caller", s("Hi"))]);
+}
+
+#[tokio::test]
+async fn http_server_error_shows_status_and_body() {
+    let (outcome, seen) = http_failure(
+        |body| if body["turn"] == 1 { Act::Raw(503, "agent overloaded\n".into()) } else { booking_http(body) },
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(outcome.error.as_deref(), Some("the agent answered turn 1 with HTTP 503: agent overloaded"));
+    assert_eq!(outcome.transcript.len(), 3);
+    // An agent error is not followed by `end`.
+    assert_eq!(events(&seen).len(), 2);
+}
+
+#[tokio::test]
+async fn http_long_error_bodies_are_clipped() {
+    let (outcome, _) = http_failure(|_| Act::Raw(500, "x".repeat(5000)), Duration::from_secs(10)).await;
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with("the agent answered turn 0 with HTTP 500: xxx"), "{error}");
+    assert!(error.ends_with('…') && error.len() < 400, "{error}");
+}
+
+#[tokio::test]
+async fn http_hanging_agent_times_out() {
+    let (outcome, _) = http_failure(|_| Act::Hang, Duration::from_millis(300)).await;
+    assert_eq!(outcome.error.as_deref(), Some("the agent did not answer turn 0 within 300 ms"));
+}
+
+#[tokio::test]
+async fn http_reply_that_is_not_json() {
+    let (outcome, _) = http_failure(|_| Act::Raw(200, "<html>oops</html>".into()), Duration::from_secs(10)).await;
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with("the agent's reply to turn 0 is not JSON ("), "{error}");
+    assert!(error.ends_with("<html>oops</html>"), "{error}");
+}
+
+#[tokio::test]
+async fn http_reply_of_the_wrong_shape() {
+    let (outcome, _) = http_failure(
+        |body| if body["turn"] == 1 { Act::Json(json!({"message": "hi"})) } else { booking_http(body) },
+        Duration::from_secs(10),
+    )
+    .await;
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with("the agent's reply to turn 1 is not of the protocol's shape"), "{error}");
+    assert!(error.contains("missing field `messages`"), "{error}");
+
+    let (outcome, _) =
+        http_failure(|_| Act::Json(json!({"messages": [{"content": 3}]})), Duration::from_secs(10)).await;
+    assert!(outcome.error.unwrap().starts_with("the agent's reply to turn 0 is not of the protocol's shape"));
+}
+
+#[tokio::test]
+async fn unsupported_channel_kinds() {
+    for (kind, name) in [(ChannelKind::Phone, "phone"), (ChannelKind::Sip, "sip")] {
+        let outcome = run(&plan(kind, "+15550100", scripted(Some("Hi"), &[]))).await;
+        assert_eq!(outcome.ended_reason, EndedReason::AgentError);
+        assert_eq!(outcome.error, Some(format!("channel kind `{name}` is not supported yet")));
+        assert!(outcome.transcript.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn header_values_never_show_in_errors() {
+    let mut plan = plan(ChannelKind::Http, "http://127.0.0.1:1/http", scripted(Some("Hi"), &[]));
+    plan.agent.headers = vec![("authorization".into(), "Bearer top-secret\n".into())];
+    let outcome = run(&plan).await;
+    let error = outcome.error.clone().unwrap();
+    assert_eq!(error, "the value of the channel header `authorization` is not a valid HTTP header value");
+    assert!(!format!("{outcome:?}").contains("top-secret"));
+}
+
+// ---------------------------------------------------------------------------
+// Scripted calls over websocket
+
+#[tokio::test]
+async fn scripted_websocket_call_follows_the_script() {
+    let (url, received, upgrades) = serve_ws(|peer| booking_ws(peer, false)).await;
+    let plan = plan(ChannelKind::Websocket, url, scripted(Some("Hi, I'd like a table"), &["Tuesday please", "Thanks"]));
+    let outcome = run(&plan).await;
+
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{:?}", outcome.error);
+    assert_eq!(
+        lines(&outcome),
+        vec![
+            ("caller", s("Hi, I'd like a table")),
+            ("agent", s("Sure. For which day?")),
+            ("caller", s("Tuesday please")),
+            ("agent", s("Tuesday works.")),
+            ("caller", s("Thanks")),
+            ("agent", s("Sorry?")),
+        ]
+    );
+    assert_eq!(outcome.step_replies, vec![vec![3], vec![5]]);
+    assert_eq!(tool_calls(&outcome), vec![(s("check_availability"), json!({"day": "tuesday"}), 3)]);
+    assert_consistent(&outcome);
+
+    assert_eq!(
+        frames(&received),
+        vec![
+            s("start"),
+            s("message: Hi, I'd like a table"),
+            s("message: Tuesday please"),
+            s("message: Thanks"),
+            s("end_call"),
+        ]
+    );
+    let log = received.lock().unwrap();
+    assert_eq!(log[0]["call_id"], "call_test1");
+    assert_eq!(log[1]["role"], "user");
+    let upgrades = upgrades.lock().unwrap();
+    assert_eq!(upgrades.len(), 1, "one connection per call");
+    assert_eq!(upgrades[0]["x-sparring-call-id"], "call_test1");
+    assert_eq!(upgrades[0]["x-api-key"], "secret-value");
+}
+
+#[tokio::test]
+async fn websocket_greeting_first_and_agent_ending() {
+    let (url, received, _) = serve_ws(|peer| booking_ws(peer, true)).await;
+    let plan = plan(ChannelKind::Websocket, url, scripted(None, &["A table", "Bye then", "Never said"]));
+    let outcome = run(&plan).await;
+
+    assert_eq!(outcome.ended_reason, EndedReason::AgentEnded, "{:?}", outcome.error);
+    assert_eq!(
+        lines(&outcome),
+        vec![
+            ("agent", s("Welcome to Bella's! How can I help?")),
+            ("caller", s("A table")),
+            ("agent", s("Sure. For which day?")),
+            ("caller", s("Bye then")),
+            ("agent", s("Goodbye!")),
+        ]
+    );
+    assert_eq!(outcome.step_replies, vec![vec![2], vec![4]], "the third step was never reached: no entry");
+    assert_eq!(outcome.metrics.time_to_first_word_ms, Some(outcome.transcript[0].start_ms));
+    assert_consistent(&outcome);
+    // No `end_call` from us: the agent hung up.
+    assert_eq!(frames(&received), vec![s("start"), s("message: A table"), s("message: Bye then")]);
+}
+
+#[tokio::test]
+async fn websocket_silence_ends_a_turn() {
+    let (url, _, _) = serve_ws(|mut peer| async move {
+        while let Some(frame) = peer.recv().await {
+            if frame["type"] == "message" {
+                // No turn_end: the turn ends after the turn timeout of silence.
+                peer.send(json!({"type": "message", "role": "assistant", "content": "Mm-hm."})).await;
+            }
+        }
+    })
+    .await;
+    let mut plan = plan(ChannelKind::Websocket, url, scripted(Some("Hi"), &["Still there?"]));
+    plan.agent.turn_timeout = Duration::from_millis(1500);
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{:?}", outcome.error);
+    assert_eq!(
+        lines(&outcome),
+        vec![("caller", s("Hi")), ("agent", s("Mm-hm.")), ("caller", s("Still there?")), ("agent", s("Mm-hm."))]
+    );
+}
+
+#[tokio::test]
+async fn websocket_max_duration_keeps_what_the_agent_said() {
+    let (url, received, _) = serve_ws(|mut peer| async move {
+        while let Some(frame) = peer.recv().await {
+            if frame["type"] == "message" {
+                peer.send(json!({"type": "message", "role": "assistant", "content": "Let me think"})).await;
+                peer.send(json!({"type": "tool_call", "name": "think"})).await;
+            }
+        }
+    })
+    .await;
+    let mut plan = plan(ChannelKind::Websocket, url, scripted(Some("Hi"), &["Anything?"]));
+    plan.agent.turn_timeout = Duration::from_secs(60);
+    // Long enough for the frames sent at once to arrive first.
+    plan.max_duration = Duration::from_secs(3);
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::MaxDuration, "{:?}", outcome.error);
+    assert_eq!(lines(&outcome), vec![("caller", s("Hi")), ("agent", s("Let me think"))]);
+    assert_eq!(tool_calls(&outcome), vec![(s("think"), json!({}), 1)]);
+    assert_eq!(frames(&received).last().unwrap(), "end_call");
+}
+
+// ---------------------------------------------------------------------------
+// websocket failures
+
+async fn ws_failure<F, Fut>(handler: F, turn_timeout: Duration) -> Outcome
+where
+    F: Fn(Peer) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (url, _, _) = serve_ws(handler).await;
+    let mut plan = plan(ChannelKind::Websocket, url, scripted(Some("Hi, a table"), &["Tuesday please"]));
+    plan.agent.turn_timeout = turn_timeout;
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{outcome:?}");
+    assert_consistent(&outcome);
+    outcome
+}
+
+/// A websocket agent that answers the opening properly and then sends
+/// `frame` (raw text) in reply to the next line.
+async fn then_sends(mut peer: Peer, frame: &'static str) {
+    let mut lines = 0;
+    while let Some(received) = peer.recv().await {
+        if received["type"] == "message" {
+            lines += 1;
+            if lines == 1 {
+                reply_ws(&mut peer, received["content"].as_str()).await;
+            } else {
+                peer.send_text(frame).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn websocket_refused_connection() {
+    let port = closed_port();
+    let url = format!("ws://127.0.0.1:{port}/ws");
+    let outcome = run(&plan(ChannelKind::Websocket, url.clone(), scripted(Some("Hi"), &[]))).await;
+    assert_eq!(outcome.ended_reason, EndedReason::AgentError);
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with(&format!("could not connect to the agent at {url} for turn 0: ")), "{error}");
+    assert!(error.to_lowercase().contains("refused"), "{error}");
+    assert!(outcome.transcript.is_empty());
+}
+
+#[tokio::test]
+async fn websocket_upgrade_refused() {
+    let (base, _) = serve_http(|_| Act::Raw(404, "no such agent".into())).await;
+    let url = format!("{}/ws", base.replace("http://", "ws://"));
+    let outcome = run(&plan(ChannelKind::Websocket, url.clone(), scripted(Some("Hi"), &[]))).await;
+    assert_eq!(
+        outcome.error,
+        Some(format!("the agent at {url} refused the websocket connection for turn 0 with HTTP 404: no such agent"))
+    );
+}
+
+#[tokio::test]
+async fn websocket_silent_agent_times_out() {
+    let outcome = ws_failure(|mut peer| async move { peer.drain().await }, Duration::from_millis(300)).await;
+    assert_eq!(outcome.error.as_deref(), Some("the agent sent nothing for turn 0 within 300 ms"));
+    assert_eq!(lines(&outcome), vec![("caller", s("Hi, a table"))]);
+}
+
+#[tokio::test]
+async fn websocket_frame_that_is_not_json() {
+    let outcome = ws_failure(|peer| then_sends(peer, "hello?"), Duration::from_secs(10)).await;
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with("the agent sent a frame that is not JSON during turn 1 ("), "{error}");
+    assert!(error.ends_with("hello?"), "{error}");
+    assert_eq!(outcome.transcript.len(), 3);
+}
+
+#[tokio::test]
+async fn websocket_frame_of_the_wrong_shape() {
+    let outcome = ws_failure(|peer| then_sends(peer, r#"{"type": "message"}"#), Duration::from_secs(10)).await;
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some(
+            r#"the agent sent a `message` frame during turn 1: {"type": "message"} (a `message` frame needs a string `content`)"#
+        )
+    );
+    let outcome = ws_failure(|peer| then_sends(peer, r#"["message"]"#), Duration::from_secs(10)).await;
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some(r#"the agent sent a frame that is not a JSON object during turn 1: ["message"]"#)
+    );
+    let outcome = ws_failure(
+        |peer| then_sends(peer, r#"{"type": "tool_call", "name": "x", "arguments": 1}"#),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(outcome.error.unwrap().ends_with("(`arguments` must be an object)"));
+}
+
+#[tokio::test]
+async fn websocket_unknown_frame_type() {
+    let outcome = ws_failure(|peer| then_sends(peer, r#"{"type": "dance"}"#), Duration::from_secs(10)).await;
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some(
+            "the agent sent a frame of unknown type `dance` during turn 1 \
+             (expected message, tool_call, end_call or turn_end)"
+        )
+    );
+}
+
+#[tokio::test]
+async fn websocket_close_mid_turn() {
+    let outcome = ws_failure(
+        |mut peer| async move {
+            let mut lines = 0;
+            while let Some(received) = peer.recv().await {
+                if received["type"] == "message" {
+                    lines += 1;
+                    if lines == 1 {
+                        reply_ws(&mut peer, received["content"].as_str()).await;
+                    } else {
+                        peer.send(json!({"type": "message", "role": "assistant", "content": "Let me"})).await;
+                        let _ = peer.ws.close(None).await;
+                        peer.drain().await;
+                        return;
+                    }
+                }
+            }
+        },
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(outcome.error.as_deref(), Some("the agent closed the connection during turn 1"));
+
+    // Dropping the connection without a close handshake is said the same way.
+    let outcome = ws_failure(
+        |mut peer| async move {
+            peer.recv().await;
+            peer.recv().await;
+            drop(peer);
+        },
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(outcome.error.as_deref(), Some("the agent closed the connection during turn 0"));
+}
+
+#[tokio::test]
+async fn websocket_binary_frame() {
+    let outcome = ws_failure(
+        |mut peer| async move {
+            peer.recv().await;
+            let _ = peer.ws.send(Message::binary(vec![1u8, 2, 3])).await;
+            peer.drain().await;
+        },
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some("the agent sent a binary frame during turn 0; the protocol's frames are JSON text")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Simulated callers
+
+fn simulated_plan(agent: String, llm: Option<&str>, first_message: Option<&str>) -> CallPlan {
+    let mut plan =
+        plan(ChannelKind::Http, agent, scenario("simulated", first_message, &[], Some("Book a table for Tuesday")));
+    plan.persona = Some(persona());
+    plan.caller_llm = llm.map(|base_url| LlmEndpoint {
+        base_url: base_url.to_string(),
+        model: "caller-model".into(),
+        temperature: Some(0.7),
+        api_key: Some("sk-test".into()),
+    });
+    plan
+}
+
+#[tokio::test]
+async fn simulated_caller_plays_toward_its_goal() {
+    let (agent, seen) = serve_http(booking_http).await;
+    let (llm, asked) = serve_llm(vec![
+        (200, "Here you go:\n```json\n{\"say\": \"Do you have a table on Tuesday?\", \"done\": false}\n```"),
+        (200, "Great, thanks"),
+        (200, "{\"done\": true, \"say\": \"That's all I needed.\"}"),
+    ])
+    .await;
+    let plan = simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"));
+    let outcome = run(&plan).await;
+
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{:?}", outcome.error);
+    assert!(!outcome.caller_error);
+    assert_eq!(
+        lines(&outcome),
+        vec![
+            ("caller", s("Hello")),
+            ("agent", s("Hi! How can I help?")),
+            ("caller", s("Do you have a table on Tuesday?")),
+            ("agent", s("Tuesday works.")),
+            ("caller", s("Great, thanks")),
+            ("agent", s("Sorry?")),
+            ("caller", s("That's all I needed.")),
+            ("agent", s("Sorry?")),
+        ]
+    );
+    assert!(outcome.step_replies.is_empty());
+    assert_eq!(tool_calls(&outcome), vec![(s("check_availability"), json!({"day": "tuesday"}), 3)]);
+    assert_consistent(&outcome);
+    assert_eq!(events(&seen).last().unwrap().0, "end");
+
+    let asked = asked.lock().unwrap();
+    assert_eq!(asked.len(), 3);
+    assert_eq!(asked[0].headers["authorization"], "Bearer sk-test");
+    assert_eq!(asked[0].body["model"], "caller-model");
+    let roles = |i: usize| -> Vec<String> {
+        asked[i].body["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(roles(0), ["system", "assistant", "user"]);
+    assert_eq!(roles(2), ["system", "assistant", "user", "assistant", "user", "assistant", "user"]);
+    let messages = asked[2].body["messages"].as_array().unwrap();
+    let system = messages[0]["content"].as_str().unwrap();
+    for expected in [
+        "Morag",
+        "A retired teacher.",
+        "vegetarian menu",
+        "en-GB",
+        "Scottish",
+        "Book a table for Tuesday",
+        "regular guest",
+        "\"done\": true",
+    ] {
+        assert!(system.contains(expected), "{expected} missing from {system}");
+    }
+    assert_eq!(messages[1]["content"], json!({"say": "Hello", "done": false}).to_string());
+    assert_eq!(messages[2]["content"], "Hi! How can I help?");
+    assert_eq!(messages[6]["content"], "Sorry?");
+}
+
+#[tokio::test]
+async fn simulated_caller_done_without_last_words() {
+    let (agent, seen) = serve_http(booking_http).await;
+    let (llm, _) = serve_llm(vec![(200, "{\"done\": true}")]).await;
+    let plan = simulated_plan(format!("{agent}/http"), Some(&llm), None);
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone);
+    assert_eq!(lines(&outcome), vec![("agent", s("Welcome to Bella's! How can I help?"))]);
+    assert_eq!(events(&seen).iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["start", "end"]);
+}
+
+#[tokio::test]
+async fn simulated_caller_llm_failure_is_a_caller_error() {
+    let (agent, seen) = serve_http(booking_http).await;
+    let (llm, _) = serve_llm(vec![(500, "model overloaded")]).await;
+    let plan = simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"));
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone);
+    assert!(outcome.caller_error);
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some("the simulated caller's LLM failed: the LLM endpoint answered HTTP 500: model overloaded")
+    );
+    assert_eq!(outcome.transcript.len(), 2);
+    // The caller hung up properly.
+    assert_eq!(events(&seen).iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["start", "end"]);
+
+    // An answer with nothing to say is a failure too.
+    let (llm, _) = serve_llm(vec![(200, "{\"say\": \"\", \"done\": false}")]).await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+    assert!(outcome.caller_error);
+    assert!(outcome
+        .error
+        .unwrap()
+        .starts_with("the simulated caller's LLM failed: its answer has neither a line to say nor \"done\": true: "));
+}
+
+#[tokio::test]
+async fn simulated_scenario_without_a_caller_llm() {
+    let (agent, seen) = serve_http(booking_http).await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), None, Some("Hello"))).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone);
+    assert!(outcome.caller_error);
+    assert!(outcome.error.unwrap().starts_with("the simulated caller's LLM failed: no LLM is configured"));
+    assert!(outcome.transcript.is_empty());
+    assert!(seen.lock().unwrap().is_empty(), "the agent is not called");
+}
+
+// ---------------------------------------------------------------------------
+// Pieces
+
+#[test]
+fn parse_caller_answers() {
+    let say = |text: &str| match simulated::parse(text) {
+        Next::Say { line, step: None } => Some(line),
+        _ => None,
+    };
+    assert_eq!(say("{\"say\": \" Hi \", \"done\": false}").as_deref(), Some("Hi"));
+    assert_eq!(say("{\"say\": \"Hi\"}").as_deref(), Some("Hi"));
+    assert_eq!(say("  Just words.\n").as_deref(), Some("Just words."));
+    assert!(
+        matches!(simulated::parse("{\"done\": true, \"say\": \"Bye\"}"), Next::Done { last_words: Some(w) } if w == "Bye")
+    );
+    assert!(matches!(simulated::parse("{\"done\": true, \"say\": \" \"}"), Next::Done { last_words: None }));
+    assert!(matches!(simulated::parse("   "), Next::Failed(_)));
+    assert!(matches!(simulated::parse("{\"done\": false}"), Next::Failed(_)));
+}
+
+#[test]
+fn chat_always_ends_with_the_agent() {
+    let turn =
+        |role, text: &str| types::TranscriptTurn { role, text: text.into(), start_ms: 0, end_ms: 0, latency_ms: None };
+    let roles_and_text = |messages: Vec<crate::engine::llm::ChatMessage>| -> Vec<(String, String)> {
+        messages.into_iter().skip(1).map(|m| (m.role, m.content)).collect()
+    };
+    assert_eq!(roles_and_text(simulated::chat("sys", &[])), vec![(s("user"), s("(the agent says nothing)"))]);
+    assert_eq!(
+        roles_and_text(simulated::chat("sys", &[turn(TurnRole::Caller, "Hi"), turn(TurnRole::Agent, "")])),
+        vec![
+            (s("assistant"), json!({"say": "Hi", "done": false}).to_string()),
+            (s("user"), s("(the agent says nothing)"))
+        ]
+    );
+    assert_eq!(
+        roles_and_text(simulated::chat("sys", &[turn(TurnRole::Agent, "Hello"), turn(TurnRole::Caller, "Hi")])),
+        vec![
+            (s("user"), s("Hello")),
+            (s("assistant"), json!({"say": "Hi", "done": false}).to_string()),
+            (s("user"), s("(the agent says nothing)"))
+        ]
+    );
+}
+
+#[test]
+fn system_prompt_without_persona_or_goal() {
+    let prompt = simulated::system_prompt(&scenario("simulated", None, &[], None), None);
+    assert!(prompt.contains("ordinary caller"));
+    assert!(prompt.contains("Book a table. A guest books a table."));
+    assert!(prompt.contains("no goal beyond the situation"));
+}
+
+#[test]
+fn nearest_rank_percentiles() {
+    let tens: Vec<i64> = (1..=10).map(|i| i * 10).collect();
+    assert_eq!(nearest_rank(&tens, 50), Some(50));
+    assert_eq!(nearest_rank(&tens, 90), Some(90));
+    assert_eq!(nearest_rank(&tens, 95), Some(100));
+    let twenty: Vec<i64> = (1..=20).collect();
+    assert_eq!(nearest_rank(&twenty, 95), Some(19));
+    assert_eq!(nearest_rank(&twenty, 50), Some(10));
+    assert_eq!(nearest_rank(&[7], 50), Some(7));
+    assert_eq!(nearest_rank(&[7], 95), Some(7));
+    assert_eq!(nearest_rank(&[], 50), None);
+}
+
+#[test]
+fn metrics_of_a_transcript() {
+    let turn = |role, text: &str, start_ms, latency_ms| types::TranscriptTurn {
+        role,
+        text: text.into(),
+        start_ms,
+        end_ms: start_ms,
+        latency_ms,
+    };
+    let transcript = vec![
+        turn(TurnRole::Caller, "Hi", 0, None),
+        turn(TurnRole::Agent, "", 40, Some(40)),
+        turn(TurnRole::Caller, "Hello?", 50, None),
+        turn(TurnRole::Agent, "Yes", 350, Some(300)),
+        turn(TurnRole::Caller, "OK", 400, None),
+        turn(TurnRole::Agent, "Good", 500, Some(100)),
+    ];
+    let m = metrics(&transcript);
+    assert_eq!(m.turns, 6);
+    assert_eq!(m.time_to_first_word_ms, Some(350));
+    assert_eq!(
+        (m.latency_ms.p50, m.latency_ms.p90, m.latency_ms.p95, m.latency_ms.max),
+        (Some(100), Some(300), Some(300), Some(300))
+    );
+    let none = metrics(&transcript[..1]);
+    assert_eq!((none.time_to_first_word_ms, none.latency_ms.p50, none.latency_ms.max), (None, None, None));
+}

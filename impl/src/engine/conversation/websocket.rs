@@ -1,0 +1,261 @@
+//! The `websocket` channel: one connection per call, JSON text frames.
+//! We send `start`, then a `message` per caller line, and `end_call` plus a
+//! normal close when the caller hangs up; the agent sends `message`,
+//! `tool_call`, `end_call` and `turn_end` frames.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use reqwest::header::{HeaderName, HeaderValue};
+use rustls_platform_verifier::BuilderVerifierExt;
+use serde_json::{json, Map, Value};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::{self, error::ProtocolError, Message};
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+
+use super::{later, turn_limit, Reply, TurnFailure, CALL_ID_HEADER};
+use crate::engine::llm::clip;
+use crate::engine::CallPlan;
+
+pub(super) struct WsAgent {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    call_id: String,
+    turn_timeout: Duration,
+}
+
+/// One frame from the agent.
+enum Frame {
+    Message(String),
+    ToolCall(String, Map<String, Value>),
+    EndCall,
+    TurnEnd,
+}
+
+impl WsAgent {
+    /// Connects to the channel's target with `x-sparring-call-id` and the
+    /// channel's headers on the upgrade request. Counts as turn 0 in errors.
+    pub(super) async fn connect(plan: &CallPlan, deadline: Instant) -> Result<Self, TurnFailure> {
+        let target = plan.agent.target.as_str();
+        let mut request = target
+            .into_client_request()
+            .map_err(|e| TurnFailure::Agent(format!("the channel target `{target}` is not a websocket URL: {e}")))?;
+        let headers = super::http::header_map(&plan.agent.headers).map_err(TurnFailure::Agent)?;
+        request.headers_mut().extend(headers);
+        request.headers_mut().insert(
+            HeaderName::from_static(CALL_ID_HEADER),
+            HeaderValue::from_str(&plan.call_id).map_err(|_| {
+                TurnFailure::Agent(format!("the call id `{}` is not a valid header value", plan.call_id))
+            })?,
+        );
+        let connector = if target.starts_with("wss:") {
+            Some(Connector::Rustls(tls_config().map_err(TurnFailure::Agent)?))
+        } else {
+            None
+        };
+        let turn_timeout = plan.agent.turn_timeout;
+        let (limit, deadline_binds) = turn_limit(turn_timeout, deadline);
+        // No Nagle: our frames are small and their send time is when latency
+        // starts.
+        let connecting = tokio_tungstenite::connect_async_tls_with_config(request, None, true, connector);
+        match tokio::time::timeout_at(limit, connecting).await {
+            Ok(Ok((ws, _))) => Ok(WsAgent { ws, call_id: plan.call_id.clone(), turn_timeout }),
+            Ok(Err(e)) => Err(TurnFailure::Agent(connect_error(target, e))),
+            Err(_) if deadline_binds => Err(TurnFailure::Deadline(None)),
+            Err(_) => Err(TurnFailure::Agent(format!(
+                "the agent at {target} did not accept the websocket connection for turn 0 within {} ms",
+                turn_timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// `start` (turn 0) and/or the caller's line, and the agent's turn.
+    pub(super) async fn exchange(
+        &mut self,
+        turn: u32,
+        line: Option<&str>,
+        deadline: Instant,
+    ) -> Result<Reply, TurnFailure> {
+        if turn == 0 {
+            self.send(turn, json!({"type": "start", "call_id": self.call_id}), deadline).await?;
+        }
+        if let Some(line) = line {
+            self.send(turn, json!({"type": "message", "role": "user", "content": line}), deadline).await?;
+        }
+        self.collect(turn, Instant::now(), deadline).await
+    }
+
+    async fn send(&mut self, turn: u32, frame: Value, deadline: Instant) -> Result<(), TurnFailure> {
+        let (limit, deadline_binds) = turn_limit(self.turn_timeout, deadline);
+        match tokio::time::timeout_at(limit, self.ws.send(Message::text(frame.to_string()))).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(TurnFailure::Agent(
+                read_error(turn, &e).unwrap_or_else(|| format!("could not send turn {turn} to the agent: {e}")),
+            )),
+            Err(_) if deadline_binds => Err(TurnFailure::Deadline(None)),
+            Err(_) => Err(TurnFailure::Agent(format!(
+                "could not send turn {turn} to the agent within {} ms",
+                self.turn_timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// The agent's turn: frames until `turn_end`, `end_call`, or a silence
+    /// of the turn timeout after at least one frame. Frames the agent sends
+    /// between turns (after its `turn_end`) are read with the next turn.
+    async fn collect(&mut self, turn: u32, sent_at: Instant, deadline: Instant) -> Result<Reply, TurnFailure> {
+        let mut reply = Reply::new(sent_at);
+        loop {
+            let silence_ends = later(reply.last_at.unwrap_or(sent_at), self.turn_timeout);
+            let (limit, deadline_binds) =
+                if deadline <= silence_ends { (deadline, true) } else { (silence_ends, false) };
+            let next = match tokio::time::timeout_at(limit, self.ws.next()).await {
+                Ok(next) => next,
+                Err(_) if deadline_binds => return Err(TurnFailure::Deadline(reply.first_at.map(|_| reply))),
+                Err(_) if reply.first_at.is_some() => return Ok(reply),
+                Err(_) => {
+                    return Err(TurnFailure::Agent(format!(
+                        "the agent sent nothing for turn {turn} within {} ms",
+                        self.turn_timeout.as_millis()
+                    )))
+                }
+            };
+            let text = match next {
+                None | Some(Ok(Message::Close(_))) => return Err(TurnFailure::Agent(closed(turn))),
+                Some(Err(e)) => {
+                    return Err(TurnFailure::Agent(
+                        read_error(turn, &e)
+                            .unwrap_or_else(|| format!("the websocket connection failed during turn {turn}: {e}")),
+                    ))
+                }
+                Some(Ok(Message::Text(text))) => text,
+                Some(Ok(Message::Binary(_))) => {
+                    return Err(TurnFailure::Agent(format!(
+                        "the agent sent a binary frame during turn {turn}; the protocol's frames are JSON text"
+                    )))
+                }
+                // Control frames: tungstenite answers pings itself.
+                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
+            };
+            reply.arrived(Instant::now());
+            match parse_frame(turn, &text).map_err(TurnFailure::Agent)? {
+                Frame::Message(content) => reply.texts.push(content),
+                Frame::ToolCall(name, arguments) => reply.tool_calls.push((name, arguments)),
+                Frame::EndCall => {
+                    reply.end_call = true;
+                    return Ok(reply);
+                }
+                Frame::TurnEnd => return Ok(reply),
+            }
+        }
+    }
+
+    /// Ends the connection: with `hang_up`, the caller's `end_call` first;
+    /// with `drain`, waits for the agent's close so the close is a clean
+    /// handshake (not after an agent error: a failing agent may never
+    /// answer). Best effort, bounded by the turn timeout.
+    pub(super) async fn close(mut self: Box<Self>, hang_up: bool, drain: bool) {
+        let closing = async {
+            if hang_up {
+                let _ = self.ws.send(Message::text(json!({"type": "end_call"}).to_string())).await;
+            }
+            let _ = self.ws.close(None).await;
+            if drain {
+                while let Some(Ok(_)) = self.ws.next().await {}
+            }
+        };
+        let _ = tokio::time::timeout(self.turn_timeout, closing).await;
+    }
+}
+
+fn parse_frame(turn: u32, text: &str) -> Result<Frame, String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        format!("the agent sent a frame that is not JSON during turn {turn} ({e}): {}", clip(text, 200))
+    })?;
+    let Value::Object(frame) = value else {
+        return Err(format!(
+            "the agent sent a frame that is not a JSON object during turn {turn}: {}",
+            clip(text, 200)
+        ));
+    };
+    let shape = |what: &str| format!("the agent sent a `{what}` frame during turn {turn}: {}", clip(text, 200));
+    match frame.get("type").and_then(Value::as_str) {
+        Some("message") => match frame.get("content") {
+            Some(Value::String(content)) => Ok(Frame::Message(content.clone())),
+            _ => Err(format!("{} (a `message` frame needs a string `content`)", shape("message"))),
+        },
+        Some("tool_call") => {
+            let Some(name) = frame.get("name").and_then(Value::as_str) else {
+                return Err(format!("{} (a `tool_call` frame needs a string `name`)", shape("tool_call")));
+            };
+            let arguments = match frame.get("arguments") {
+                None | Some(Value::Null) => Map::new(),
+                Some(Value::Object(arguments)) => arguments.clone(),
+                Some(_) => return Err(format!("{} (`arguments` must be an object)", shape("tool_call"))),
+            };
+            Ok(Frame::ToolCall(name.to_string(), arguments))
+        }
+        Some("end_call") => Ok(Frame::EndCall),
+        Some("turn_end") => Ok(Frame::TurnEnd),
+        Some(other) => Err(format!(
+            "the agent sent a frame of unknown type `{}` during turn {turn} (expected message, tool_call, end_call or turn_end)",
+            clip(other, 40)
+        )),
+        None => Err(format!("the agent sent a frame without a string `type` during turn {turn}: {}", clip(text, 200))),
+    }
+}
+
+fn closed(turn: u32) -> String {
+    format!("the agent closed the connection during turn {turn}")
+}
+
+/// The errors that mean the agent went away, said as such.
+fn read_error(turn: u32, e: &tungstenite::Error) -> Option<String> {
+    use std::io::ErrorKind;
+    match e {
+        tungstenite::Error::ConnectionClosed
+        | tungstenite::Error::AlreadyClosed
+        | tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => Some(closed(turn)),
+        tungstenite::Error::Io(io)
+            if matches!(io.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::UnexpectedEof) =>
+        {
+            Some(closed(turn))
+        }
+        _ => None,
+    }
+}
+
+fn connect_error(target: &str, e: tungstenite::Error) -> String {
+    match e {
+        tungstenite::Error::Http(response) => {
+            let body = response.body().as_deref().map(String::from_utf8_lossy).unwrap_or_default();
+            let status = response.status().as_u16();
+            let refused =
+                format!("the agent at {target} refused the websocket connection for turn 0 with HTTP {status}");
+            match body.trim() {
+                "" => refused,
+                body => format!("{refused}: {}", clip(body, 300)),
+            }
+        }
+        tungstenite::Error::Url(e) => format!("the channel target `{target}` is not a usable websocket URL: {e}"),
+        e => format!("could not connect to the agent at {target} for turn 0: {e}"),
+    }
+}
+
+/// The TLS setup for `wss://`, built once: the platform's trust, as for
+/// `https://` targets.
+fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+            rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .and_then(|builder| builder.with_platform_verifier())
+                .map(|builder| Arc::new(builder.with_no_client_auth()))
+                .map_err(|e| format!("TLS for wss:// targets could not be set up: {e}"))
+        })
+        .clone()
+}

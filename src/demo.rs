@@ -1,0 +1,294 @@
+//! `sparring demo`: the whole product in one command. On a temporary data
+//! dir it starts the server and two reference agents (one well-behaved, one
+//! with `--bug wrong-day`), creates a project with personas, scenarios,
+//! tests and a batch through the API (the generated client), runs the batch
+//! with a live progress bar, and prints a results table and where to find
+//! everything through the API.
+//!
+//! With `--llm-base-url` and `--llm-model` (an OpenAI-compatible endpoint;
+//! key in `SPARRING_DEMO_LLM_API_KEY`), a simulated scenario and an LLM
+//! judge are added.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use sparring_client::types;
+
+use crate::agent::{self, AgentConfig, Bug, Fault};
+
+#[derive(Args, Clone, Debug)]
+pub struct DemoArgs {
+    /// An OpenAI-compatible endpoint (e.g. https://api.openai.com/v1) for a
+    /// simulated caller and an LLM judge.
+    #[arg(long, env = "SPARRING_DEMO_LLM_BASE_URL")]
+    llm_base_url: Option<String>,
+    /// The model to use with `--llm-base-url`.
+    #[arg(long, env = "SPARRING_DEMO_LLM_MODEL", default_value = "gpt-4o-mini")]
+    llm_model: String,
+    /// Keep the server and agents running after the results, to explore the
+    /// API, until Ctrl-C.
+    #[arg(long)]
+    keep_running: bool,
+}
+
+fn body<T: DeserializeOwned>(v: Value) -> anyhow::Result<T> {
+    serde_json::from_value(v).context("building a request body")
+}
+
+fn quiet_logger() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+fn agent_config(bug: Bug) -> AgentConfig {
+    AgentConfig {
+        bind: "127.0.0.1:0".parse().expect("a loopback address"),
+        latency_ms: 120,
+        jitter_ms: 120,
+        seed: 7,
+        error_rate: 0.0,
+        bug,
+        fault: Fault::None,
+    }
+}
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir().context("creating a temporary data dir")?;
+    let config = sparring_impl::Config {
+        bind: "127.0.0.1:0".parse()?,
+        data_dir: dir.path().to_path_buf(),
+        oidc: Vec::new(),
+        secret_key_file: None,
+        engine: Default::default(),
+        starting_credits: sparring_impl::credits::DEFAULT_STARTING_CREDITS,
+    };
+    let server = sparring_impl::start(config, quiet_logger()).await?;
+    let key = server.first_start_key.clone().context("a fresh data dir has an admin key")?;
+    let base = format!("http://{}", server.local_addr());
+    let good = agent::serve(agent_config(Bug::None), quiet_logger()).await?;
+    let buggy = agent::serve(agent_config(Bug::WrongDay), quiet_logger()).await?;
+    println!("Sparring demo");
+    println!("  server           {base}  (data in {})", dir.path().display());
+    println!("  reference agent  http://{}  (books appointments)", good.local_addr());
+    println!("  buggy agent      http://{}  (--bug wrong-day: confirms the wrong day)\n", buggy.local_addr());
+
+    let api = sparring_client::Client::with_api_key(&format!("{base}/v1"), &key).map_err(|e| anyhow::anyhow!(e))?;
+    let project = api
+        .create_project()
+        .body(body::<types::CreateProjectRequest>(
+            json!({"name": "Bright Smile Dental", "description": "sparring demo"}),
+        )?)
+        .send()
+        .await?
+        .into_inner();
+    let p = project.id.clone();
+    let channel = |name: &str, kind: &str, target: String| {
+        body::<types::CreateChannelRequest>(json!({"project_id": p, "name": name, "kind": kind, "target": target,
+                                                   "turn_timeout_ms": 5000}))
+    };
+    let http = api
+        .create_channel()
+        .body(channel("agent over http", "http", format!("http://{}/http", good.local_addr()))?)
+        .send()
+        .await?
+        .into_inner();
+    let ws = api
+        .create_channel()
+        .body(channel("agent over websocket", "websocket", format!("ws://{}/ws", good.local_addr()))?)
+        .send()
+        .await?
+        .into_inner();
+    let bad = api
+        .create_channel()
+        .body(channel("buggy agent", "http", format!("http://{}/http", buggy.local_addr()))?)
+        .send()
+        .await?
+        .into_inner();
+    let mut personas = Vec::new();
+    for (name, prompt) in [
+        ("Dana", "A busy parent who wants the earliest afternoon slot."),
+        ("Sam", "A retiree who speaks slowly and double-checks details."),
+    ] {
+        let persona = api
+            .create_persona()
+            .body(body::<types::CreatePersonaRequest>(json!({"project_id": p, "name": name, "prompt": prompt,
+                                                               "language": "en-US"}))?)
+            .send()
+            .await?
+            .into_inner();
+        personas.push(persona.id);
+    }
+    let booking = api
+        .create_scenario()
+        .body(body::<types::CreateScenarioRequest>(json!({
+            "project_id": p, "name": "Book Tuesday at 3 pm", "mode": "scripted", "default_persona_id": personas[0],
+            "first_message": "Hi, I'd like to book an appointment.",
+            "steps": [
+                {"say": "Tuesday at 3 pm, please.", "expect": [
+                    {"type": "contains", "name": "confirms", "text": "confirmed"},
+                    {"type": "contains", "name": "right day", "text": "Tuesday"}]},
+                {"say": "That's all, goodbye.", "expect": [{"type": "agent_ended_call", "name": "hangs up"}]}
+            ],
+            "success_criteria": [{"type": "tool_called", "name": "books", "tool": "book_appointment",
+                                  "arguments": {"day": "Tuesday"}},
+                                 {"type": "max_latency_ms", "name": "answers fast", "percentile": "p95", "ms": 1000}],
+            "max_duration_s": 60
+        }))?)
+        .send()
+        .await?
+        .into_inner();
+    let hours = api
+        .create_scenario()
+        .body(body::<types::CreateScenarioRequest>(json!({
+            "project_id": p, "name": "Opening hours", "mode": "scripted", "default_persona_id": personas[1],
+            "steps": [{"say": "When are you open?", "expect": [
+                {"type": "contains", "name": "gives hours", "text": "Monday to Friday"}]}],
+            "max_duration_s": 60
+        }))?)
+        .send()
+        .await?
+        .into_inner();
+    let test = |name: &str, channel: &str, scenario: &str, persona_ids: Value, iterations: u32| {
+        body::<types::CreateTestRequest>(json!({"project_id": p, "name": name, "channel_id": channel,
+                                                 "scenario_id": scenario, "persona_ids": persona_ids,
+                                                 "iterations": iterations}))
+    };
+    let mut tests = vec![
+        test("Books over http", &http.id, &booking.id, json!(personas), 5)?,
+        test("Books over websocket", &ws.id, &booking.id, json!([]), 5)?,
+        test("Answers opening hours", &http.id, &hours.id, json!([]), 5)?,
+        test("Books the right day (buggy agent)", &bad.id, &booking.id, json!([]), 5)?,
+    ];
+    if let Some(base_url) = &args.llm_base_url {
+        let mut config = json!({"project_id": p, "provider": "openai_compatible", "name": "demo LLM",
+                                "config": {"base_url": base_url, "model": args.llm_model}});
+        if let Ok(key) = std::env::var("SPARRING_DEMO_LLM_API_KEY") {
+            config["credentials"] = json!({"api_key": key});
+        }
+        let llm =
+            api.create_integration().body(body::<types::CreateIntegrationRequest>(config)?).send().await?.into_inner();
+        let simulated = api
+            .create_scenario()
+            .body(body::<types::CreateScenarioRequest>(json!({
+                "project_id": p, "name": "Simulated booking", "mode": "simulated", "default_persona_id": personas[0],
+                "goal": "Book a dental appointment on a weekday afternoon, then hang up.", "integration_id": llm.id,
+                "success_criteria": [{"type": "llm_judge", "name": "booked politely", "integration_id": llm.id,
+                                      "prompt": "Did the agent confirm a booking with a day and a time, politely?"}],
+                "max_turns": 12, "max_duration_s": 120
+            }))?)
+            .send()
+            .await?
+            .into_inner();
+        tests.push(test("Simulated caller books", &http.id, &simulated.id, json!([]), 2)?);
+    } else {
+        println!("(no --llm-base-url: the simulated-caller scenario and the LLM judge are left out)\n");
+    }
+    let mut test_ids = Vec::new();
+    let mut names = BTreeMap::new();
+    for t in tests {
+        let made = api.create_test().body(t).send().await?.into_inner();
+        names.insert(made.id.clone(), made.name.clone());
+        test_ids.push(made.id);
+    }
+    let batch = api
+        .create_batch()
+        .body(body::<types::CreateBatchRequest>(json!({"project_id": p, "name": "demo suite", "test_ids": test_ids,
+                                                         "concurrency": 10}))?)
+        .send()
+        .await?
+        .into_inner();
+    let run = api
+        .run_batch()
+        .id(&batch.id)
+        .body(body::<types::RunBatchRequest>(json!({"metadata": {"source": "sparring demo"}}))?)
+        .send()
+        .await?
+        .into_inner();
+
+    // Live progress.
+    let bar = indicatif::ProgressBar::new(run.counts.total as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")
+            .expect("a valid template"),
+    );
+    let done = loop {
+        let now = api.get_batch_run().id(&run.id).send().await?.into_inner();
+        let c = &now.counts;
+        bar.set_position((c.passed + c.failed + c.errored + c.cancelled) as u64);
+        bar.set_message(format!(
+            "{} running, {} passed, {} failed, {} errors",
+            c.running, c.passed, c.failed, c.errored
+        ));
+        if !matches!(now.status, types::BatchRunStatus::Queued | types::BatchRunStatus::Running) {
+            bar.finish();
+            break now;
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    };
+
+    println!("\n{:<36} {:>10} {:>9} {:>8}  failure reasons", "test", "iterations", "pass rate", "p95 ms");
+    for id in &test_ids {
+        let results = api.list_test_results().id(id).limit(200).send().await?.into_inner().test_results;
+        let passed = results.iter().filter(|r| r.status == types::TestResultStatus::Passed).count();
+        let mut latencies: Vec<i64> =
+            results.iter().flat_map(|r| r.transcript.iter().filter_map(|t| t.latency_ms)).collect();
+        latencies.sort_unstable();
+        let p95 = match latencies.len() {
+            0 => "-".to_string(),
+            n => latencies[(n * 95).div_ceil(100) - 1].to_string(),
+        };
+        let mut reasons: Vec<String> = results.iter().filter_map(|r| r.failure_reason.clone()).collect();
+        reasons.sort();
+        reasons.dedup();
+        let rate = if results.is_empty() { 0.0 } else { passed as f64 / results.len() as f64 };
+        println!(
+            "{:<36} {:>10} {:>8.0}% {:>8}  {}",
+            names[id],
+            results.len(),
+            rate * 100.0,
+            p95,
+            reasons.first().map(|r| agent_reason(r)).unwrap_or_default()
+        );
+    }
+    println!(
+        "\nbatch run {}: {:?}, pass rate {:.0}%, passed: {} (the CI gate), {} credits charged",
+        done.id,
+        done.status,
+        done.pass_rate.unwrap_or(0.0) * 100.0,
+        done.passed.unwrap_or(false),
+        done.credits_charged
+    );
+    println!("\nEverything through the API (x-api-key: {key}):");
+    for path in [
+        format!("/v1/batch-runs/{}", done.id),
+        format!("/v1/batch-runs/{}/runs", done.id),
+        format!("/v1/tests/{}/results", test_ids[3]),
+        "/v1/transactions".to_string(),
+        format!("/v1/activity?project_id={p}"),
+        "/v1/queue/stats".to_string(),
+    ] {
+        println!("  curl -s -H 'x-api-key: {key}' {base}{path}");
+    }
+    if args.keep_running {
+        println!("\nThe server and agents keep running; Ctrl-C to stop.");
+        tokio::signal::ctrl_c().await?;
+    } else {
+        println!("\n(The demo's server stops now; run with --keep-running to explore it.)");
+    }
+    good.close().await.map_err(|e| anyhow::anyhow!(e))?;
+    buggy.close().await.map_err(|e| anyhow::anyhow!(e))?;
+    server.shutdown().await?;
+    Ok(())
+}
+
+/// The first line of a failure reason, short enough for the table.
+fn agent_reason(reason: &str) -> String {
+    let line = reason.lines().next().unwrap_or_default();
+    match line.char_indices().nth(90) {
+        Some((i, _)) => format!("{}…", &line[..i]),
+        None => line.to_string(),
+    }
+}

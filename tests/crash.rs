@@ -1,0 +1,154 @@
+//! A crash in the middle of a batch run: the server is a child process,
+//! killed with SIGKILL while conversations are in flight, and restarted on
+//! the same data dir. Every run must end exactly once, the counts must match
+//! the runs, and the credit ledger must balance.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::engine::{wait_for_end_at, Agent};
+use common::process::serve_with;
+use serde_json::{json, Value};
+
+fn first_key(stdout: &str) -> String {
+    let i = stdout.find("spk_").expect("the first start prints a key");
+    stdout[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_').collect()
+}
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+    key: String,
+}
+
+impl Api {
+    async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let mut req = self.http.request(method.clone(), format!("{}{path}", self.base)).header("x-api-key", &self.key);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap();
+        assert!(status.is_success(), "{method} {path}: {status} {body}");
+        body
+    }
+
+    async fn create(&self, path: &str, body: Value) -> String {
+        self.send(reqwest::Method::POST, path, Some(body)).await["id"].as_str().unwrap().to_string()
+    }
+
+    async fn all(&self, path: &str, field: &str) -> Vec<Value> {
+        let mut items = Vec::new();
+        let mut cursor = String::new();
+        loop {
+            let sep = if path.contains('?') { '&' } else { '?' };
+            let page = self.send(reqwest::Method::GET, &format!("{path}{sep}limit=200&cursor={cursor}"), None).await;
+            items.extend(page[field].as_array().unwrap().iter().cloned());
+            match page["next_cursor"].as_str() {
+                Some(c) => cursor = c.to_string(),
+                None => return items,
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_resumes_every_run_exactly_once() {
+    let agent = Agent::start(&["--latency-ms", "150"]);
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_with(dir.path(), &["--lease-seconds", "2"]);
+    let api = Api { http: reqwest::Client::new(), base: server.base.clone(), key: first_key(&server.proc.stdout()) };
+
+    let project = api.create("/v1/projects", json!({"name": "crash"})).await;
+    let persona = api.create("/v1/personas", json!({"project_id": project, "name": "Dana"})).await;
+    let scenario = api
+        .create(
+            "/v1/scenarios",
+            json!({"project_id": project, "name": "three lines", "mode": "scripted", "default_persona_id": persona,
+                   "first_message": "Hi, I'd like to book an appointment.",
+                   "steps": [{"say": "Thursday at 10am, please.", "expect": []},
+                             {"say": "Thanks.", "expect": []}],
+                   "max_duration_s": 120}),
+        )
+        .await;
+    let channel = api
+        .create(
+            "/v1/channels",
+            json!({"project_id": project, "name": "agent", "kind": "http", "target": agent.http_target()}),
+        )
+        .await;
+    let test = api
+        .create(
+            "/v1/tests",
+            json!({"project_id": project, "name": "many", "channel_id": channel, "scenario_id": scenario,
+                   "iterations": 40}),
+        )
+        .await;
+    let batch = api
+        .create("/v1/batches", json!({"project_id": project, "name": "b", "test_ids": [test], "concurrency": 6}))
+        .await;
+    let run = api.send(reqwest::Method::POST, &format!("/v1/batches/{batch}/run"), Some(json!({}))).await;
+    let id = run["id"].as_str().unwrap().to_string();
+
+    // Kill it mid-way: some runs finished, some in flight.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = api.send(reqwest::Method::GET, &format!("/v1/batch-runs/{id}"), None).await;
+        let finished = now["counts"]["passed"].as_i64().unwrap() + now["counts"]["failed"].as_i64().unwrap();
+        if finished >= 8 && now["counts"]["running"].as_i64().unwrap() > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the batch run never got going: {now}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = server.proc.child.id().to_string();
+    assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    drop(server);
+
+    let server = serve_with(dir.path(), &["--lease-seconds", "2"]);
+    let api = Api { base: server.base.clone(), ..api };
+    let done = wait_for_end_at(&api.base, &api.key, &id).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+
+    // Every run ended exactly once, with exactly one result.
+    let runs = api.all(&format!("/v1/batch-runs/{id}/runs"), "runs").await;
+    assert_eq!(runs.len(), 40);
+    let results = api.all(&format!("/v1/tests/{test}/results"), "test_results").await;
+    let result_runs: HashSet<&str> = results.iter().map(|r| r["run_id"].as_str().unwrap()).collect();
+    assert_eq!(result_runs.len(), results.len(), "no run has two results");
+    let mut by_status: BTreeMap<String, i64> = BTreeMap::new();
+    for r in &runs {
+        let status = r["status"].as_str().unwrap();
+        *by_status.entry(status.to_string()).or_default() += 1;
+        match r["test_result_id"].as_str() {
+            Some(result) => {
+                assert!(result_runs.contains(r["id"].as_str().unwrap()), "{r}");
+                assert!(results.iter().any(|x| x["id"] == result && x["run_id"] == r["id"]));
+            }
+            None => assert_eq!(status, "error", "only a run that never got to talk has no result: {r}"),
+        }
+    }
+    assert!(runs.iter().any(|r| r["attempt"] == 2), "the runs in flight were retried");
+    let counts = &done["counts"];
+    for (status, field) in
+        [("passed", "passed"), ("failed", "failed"), ("error", "errored"), ("cancelled", "cancelled")]
+    {
+        assert_eq!(counts[field].as_i64().unwrap(), by_status.get(status).copied().unwrap_or(0), "{status}: {done:#}");
+    }
+    assert_eq!(counts["total"], 40);
+    assert_eq!(counts["passed"], 40, "the retried runs passed too: {done:#}");
+
+    // The ledger balances: reserved once, charged per result, the rest refunded.
+    let charged: i64 = results.iter().map(|r| r["credits"].as_i64().unwrap()).sum();
+    assert_eq!(done["credits_charged"].as_i64().unwrap(), charged);
+    let ledger = api.all("/v1/transactions", "transactions").await;
+    let kinds: Vec<&str> = ledger.iter().map(|t| t["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["refund", "reservation", "grant"]);
+    let sum: i64 = ledger.iter().map(|t| t["amount"].as_i64().unwrap()).sum();
+    assert_eq!(sum, ledger[0]["balance_after"].as_i64().unwrap());
+    assert_eq!(sum, 1000 - charged);
+}
