@@ -176,6 +176,12 @@ fn logger(format: LogFormat) -> slog::Logger {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Every conversation in flight holds a socket (two for the demo's own
+    // agent), and the default soft limit of many systems (1024) is below
+    // what `--workers` allows; the hard limit is what the system grants.
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        eprintln!("warning: could not raise the open-file limit: {e}");
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

@@ -1,10 +1,12 @@
-//! `cargo xtask bench api|auth`: the benchmarks. Neither runs in CI (which
+//! `cargo xtask bench api|engine|auth`: the benchmarks. Neither runs in CI (which
 //! only compiles them); `BENCHMARKS.md` keeps their latest figures.
 //!
 //! - `api`: builds `sparring` and `sparring-bench` (release), installs wrk
 //!   if it is missing, and runs `sparring-bench api` (see `bench/`), which
 //!   seeds, starts the server and the dropshot baseline, and prints the
 //!   table. Extra arguments go to it (`-- --help` lists them).
+//! - `engine`: builds the same, and runs `sparring-bench engine` (a batch
+//!   of many conversations against the reference agent).
 //! - `auth`: the criterion micro-benchmark of the authentication path
 //!   (`impl/benches/auth.rs`); extra arguments go to criterion.
 
@@ -42,8 +44,8 @@ fn ensure_wrk() -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn api(root: &Path, args: &[String]) -> anyhow::Result<ExitCode> {
-    ensure_wrk()?;
+/// Builds `sparring` and `sparring-bench` (release); returns the release dir.
+fn build_release(root: &Path) -> anyhow::Result<Option<PathBuf>> {
     let mut build = Command::new(env!("CARGO"));
     build.current_dir(root).args([
         "build",
@@ -56,9 +58,14 @@ pub fn api(root: &Path, args: &[String]) -> anyhow::Result<ExitCode> {
         "sparring-bench",
     ]);
     if status(build)? != ExitCode::SUCCESS {
-        return Ok(ExitCode::FAILURE);
+        return Ok(None);
     }
-    let release = target_dir(root).join("release");
+    Ok(Some(target_dir(root).join("release")))
+}
+
+pub fn api(root: &Path, args: &[String]) -> anyhow::Result<ExitCode> {
+    ensure_wrk()?;
+    let Some(release) = build_release(root)? else { return Ok(ExitCode::FAILURE) };
     let mut run = Command::new(release.join("sparring-bench"));
     run.current_dir(root)
         .arg("api")
@@ -66,6 +73,19 @@ pub fn api(root: &Path, args: &[String]) -> anyhow::Result<ExitCode> {
         .arg(release.join("sparring"))
         .arg("--work-dir")
         .arg(target_dir(root).join("bench-api"))
+        .args(args);
+    status(run)
+}
+
+pub fn engine(root: &Path, args: &[String]) -> anyhow::Result<ExitCode> {
+    let Some(release) = build_release(root)? else { return Ok(ExitCode::FAILURE) };
+    let mut run = Command::new(release.join("sparring-bench"));
+    run.current_dir(root)
+        .arg("engine")
+        .arg("--sparring")
+        .arg(release.join("sparring"))
+        .arg("--work-dir")
+        .arg(target_dir(root).join("bench-engine"))
         .args(args);
     status(run)
 }
