@@ -50,12 +50,13 @@ fn build_release(root: &Path) -> anyhow::Result<Option<PathBuf>> {
     build.current_dir(root).args([
         "build",
         "--release",
+        // `--bins`: with `--bin sparring` cargo would build only binaries
+        // of that name, in both packages, and leave `sparring-bench` stale.
         "--package",
-        "sparring",
-        "--bin",
         "sparring",
         "--package",
         "sparring-bench",
+        "--bins",
     ]);
     if status(build)? != ExitCode::SUCCESS {
         return Ok(None);
