@@ -160,7 +160,10 @@ impl ServeArgs {
 fn logger(format: LogFormat) -> slog::Logger {
     match format {
         LogFormat::Json => {
-            let drain = slog_bunyan::with_name("sparring", std::io::stderr()).build().fuse();
+            // One write(2) per record: slog-json writes a record in many
+            // small pieces, each a system call on unbuffered stderr.
+            let stderr = std::io::BufWriter::new(std::io::stderr());
+            let drain = slog_bunyan::with_name("sparring", stderr).set_flush(true).build().fuse();
             slog::Logger::root(slog_async::Async::new(drain).build().fuse(), slog::o!())
         }
         LogFormat::Pretty => {
@@ -173,6 +176,12 @@ fn logger(format: LogFormat) -> slog::Logger {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Every conversation in flight holds a socket (two for the demo's own
+    // agent), and the default soft limit of many systems (1024) is below
+    // what `--workers` allows; the hard limit is what the system grants.
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        eprintln!("warning: could not raise the open-file limit: {e}");
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

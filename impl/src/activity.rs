@@ -19,24 +19,25 @@ pub struct Record<'a> {
 }
 
 pub fn record(tx: &rusqlite::Transaction<'_>, actor: &Actor, r: Record<'_>) -> Result<(), StoreError> {
-    tx.execute(
+    // Every mutation runs this: prepared once per connection.
+    tx.prepare_cached(
         "INSERT INTO activity (id, actor_user_id, credential, api_key_id, action, resource_type, resource_id,
                                project_id, summary, changes, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-        params![
-            ids::new_id("act"),
-            actor.user_id(),
-            actor.credential_kind(),
-            actor.api_key_id(),
-            r.action,
-            r.resource_type,
-            r.resource_id,
-            r.project_id,
-            r.summary,
-            r.changes.to_string(),
-            ids::format_time(&ids::now()),
-        ],
-    )?;
+    )?
+    .execute(params![
+        ids::new_id("act"),
+        actor.user_id(),
+        actor.credential_kind(),
+        actor.api_key_id(),
+        r.action,
+        r.resource_type,
+        r.resource_id,
+        r.project_id,
+        r.summary,
+        r.changes.to_string(),
+        ids::format_time(&ids::now()),
+    ])?;
     Ok(())
 }
 

@@ -14,6 +14,7 @@ use rusqlite::{params, OptionalExtension as _};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::ids;
+use crate::key_cache::KeyCache;
 use crate::pagination::{Page, PageRequest};
 use crate::store::{Store, StoreError};
 
@@ -221,9 +222,17 @@ pub struct Revoked {
 }
 
 /// Revokes one of `user_id`'s keys; revoking a revoked key changes nothing.
-pub async fn revoke(store: &Store, actor: Actor, user_id: String, key_id: String) -> Result<Revoked, ApiKeyError> {
-    store
-        .write(move |tx| {
+/// The key stops working before this returns (`cache` forgets it once the
+/// revocation is committed).
+pub async fn revoke(
+    store: &Store,
+    cache: &KeyCache,
+    actor: Actor,
+    user_id: String,
+    key_id: String,
+) -> Result<Revoked, ApiKeyError> {
+    let revoked = store
+        .write::<_, ApiKeyError, _>(move |tx| {
             let mut key = get_own(tx, &user_id, &key_id)?;
             if key.revoked_at.is_some() {
                 return Ok(Revoked { key, already_revoked: true });
@@ -245,19 +254,22 @@ pub async fn revoke(store: &Store, actor: Actor, user_id: String, key_id: String
             )?;
             Ok(Revoked { key, already_revoked: false })
         })
-        .await
+        .await?;
+    cache.forget(&revoked.key.id);
+    Ok(revoked)
 }
 
-/// Replaces the secret of an active key; the old secret stops working when
-/// the transaction commits.
+/// Replaces the secret of an active key; the old secret stops working
+/// before this returns (`cache` forgets it once the change is committed).
 pub async fn rotate(
     store: &Store,
+    cache: &KeyCache,
     actor: Actor,
     user_id: String,
     key_id: String,
 ) -> Result<(ApiKey, RawKey), ApiKeyError> {
-    store
-        .write(move |tx| {
+    let rotated = store
+        .write::<_, ApiKeyError, _>(move |tx| {
             let mut key = get_own(tx, &user_id, &key_id)?;
             if key.revoked_at.is_some() {
                 return Err(ApiKeyError::Revoked(key.id));
@@ -282,7 +294,9 @@ pub async fn rotate(
             )?;
             Ok((key, raw))
         })
-        .await
+        .await?;
+    cache.forget(&rotated.0.id);
+    Ok(rotated)
 }
 
 /// The active key with this hash: `(key id, user id)`.

@@ -2,10 +2,12 @@
 //!
 //! Runs before anything else about a request is looked at (the generated
 //! `Input` extractor calls it first). If `x-api-key` is present it alone
-//! decides. An API key costs one indexed read and no write: its
-//! `last_used_at` is noted in memory and written by a background task every
-//! few seconds, coalesced per key. A revoked or rotated-away key fails on the
-//! very next request because the read sees the committed change.
+//! decides. An API key costs a hash and, once it has been seen valid, a map
+//! lookup (see `key_cache`; the first use is one indexed read), and no
+//! write: its `last_used_at` is noted in memory and written by a background
+//! task every few seconds, coalesced per key. A revoked or rotated-away key
+//! fails on the very next request: revoking and rotating forget it from the
+//! cache before they answer.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -84,11 +86,20 @@ impl AppState {
         if !api_keys::looks_like_key(key) {
             return Err(unauthorized("invalid API key"));
         }
-        let found = api_keys::find_active(&self.store, api_keys::hash_key(key))
-            .await
-            .map_err(|e| HttpError::for_internal_error(e.to_string()))?;
-        let Some((key_id, user_id)) = found else {
-            return Err(unauthorized("invalid API key (unknown, rotated or revoked)"));
+        let hash = api_keys::hash_key(key);
+        let (key_id, user_id) = match self.keys.get(&hash) {
+            Some(found) => found,
+            None => {
+                let generation = self.keys.generation();
+                let found = api_keys::find_active(&self.store, hash)
+                    .await
+                    .map_err(|e| HttpError::for_internal_error(e.to_string()))?;
+                let Some((key_id, user_id)) = found else {
+                    return Err(unauthorized("invalid API key (unknown, rotated or revoked)"));
+                };
+                self.keys.remember(generation, hash, key_id.clone(), user_id.clone());
+                (key_id, user_id)
+            }
         };
         self.last_used.note(&key_id);
         Ok(Caller { user_id, credential: Credential::ApiKey { key_id } })

@@ -134,9 +134,10 @@ impl SparringApi for ServerImpl {
         path: params::RevokeApiKeyPath,
     ) -> Result<types::ApiKeySuccessMessage, ApiError<types::ApiKeyError>> {
         let user_id = caller.user_id.clone();
-        let revoked = api_keys::revoke(&state(&rqctx).store, Actor::Caller(caller), user_id, path.id)
-            .await
-            .map_err(api_key_error)?;
+        let revoked =
+            api_keys::revoke(&state(&rqctx).store, &state(&rqctx).keys, Actor::Caller(caller), user_id, path.id)
+                .await
+                .map_err(api_key_error)?;
         let message = if revoked.already_revoked {
             format!("API key `{}` was already revoked", revoked.key.id)
         } else {
@@ -157,9 +158,10 @@ impl SparringApi for ServerImpl {
         _body: Option<types::RotateApiKeyRequest>,
     ) -> Result<types::ApiKeySecret, ApiError<types::ApiKeyError>> {
         let user_id = caller.user_id.clone();
-        let (key, raw) = api_keys::rotate(&state(&rqctx).store, Actor::Caller(caller), user_id, path.id)
-            .await
-            .map_err(api_key_error)?;
+        let (key, raw) =
+            api_keys::rotate(&state(&rqctx).store, &state(&rqctx).keys, Actor::Caller(caller), user_id, path.id)
+                .await
+                .map_err(api_key_error)?;
         Ok(api_key_secret(key, raw))
     }
 

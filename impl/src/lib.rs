@@ -28,6 +28,7 @@ pub mod failure;
 pub mod http;
 pub mod ids;
 pub mod integrations;
+pub mod key_cache;
 pub mod oidc;
 pub mod pagination;
 pub mod personas;
@@ -87,6 +88,8 @@ pub struct AppState {
     pub secrets: Secrets,
     pub oidc: Oidc,
     pub last_used: LastUsed,
+    /// API keys already found valid (see `key_cache`).
+    pub keys: key_cache::KeyCache,
     /// (issuer, subject) → user id, for users already signed in.
     oidc_users: Mutex<HashMap<(String, String), String>>,
     pub engine: Arc<Engine>,
@@ -171,6 +174,19 @@ impl RunningServer {
     }
 }
 
+/// How the server's dropshot is configured; public so that the benchmark's
+/// baseline (a bare dropshot server, `bench/`) runs with exactly the same.
+pub fn dropshot_config(bind: SocketAddr) -> ConfigDropshot {
+    ConfigDropshot {
+        bind_address: bind,
+        default_request_body_max_bytes: REQUEST_BODY_MAX_BYTES,
+        // Handlers run to completion even if the client goes away, so a
+        // write is never cut off halfway by a disconnect.
+        default_handler_task_mode: HandlerTaskMode::Detached,
+        ..Default::default()
+    }
+}
+
 pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningServer> {
     let lock = lock_data_dir(&config.data_dir)?;
     let store = open_store(&config.data_dir)?;
@@ -184,6 +200,7 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
         secrets,
         oidc,
         last_used: LastUsed::default(),
+        keys: key_cache::KeyCache::default(),
         oidc_users: Mutex::new(HashMap::new()),
         engine: Arc::new(Engine::new(config.engine.clone())),
         log: log.clone(),
@@ -194,14 +211,7 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     api.register(http::openapi_document).map_err(|e| anyhow::anyhow!("registering /v1/openapi.json: {e}"))?;
 
     let server = ServerBuilder::new(api, ApiContext::new(state.clone()), log.clone())
-        .config(ConfigDropshot {
-            bind_address: config.bind,
-            default_request_body_max_bytes: REQUEST_BODY_MAX_BYTES,
-            // Handlers run to completion even if the client goes away, so a
-            // write is never cut off halfway by a disconnect.
-            default_handler_task_mode: HandlerTaskMode::Detached,
-            ..Default::default()
-        })
+        .config(dropshot_config(config.bind))
         .start()
         .map_err(|e| anyhow::anyhow!("starting the server on {}: {e}", config.bind))?;
 

@@ -8,7 +8,15 @@
 //! so a stream of bogus tokens cannot turn into a stream of requests to the
 //! issuer. Signature, `iss`, `aud` and `exp` are checked by `openidconnect`;
 //! only asymmetric algorithms are accepted (never `none`).
+//!
+//! A client sends the same token with every request for up to an hour, and
+//! checking its RSA signature is most of what a bearer request costs, so a
+//! verified token is remembered (by its blake3) with whom it names until its
+//! `exp`: the same token again is accepted without a second signature check,
+//! and never after it expires. Refetching an issuer's keys forgets every
+//! remembered token.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -16,6 +24,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use chrono::{DateTime, Utc};
 use openidconnect::core::{
     CoreIdToken, CoreIdTokenVerifier, CoreJsonWebKeySet, CoreJwsSigningAlgorithm, CoreProviderMetadata,
 };
@@ -43,6 +52,48 @@ pub struct Identity {
 pub struct Oidc {
     issuers: Vec<Issuer>,
     http: OidcHttp,
+    verified: Verified,
+}
+
+/// Tokens already verified: blake3 of the token → its identity and `exp`.
+#[derive(Default)]
+struct Verified(Mutex<HashMap<[u8; 32], (Identity, DateTime<Utc>)>>);
+
+/// More verified tokens than this and the expired ones are dropped (all of
+/// them if none has expired): a bound on memory, whatever the traffic.
+const MAX_VERIFIED: usize = 10_000;
+
+impl Verified {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], (Identity, DateTime<Utc>)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, hash: &[u8; 32], now: DateTime<Utc>) -> Option<Identity> {
+        let mut map = self.lock();
+        match map.get(hash) {
+            Some((identity, exp)) if now < *exp => Some(identity.clone()),
+            Some(_) => {
+                map.remove(hash);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn put(&self, hash: [u8; 32], identity: Identity, exp: DateTime<Utc>, now: DateTime<Utc>) {
+        let mut map = self.lock();
+        if map.len() >= MAX_VERIFIED {
+            map.retain(|_, (_, e)| now < *e);
+            if map.len() >= MAX_VERIFIED {
+                map.clear();
+            }
+        }
+        map.insert(hash, (identity, exp));
+    }
+
+    fn clear(&self) {
+        self.lock().clear();
+    }
 }
 
 /// `openidconnect`'s HTTP client: our reqwest client (the one the rest of
@@ -88,7 +139,7 @@ impl Oidc {
             };
             issuers.push(Issuer { config, url, keys: RwLock::new(Arc::new(keys)), last_fetch: Mutex::new(None) });
         }
-        let oidc = Oidc { issuers, http: OidcHttp(http) };
+        let oidc = Oidc { issuers, http: OidcHttp(http), verified: Verified::default() };
         for issuer in &oidc.issuers {
             if issuer.config.jwks_file.is_none() {
                 if let Err(e) = oidc.refetch(issuer).await {
@@ -106,6 +157,18 @@ impl Oidc {
 
     /// Verifies an ID token; the error is a message for the 401.
     pub async fn verify(&self, token: &str) -> Result<Identity, String> {
+        let hash = *blake3::hash(token.as_bytes()).as_bytes();
+        if let Some(identity) = self.verified.get(&hash, Utc::now()) {
+            return Ok(identity);
+        }
+        let (identity, exp) = self.verify_signed(token).await?;
+        self.verified.put(hash, identity.clone(), exp, Utc::now());
+        Ok(identity)
+    }
+
+    /// The full check of a token not seen before: signature, `iss`, `aud`,
+    /// `exp`. Also returns the `exp`.
+    async fn verify_signed(&self, token: &str) -> Result<(Identity, DateTime<Utc>), String> {
         let parsed: CoreIdToken =
             token.parse().map_err(|_| "the bearer token is not a well-formed ID token".to_string())?;
         let iss = unverified_issuer(token).ok_or("the ID token has no `iss` claim")?;
@@ -148,12 +211,15 @@ impl Oidc {
         let keys =
             CoreJsonWebKeySet::fetch_async(metadata.jwks_uri(), &self.http).await.map_err(|e| format!("JWKS: {e}"))?;
         *issuer.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+        // A token verified with a key the issuer no longer publishes must be
+        // checked again.
+        self.verified.clear();
         Ok(())
     }
 }
 
 impl Issuer {
-    fn verify(&self, token: &CoreIdToken) -> Result<Identity, ClaimsVerificationError> {
+    fn verify(&self, token: &CoreIdToken) -> Result<(Identity, DateTime<Utc>), ClaimsVerificationError> {
         let keys = self.keys.read().unwrap_or_else(|p| p.into_inner()).clone();
         let verifier = CoreIdTokenVerifier::new_public_client(
             ClientId::new(self.config.audience.clone()),
@@ -173,12 +239,13 @@ impl Issuer {
         ]);
         // Bearer tokens presented to an API carry no nonce of ours.
         let claims = token.claims(&verifier, |_: Option<&Nonce>| Ok(()))?;
-        Ok(Identity {
+        let identity = Identity {
             issuer: self.config.issuer.clone(),
             subject: claims.subject().as_str().to_string(),
             email: claims.email().map(|e| e.as_str().to_string()),
             name: claims.name().and_then(|n| n.get(None)).map(|n| n.as_str().to_string()),
-        })
+        };
+        Ok((identity, claims.expiration()))
     }
 }
 

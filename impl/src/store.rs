@@ -1,20 +1,43 @@
-//! The SQLite database: one writer, a pool of readers, WAL.
+//! The SQLite database: one writer with group commit, a bounded pool of
+//! readers, WAL.
 //!
 //! SQLite allows one writer at a time; rather than let connections contend
 //! for the write lock (and fail with `SQLITE_BUSY` under load), all writes go
-//! through the single writer connection, each in a `BEGIN IMMEDIATE`
-//! transaction that takes the lock up front, so a transaction never has to
-//! be retried halfway. Reads use their own connections and, thanks to WAL,
-//! never wait for the writer. Every call runs on tokio's blocking pool.
+//! through the single writer connection, in `BEGIN IMMEDIATE` transactions
+//! that take the lock up front, so a transaction never has to be retried
+//! halfway. Reads use their own connections and, thanks to WAL, never wait
+//! for the writer.
 //!
-//! `synchronous = FULL`: a write is on disk when its transaction returns, so
-//! an acknowledged request survives a crash or power loss.
+//! `synchronous = FULL`: a write is on disk when its transaction commits, so
+//! an acknowledged request survives a crash or power loss. That fsync is
+//! most of a small write's cost, so writes are **group-committed**: a writer
+//! thread takes every write waiting for it, runs each inside its own
+//! `SAVEPOINT` of one transaction, commits once, and only then answers each
+//! of them. Each write is still all-or-nothing (a failed one is rolled back
+//! to its savepoint and leaves no trace; the others go on), writes still
+//! apply one after another in the order they were taken, readers never see
+//! a write before it is durable, and a write is acknowledged only once its
+//! commit is on disk. If the commit itself fails, every write of the group
+//! fails with it.
+//!
+//! Reads run on the calling task's thread, each on a pooled connection (so
+//! prepared statements stay cached). They are short indexed lookups and
+//! pages of at most 200 rows (tens to a few hundred µs, the database in the
+//! page cache); handing each to another thread and back costs two thread
+//! switches, which on a two-core machine cost more than the read itself
+//! (see BENCHMARKS.md). The pool holds one connection per thread that reads
+//! at once, which the runtime's worker count bounds.
+//!
+//! Checkpoints (copying the WAL back into the database file, with an fsync
+//! of it) run on a thread of their own, never in the writer's commit, so a
+//! write never waits behind one.
 //!
 //! The schema is the numbered files in `impl/migrations/`, applied in order
 //! on open and recorded in `PRAGMA user_version`.
 
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
@@ -45,9 +68,28 @@ pub struct Store {
 
 struct Inner {
     path: PathBuf,
-    writer: Mutex<Connection>,
+    /// Shared with the writer thread, and locked directly by
+    /// [`Store::write_blocking`].
+    writer: Arc<Mutex<Connection>>,
+    /// To the writer thread; it stops when the last `Store` is dropped.
+    jobs: mpsc::Sender<Job>,
     readers: Mutex<Vec<Connection>>,
 }
+
+/// A write waiting for the writer thread: runs in a savepoint of the
+/// group's transaction and says how it went; given an error instead of a
+/// transaction (none could be begun), it fails without running.
+type Job = Box<dyn FnOnce(Result<&rusqlite::Transaction<'_>, &str>) -> Ran + Send>;
+
+/// What a job leaves behind until its group commits.
+struct Ran {
+    ok: bool,
+    /// Answers the caller, given how the commit went.
+    answer: Box<dyn FnOnce(Result<(), &str>) + Send>,
+}
+
+/// The most writes in one group: bounds how long the first of them waits.
+const MAX_GROUP: usize = 64;
 
 impl Store {
     /// Opens (creating if needed) the database at `path` and migrates it.
@@ -55,36 +97,65 @@ impl Store {
         let mut writer = Connection::open(path)?;
         configure(&writer)?;
         writer.pragma_update(None, "journal_mode", "WAL")?;
+        // The checkpointer thread checkpoints instead (see the module doc).
+        writer.pragma_update(None, "wal_autocheckpoint", 0)?;
+        // After a burst of writes, the WAL file shrinks back to this.
+        writer.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
         migrate(&mut writer, path)?;
-        Ok(Store {
-            inner: Arc::new(Inner {
-                path: path.to_path_buf(),
-                writer: Mutex::new(writer),
-                readers: Mutex::new(Vec::new()),
-            }),
-        })
+        let writer = Arc::new(Mutex::new(writer));
+        let (jobs, queue) = mpsc::channel();
+        let (wrote, written) = mpsc::sync_channel(1);
+        let thread = |name: &str| std::thread::Builder::new().name(name.into());
+        let started = |e: std::io::Error| StoreError::Task(format!("starting a database thread: {e}"));
+        {
+            let writer = writer.clone();
+            thread("sparring-writer").spawn(move || write_groups(&writer, &queue, &wrote)).map_err(started)?;
+        }
+        {
+            let path = path.to_path_buf();
+            thread("sparring-checkpoint").spawn(move || checkpoints(&path, &written)).map_err(started)?;
+        }
+        Ok(Store { inner: Arc::new(Inner { path: path.to_path_buf(), writer, jobs, readers: Mutex::new(Vec::new()) }) })
     }
 
     pub fn path(&self) -> &Path {
         &self.inner.path
     }
 
-    /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the writer; commits if
-    /// it returns `Ok`, rolls back otherwise.
+    /// Runs `f` in the writer's transaction, in a savepoint of its own:
+    /// what `f` did is kept if it returns `Ok` and undone otherwise, and the
+    /// answer comes once the transaction is committed (durable).
     pub async fn write<T, E, F>(&self, f: F) -> Result<T, E>
     where
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E> + Send + 'static,
     {
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || store.write_blocking(f))
-            .await
-            .map_err(|e| E::from(StoreError::Task(e.to_string())))?
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |t| {
+            let result = match t {
+                Ok(t) => f(t),
+                Err(e) => Err(E::from(StoreError::Task(e.to_string()))),
+            };
+            Ran {
+                ok: result.is_ok(),
+                answer: Box::new(move |commit| {
+                    let answer = match commit {
+                        Err(e) if result.is_ok() => Err(E::from(StoreError::Task(e.to_string()))),
+                        _ => result,
+                    };
+                    // The caller may have gone away; the write stands.
+                    let _ = tx.send(answer);
+                }),
+            }
+        });
+        self.inner.jobs.send(job).map_err(|_| E::from(StoreError::Task("the database writer has stopped".into())))?;
+        rx.await.map_err(|_| E::from(StoreError::Task("the write panicked; it was rolled back".into())))?
     }
 
-    /// [`Store::write`] on the current thread, for callers that are
-    /// already off the async runtime (admin commands).
+    /// A write in a transaction of its own, on the current thread, for
+    /// callers that are already off the async runtime (admin commands,
+    /// tests): commits if `f` returns `Ok`, rolls back otherwise.
     pub fn write_blocking<T, E, F>(&self, f: F) -> Result<T, E>
     where
         E: From<StoreError>,
@@ -99,36 +170,157 @@ impl Store {
         Ok(value)
     }
 
-    /// Runs `f` on a reader connection (a consistent snapshot).
+    /// Runs `f` on a reader connection, in a read transaction (a
+    /// consistent snapshot), on the current thread (see the module's doc).
     pub async fn read<T, E, F>(&self, f: F) -> Result<T, E>
     where
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E> + Send + 'static,
+        E: From<StoreError>,
+        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E>,
     {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let pooled = inner.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            let mut conn = match pooled {
-                Some(c) => c,
-                None => open_reader(&inner.path)?,
-            };
-            let result = (|| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred).map_err(StoreError::from)?;
-                let value = f(&tx)?;
-                tx.finish().map_err(StoreError::from)?;
-                Ok(value)
-            })();
-            inner.readers.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
-            result
-        })
-        .await
-        .map_err(|e| E::from(StoreError::Task(e.to_string())))?
+        self.read_blocking(f)
+    }
+
+    /// [`Store::read`], for callers off the async runtime.
+    pub fn read_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        E: From<StoreError>,
+        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E>,
+    {
+        let pooled = self.inner.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => open_reader(&self.inner.path)?,
+        };
+        let result = (|| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred).map_err(StoreError::from)?;
+            let value = f(&tx)?;
+            tx.finish().map_err(StoreError::from)?;
+            Ok(value)
+        })();
+        self.inner.readers.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
+        result
     }
 }
 
+/// The writer thread: takes what is waiting (at most [`MAX_GROUP`]) and
+/// commits it as one group, until the store is dropped. Tells the
+/// checkpointer after each group.
+fn write_groups(writer: &Mutex<Connection>, queue: &mpsc::Receiver<Job>, wrote: &mpsc::SyncSender<()>) {
+    while let Ok(first) = queue.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match queue.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut conn = writer.lock().unwrap_or_else(|p| p.into_inner());
+        commit_group(&mut conn, group);
+        drop(conn);
+        // Full means the checkpointer already has news.
+        let _ = wrote.try_send(());
+    }
+}
+
+/// How often the WAL is checkpointed while writes come in.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+
+/// The checkpointer thread: after writes, at most every
+/// [`CHECKPOINT_EVERY`], copies what the WAL holds into the database file
+/// (`PASSIVE`: it never waits for, nor blocks, the writer or a reader).
+/// Stops with the writer.
+fn checkpoints(path: &Path, written: &mpsc::Receiver<()>) {
+    let conn = match Connection::open(path).map_err(StoreError::from).and_then(|c| configure(&c).map(|()| c)) {
+        Ok(c) => c,
+        // Without it the WAL is checkpointed when the last connection
+        // closes; nothing is lost.
+        Err(_) => return,
+    };
+    while written.recv().is_ok() {
+        std::thread::sleep(CHECKPOINT_EVERY);
+        // A failed checkpoint (a reader holding an old snapshot, the disk)
+        // is simply tried again after the next writes.
+        let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+    }
+}
+
+/// Runs the group's jobs in savepoints of one transaction, commits, then
+/// answers them. If SQLite loses the transaction halfway (it rolls back the
+/// whole transaction on an I/O error or a full disk), the jobs run so far
+/// fail and the rest go on in a new transaction.
+fn commit_group(conn: &mut Connection, group: Vec<Job>) {
+    let mut jobs = group.into_iter().peekable();
+    while jobs.peek().is_some() {
+        let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+            Ok(tx) => tx,
+            Err(e) => {
+                let e = e.to_string();
+                for job in jobs {
+                    (job(Err(&e)).answer)(Err(&e));
+                }
+                return;
+            }
+        };
+        let mut ran: Vec<Ran> = Vec::new();
+        let mut lost: Option<String> = None;
+        // Prepared once per connection, not parsed at every write.
+        let run = |sql: &str| tx.prepare_cached(sql).and_then(|mut s| s.execute([])).map(drop);
+        for job in jobs.by_ref() {
+            if let Err(e) = run("SAVEPOINT job") {
+                let e = e.to_string();
+                (job(Err(&e)).answer)(Err(&e));
+                lost = Some(e);
+                break;
+            }
+            // A panicking write is rolled back like a failed one; its
+            // caller sees the dropped answer as an error.
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| job(Ok(&tx)))).ok();
+            let keep = outcome.as_ref().is_some_and(|r| r.ok);
+            ran.extend(outcome);
+            if tx.is_autocommit() {
+                lost = Some("the transaction was rolled back by the database".into());
+                break;
+            }
+            let end = if keep { run("RELEASE job") } else { run("ROLLBACK TO job").and_then(|()| run("RELEASE job")) };
+            if let Err(e) = end {
+                lost = Some(e.to_string());
+                break;
+            }
+        }
+        let commit = match lost {
+            Some(e) => {
+                drop(tx);
+                Err(e)
+            }
+            None => tx.commit().map_err(|e| e.to_string()),
+        };
+        for r in ran {
+            (r.answer)(commit.as_ref().map(|_| ()).map_err(String::as_str));
+        }
+    }
+}
+
+/// Statements kept prepared per connection: every statement the API runs
+/// (the default, 16, is fewer, and a statement pushed out is parsed and
+/// planned again on its next use).
+const STATEMENT_CACHE: usize = 256;
+
 fn configure(conn: &Connection) -> StoreResult<()> {
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    // Plans never depend on the values bound (SQLite's "query planner
+    // stability guarantee"). Without it SQLite plans `LIMIT ?`, `? IS
+    // NULL`, and a query that a partial index might serve, for the values
+    // bound, and marks the statement to be re-prepared when they change;
+    // rusqlite clears the bindings of every statement returned to its cache,
+    // so every cached statement was parsed and planned again at each use
+    // (a fifth of the CPU of `GET /v1/api-keys`). Write a filter that should
+    // use an index into the SQL rather than as `(? IS NULL OR …)`.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     conn.busy_timeout(Duration::from_secs(10))?;
+    // Temporary files in memory: above all the sub-journal of each write's
+    // savepoint, which would otherwise spill to a file once a group has
+    // changed more than 64 KiB.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     Ok(())
@@ -201,5 +393,75 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(n, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn writes_committed_together_stay_all_or_nothing_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db.sqlite")).unwrap();
+        // Many writes at once, so that groups of several form; every third
+        // one fails halfway, one panics.
+        let writes = (0..60).map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .write::<_, StoreError, _>(move |tx| {
+                        tx.execute(
+                            "INSERT INTO users (id, name, created_at) VALUES (?1, 'a', 'now')",
+                            [format!("usr_{i}")],
+                        )?;
+                        if i == 31 {
+                            panic!("a write that panics");
+                        }
+                        if i % 3 == 0 {
+                            // A duplicate id: the second statement fails.
+                            tx.execute(
+                                "INSERT INTO users (id, name, created_at) VALUES (?1, 'b', 'now')",
+                                [format!("usr_{i}")],
+                            )?;
+                        }
+                        Ok(i)
+                    })
+                    .await
+            })
+        });
+        let results = futures::future::join_all(writes).await;
+        for (i, r) in results.into_iter().enumerate() {
+            let r = r.unwrap();
+            assert_eq!(r.is_ok(), i % 3 != 0 && i != 31, "write {i}: {:?}", r.err());
+        }
+        // Reopened: what was acknowledged is there, nothing else.
+        drop(store);
+        let store = Store::open(&dir.path().join("db.sqlite")).unwrap();
+        let ids: Vec<String> = store
+            .read::<_, StoreError, _>(|tx| {
+                Ok(tx
+                    .prepare("SELECT id FROM users ORDER BY CAST(substr(id, 5) AS INTEGER)")?
+                    .query_map([], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?)
+            })
+            .await
+            .unwrap();
+        let expected: Vec<String> = (0..60).filter(|i| i % 3 != 0 && *i != 31).map(|i| format!("usr_{i}")).collect();
+        assert_eq!(ids, expected);
+    }
+
+    #[test]
+    fn cached_statements_are_not_prepared_again_at_each_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db.sqlite")).unwrap();
+        let sql = "SELECT id FROM api_keys WHERE user_id = ?1 AND (?2 IS NULL OR id < ?2) ORDER BY id DESC LIMIT ?3";
+        store
+            .write_blocking::<_, StoreError, _>(|tx| {
+                for limit in [10, 20, 10, 51] {
+                    let mut stmt = tx.prepare_cached(sql)?;
+                    stmt.query_map(rusqlite::params!["usr_1", None::<String>, limit], |r| r.get::<_, String>(0))?
+                        .for_each(drop);
+                }
+                let stmt = tx.prepare_cached(sql)?;
+                assert_eq!(stmt.get_status(rusqlite::StatementStatus::RePrepare), 0);
+                Ok(())
+            })
+            .unwrap();
     }
 }

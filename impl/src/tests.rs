@@ -160,7 +160,7 @@ fn check_someone_calls(tx: &rusqlite::Transaction<'_>, persona_ids: &[String], s
 }
 
 fn write_personas(tx: &rusqlite::Transaction<'_>, test_id: &str, persona_ids: &[String]) -> Result<()> {
-    tx.execute("DELETE FROM test_personas WHERE test_id = ?1", params![test_id])?;
+    tx.prepare_cached("DELETE FROM test_personas WHERE test_id = ?1")?.execute(params![test_id])?;
     let mut insert =
         tx.prepare_cached("INSERT INTO test_personas (test_id, position, persona_id) VALUES (?1, ?2, ?3)")?;
     for (position, id) in persona_ids.iter().enumerate() {
@@ -170,7 +170,7 @@ fn write_personas(tx: &rusqlite::Transaction<'_>, test_id: &str, persona_ids: &[
 }
 
 fn write_judges(tx: &rusqlite::Transaction<'_>, test_id: &str, judges: &[(String, String)]) -> Result<()> {
-    tx.execute("DELETE FROM test_judges WHERE test_id = ?1", params![test_id])?;
+    tx.prepare_cached("DELETE FROM test_judges WHERE test_id = ?1")?.execute(params![test_id])?;
     let ids: BTreeSet<&str> = judges.iter().map(|(_, id)| id.as_str()).collect();
     let mut insert = tx.prepare_cached("INSERT INTO test_judges (test_id, integration_id) VALUES (?1, ?2)")?;
     for id in ids {
@@ -181,7 +181,11 @@ fn write_judges(tx: &rusqlite::Transaction<'_>, test_id: &str, judges: &[(String
 
 // Reading.
 
-const COLUMNS: &str = "t.id, t.project_id, t.name, t.channel_id, t.scenario_id, t.document, t.created_at, t.updated_at";
+/// A test's columns, its personas in order (a JSON array, so a page of
+/// tests is one query rather than one more per test) last.
+const COLUMNS: &str = "t.id, t.project_id, t.name, t.channel_id, t.scenario_id, t.document, t.created_at, t.updated_at,
+     (SELECT json_group_array(persona_id)
+      FROM (SELECT persona_id FROM test_personas WHERE test_id = t.id ORDER BY position))";
 
 fn conversion(column: usize, e: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, e.to_string().into())
@@ -191,18 +195,19 @@ fn encode(doc: &TestDoc) -> Result<String> {
     serde_json::to_string(doc).map_err(|e| Failure::from(conversion(5, e)))
 }
 
-/// A test without its personas (see [`with_personas`]).
+/// A test from a row of [`COLUMNS`].
 fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Test> {
     let time = |i: usize| row.get::<_, String>(i).map(|s| ids::parse_time(&s).unwrap_or_default());
     let document: String = row.get(5)?;
     let d: TestDoc = serde_json::from_str(&document).map_err(|e| conversion(5, e))?;
+    let personas: String = row.get(8)?;
     Ok(types::Test {
         id: row.get(0)?,
         project_id: row.get(1)?,
         name: row.get(2)?,
         channel_id: row.get(3)?,
         scenario_id: row.get(4)?,
-        persona_ids: Vec::new(),
+        persona_ids: serde_json::from_str(&personas).map_err(|e| conversion(8, e))?,
         description: d.description,
         iterations: std::num::NonZeroU32::new(d.iterations).ok_or_else(|| conversion(5, "zero iterations"))?,
         evaluators: d.evaluators,
@@ -213,21 +218,11 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Test> {
     })
 }
 
-fn with_personas(tx: &rusqlite::Transaction<'_>, mut test: types::Test) -> Result<types::Test> {
-    test.persona_ids = tx
-        .prepare_cached("SELECT persona_id FROM test_personas WHERE test_id = ?1 ORDER BY position")?
-        .query_map(params![test.id], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    Ok(test)
-}
-
 pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Test> {
-    let test = tx
-        .prepare_cached(&format!("SELECT {COLUMNS} FROM tests t WHERE t.id = ?1"))?
+    tx.prepare_cached(&format!("SELECT {COLUMNS} FROM tests t WHERE t.id = ?1"))?
         .query_row(params![id], from_row)
         .optional()?
-        .ok_or_else(|| Failure::not_found("test", id))?;
-    with_personas(tx, test)
+        .ok_or_else(|| Failure::not_found("test", id))
 }
 
 /// The editable fields as the activity log shows them.
@@ -250,36 +245,46 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
     state
         .store
         .read(move |tx| {
-            if let Some(project_id) = &query.project_id {
-                access::require(tx, &caller.user_id, project_id, Need::Read)?;
+            // With a project: that project's tests, newest first, straight
+            // from its index (no sort, and the page stops at the limit).
+            // Without: the tests of every project the caller is in.
+            let mut sql = format!("SELECT {COLUMNS} FROM tests t WHERE ");
+            let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
+            match &query.project_id {
+                Some(project_id) => {
+                    access::require(tx, &caller.user_id, project_id, Need::Read)?;
+                    sql.push_str("t.project_id = ?");
+                    args.push(project_id);
+                }
+                None => {
+                    sql.push_str("t.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?)");
+                    args.push(&caller.user_id);
+                }
             }
-            let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM tests t
-                     WHERE t.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-                       AND (?2 IS NULL OR t.project_id = ?2)
-                       AND (?3 IS NULL OR t.channel_id = ?3)
-                       AND (?4 IS NULL OR t.scenario_id = ?4)
-                       AND (?5 IS NULL OR EXISTS (SELECT 1 FROM json_each(t.document, '$.tags') WHERE value = ?5))
-                       AND (?6 IS NULL OR t.id < ?6)
-                     ORDER BY t.id DESC LIMIT ?7"
-                ))?
-                .query_map(
-                    params![
-                        caller.user_id,
-                        query.project_id,
-                        query.channel_id,
-                        query.scenario_id,
-                        query.tag,
-                        page.after,
-                        page.fetch_limit()
-                    ],
-                    from_row,
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+            // Only the filters given are in the SQL (one cached statement
+            // per combination), so the planner sees each one: it cannot use
+            // an index for `(? IS NULL OR …)` (see `store` on why plans do
+            // not look at bound values).
+            let filters = [
+                ("t.channel_id = ?", &query.channel_id),
+                ("t.scenario_id = ?", &query.scenario_id),
+                ("EXISTS (SELECT 1 FROM json_each(t.document, '$.tags') WHERE value = ?)", &query.tag),
+                ("t.id < ?", &page.after),
+            ];
+            for (condition, value) in filters {
+                if let Some(value) = value {
+                    sql.push_str(" AND ");
+                    sql.push_str(condition);
+                    args.push(value);
+                }
+            }
+            sql.push_str(" ORDER BY t.id DESC LIMIT ?");
+            let limit = page.fetch_limit();
+            args.push(&limit);
+            let rows =
+                tx.prepare_cached(&sql)?.query_map(&args[..], from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |t| t.id.clone());
-            let tests = page.items.into_iter().map(|t| with_personas(tx, t)).collect::<Result<Vec<_>>>()?;
-            Ok(types::TestList { tests, next_cursor: page.next_cursor })
+            Ok(types::TestList { tests: page.items, next_cursor: page.next_cursor })
         })
         .await
 }
@@ -307,11 +312,11 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
             check_someone_calls(tx, &personas, &scenario_id)?;
             check_judges(tx, &judges, &project_id)?;
             let now = ids::format_time(&ids::now());
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
-                params![id, project_id, name, channel_id, scenario_id, encode(&doc)?, now],
-            )?;
+            )?
+            .execute(params![id, project_id, name, channel_id, scenario_id, encode(&doc)?, now])?;
             write_personas(tx, &id, &personas)?;
             write_judges(tx, &id, &judges)?;
             let test = load(tx, &id)?;
@@ -336,8 +341,27 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetTestPath) -> Resu
     state
         .store
         .read(move |tx| {
-            access::require_resource(tx, &caller.user_id, "tests", "test", &path.id, Need::Read)?;
-            load(tx, &path.id)
+            // The test and the caller's role in its project in one query
+            // (what `access::require_resource` and `load` do in two).
+            let found = tx
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS}, m.role FROM tests t
+                     LEFT JOIN project_members m ON m.project_id = t.project_id AND m.user_id = ?2
+                     WHERE t.id = ?1"
+                ))?
+                .query_row(params![path.id, caller.user_id], |r| Ok((from_row(r)?, r.get::<_, Option<String>>(9)?)))
+                .optional()?;
+            // Outsiders get the same 404 as for a test that does not exist.
+            match found {
+                Some((test, Some(role))) => {
+                    access::check(
+                        access::Role::parse(&role).ok_or_else(|| Failure::not_found("test", &path.id))?,
+                        Need::Read,
+                    )?;
+                    Ok(test)
+                }
+                _ => Err(Failure::not_found("test", &path.id)),
+            }
         })
         .await
 }

@@ -4,7 +4,11 @@
 //!   trait and its types) and `client/src/generated.rs` (the progenitor
 //!   client) from `spec/openapi.json`; with `--check`, fail with a diff when
 //!   the checked-in files differ from what the spec generates.
+//! - `bench api|engine|auth`: the API benchmark against a bare dropshot
+//!   baseline, the engine's benchmark, and the micro-benchmark of
+//!   authentication (see `bench.rs`).
 
+mod bench;
 mod regen;
 mod routes;
 mod server_gen;
@@ -32,6 +36,34 @@ enum Command {
         #[arg(long, hide = true)]
         spec: Option<PathBuf>,
     },
+    /// Run a benchmark (not part of CI); figures go in BENCHMARKS.md.
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// The API under load against a bare dropshot server (release build,
+    /// seeded data, wrk). Arguments after `--` go to `sparring-bench api`.
+    Api {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The engine: a batch of 1,000 conversations against the reference
+    /// agent at 500 ms and 0 ms reply latency (release build). Arguments
+    /// after `--` go to `sparring-bench engine`.
+    Engine {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The criterion micro-benchmark of authentication; arguments go to
+    /// criterion.
+    Auth {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn workspace_root() -> PathBuf {
@@ -48,6 +80,9 @@ fn main() -> ExitCode {
     let root = workspace_root();
     let result = match cli.command {
         Command::Regen { check, spec } => regen::run(&root, spec.as_deref(), check),
+        Command::Bench { which: Bench::Api { args } } => bench::api(&root, &args),
+        Command::Bench { which: Bench::Engine { args } } => bench::engine(&root, &args),
+        Command::Bench { which: Bench::Auth { args } } => bench::auth(&root, &args),
     };
     match result {
         Ok(code) => code,

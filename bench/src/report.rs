@@ -1,0 +1,131 @@
+//! The table: per scenario, the medians over the rounds, against its target.
+
+use serde::Serialize;
+
+use crate::scenarios::Target;
+use crate::wrk::Outcome;
+
+/// A scenario's run and the baseline run just before it.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunPair {
+    pub baseline: Outcome,
+    pub scenario: Outcome,
+    /// The server's peak RSS during the scenario's run.
+    pub peak_rss_kib: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub title: String,
+    pub rps: f64,
+    pub baseline_rps: f64,
+    /// The median of the per-round ratios.
+    pub ratio: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// The highest p99 of any round.
+    pub worst_p99_ms: f64,
+    /// The server's CPU time per request, µs (median over the rounds).
+    pub cpu_us: f64,
+    pub baseline_cpu_us: f64,
+    pub peak_rss_mb: f64,
+    #[serde(skip)]
+    pub target: Option<Target>,
+    pub runs: Vec<RunPair>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+impl Row {
+    pub fn new(title: &str, target: Option<Target>, runs: Vec<RunPair>) -> Row {
+        let of = |f: &dyn Fn(&RunPair) -> f64| median(runs.iter().map(f).collect());
+        Row {
+            title: title.to_string(),
+            rps: of(&|r| r.scenario.rps()),
+            baseline_rps: of(&|r| r.baseline.rps()),
+            ratio: of(&|r| r.scenario.rps() / r.baseline.rps()),
+            p50_ms: of(&|r| r.scenario.p50_us as f64 / 1e3),
+            p99_ms: of(&|r| r.scenario.p99_us as f64 / 1e3),
+            worst_p99_ms: runs.iter().map(|r| r.scenario.p99_us as f64 / 1e3).fold(0.0, f64::max),
+            cpu_us: of(&|r| r.scenario.server_cpu_us),
+            baseline_cpu_us: of(&|r| r.baseline.server_cpu_us),
+            peak_rss_mb: runs.iter().map(|r| r.peak_rss_kib).max().unwrap_or(0) as f64 / 1024.0,
+            target,
+            runs,
+        }
+    }
+
+    fn meets(&self) -> Option<bool> {
+        self.target.map(|t| self.ratio >= t.ratio && self.p99_ms <= t.p99_ms)
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub rows: Vec<Row>,
+    pub baseline_peak_rss_kib: u64,
+    pub seeding: Vec<(String, f64)>,
+    pub load: String,
+    pub pending: Vec<String>,
+}
+
+pub const RSS_TARGET_MB: f64 = 150.0;
+
+/// Markdown, as pasted into BENCHMARKS.md.
+pub fn render(r: &Report) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "| scenario | req/s | baseline req/s | ratio (target) | p50 ms | p99 ms (target) | worst p99 ms \
+         | CPU µs/req (baseline) | peak RSS MB | met |\n",
+    );
+    out.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |\n");
+    for row in &r.rows {
+        let (ratio_t, p99_t) = match row.target {
+            Some(t) => (format!(" (≥ {})", t.ratio), format!(" (≤ {})", t.p99_ms)),
+            None => (String::new(), String::new()),
+        };
+        let met = match row.meets() {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "",
+        };
+        out.push_str(&format!(
+            "| {} | {:.0} | {:.0} | {:.2}{ratio_t} | {:.2} | {:.2}{p99_t} | {:.2} | {:.0} ({:.0}) | {:.0} | {met} |\n",
+            row.title,
+            row.rps,
+            row.baseline_rps,
+            row.ratio,
+            row.p50_ms,
+            row.p99_ms,
+            row.worst_p99_ms,
+            row.cpu_us,
+            row.baseline_cpu_us,
+            row.peak_rss_mb
+        ));
+    }
+    for p in &r.pending {
+        out.push_str(&format!("| {p} | pending | | | | | | | | |\n"));
+    }
+    let peak = r.rows.iter().map(|row| row.peak_rss_mb).fold(0.0, f64::max);
+    out.push_str(&format!(
+        "\nPeak RSS of `sparring serve` under load: {peak:.0} MB (target ≤ {RSS_TARGET_MB:.0} MB: {}); the baseline's: {:.0} MB.\n",
+        if peak <= RSS_TARGET_MB { "met" } else { "**missed**" },
+        r.baseline_peak_rss_kib as f64 / 1024.0
+    ));
+    out.push_str(&format!("Load: {}; medians over the rounds.\n", r.load));
+    if !r.seeding.is_empty() {
+        out.push_str("Seeding:");
+        for (what, secs) in &r.seeding {
+            out.push_str(&format!(" {what} in {secs:.1} s;"));
+        }
+        out.push('\n');
+    }
+    out
+}
