@@ -47,6 +47,7 @@ const MIGRATIONS: &[(&str, &str)] = &[
     ("0001_foundation", include_str!("../migrations/0001_foundation.sql")),
     ("0002_projects_and_testing_model", include_str!("../migrations/0002_projects_and_testing_model.sql")),
     ("0003_engine", include_str!("../migrations/0003_engine.sql")),
+    ("0004_reviews", include_str!("../migrations/0004_reviews.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]

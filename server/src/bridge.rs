@@ -20,3 +20,18 @@ pub struct BridgedRoute {
     /// `(route variable, spec parameter)` pairs.
     pub renames: &'static [(&'static str, &'static str)],
 }
+
+/// The query of an operation served by a shared route's endpoint (see
+/// `xtask/src/server_gen.rs`): that endpoint learns which operation it
+/// serves only from the path, so it reads the query afterwards, with the
+/// same errors as the `Input` extractor.
+pub async fn shared_query<Q, C>(rqctx: &dropshot::RequestContext<C>) -> Result<Q, dropshot::HttpError>
+where
+    Q: serde::de::DeserializeOwned + schemars::JsonSchema + Send + Sync + 'static,
+    C: dropshot::ServerContext,
+{
+    let query = <dropshot::Query<Q> as dropshot::SharedExtractor>::from_request(rqctx)
+        .await
+        .map_err(|e| crate::input::coded(e, crate::ErrorCode::INVALID_QUERY))?;
+    Ok(query.into_inner())
+}

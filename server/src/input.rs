@@ -122,7 +122,7 @@ where
 }
 
 /// Gives dropshot's extractor errors (which carry no code) a stable one.
-fn coded(mut error: HttpError, bad_request_code: &str) -> HttpError {
+pub(crate) fn coded(mut error: HttpError, bad_request_code: &str) -> HttpError {
     if error.error_code.is_none() {
         let code = match error.status_code.as_u16() {
             400 => bad_request_code,

@@ -24,7 +24,7 @@ mod error;
 mod generated;
 mod input;
 
-pub use bridge::BridgedRoute;
+pub use bridge::{shared_query, BridgedRoute};
 pub use error::{ApiError, ErrorCode};
 pub use generated::*;
 pub use input::{

@@ -51,10 +51,27 @@ fn spec() -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// dropshot's document of the trait, with the operations that share a route
+/// (documented by `SharedRouteDocs` at their own paths, see
+/// `xtask/src/server_gen.rs`) merged in: together, every operation once.
 fn emitted() -> Value {
-    let api = sparring_server::sparring_api_mod::stub_api_description().unwrap();
-    let doc = api.openapi("Sparring API", semver::Version::new(1, 0, 0)).json().unwrap();
-    serde_json::to_value(doc).unwrap()
+    fn document<C: dropshot::ServerContext>(api: dropshot::ApiDescription<C>) -> Value {
+        let doc = api.openapi("Sparring API", semver::Version::new(1, 0, 0)).json().unwrap();
+        serde_json::to_value(doc).unwrap()
+    }
+    let mut main = document(sparring_server::sparring_api_mod::stub_api_description().unwrap());
+    let shared = document(sparring_server::shared_route_docs_mod::stub_api_description().unwrap());
+    for (path, item) in shared["paths"].as_object().unwrap() {
+        let into = main["paths"].as_object_mut().unwrap().entry(path.clone()).or_insert_with(|| json!({}));
+        for (method, op) in item.as_object().unwrap() {
+            assert!(into.get(method).is_none(), "{method} {path} is both served and documented as shared");
+            into[method] = op.clone();
+        }
+    }
+    for (name, schema) in shared["components"]["schemas"].as_object().into_iter().flatten() {
+        main["components"]["schemas"][name] = schema.clone();
+    }
+    main
 }
 
 const METHODS: [&str; 5] = ["get", "put", "post", "delete", "patch"];

@@ -92,6 +92,7 @@ pub fn generate(root: &Path, spec_bytes: &[u8]) -> Result<Vec<(String, String)>>
         let params = items.params;
         let trait_items = items.trait_items;
         let bridged = items.bridged;
+        let doc_items = items.doc_items;
         let tokens = quote! {
             use crate::{ApiContext, ApiError, BodyFields, BridgedRoute, Caller, ErrorCode, Input, JsonBody, Nothing, OptionalJsonBody};
             use dropshot::endpoint;
@@ -122,6 +123,16 @@ pub fn generate(root: &Path, spec_bytes: &[u8]) -> Result<Vec<(String, String)>>
             pub trait SparringApi {
                 type Context;
                 #trait_items
+            }
+
+            /// The operations that share a route with others, each at its
+            /// documented path: dropshot's document describes them from
+            /// here. Never served (`SparringApi`'s `shared_*_endpoint`
+            /// serves them); `stub_api_description()` is all it is for.
+            #[dropshot::api_description]
+            pub trait SharedRouteDocs {
+                type Context;
+                #doc_items
             }
         };
         format_rust(root, &tokens.to_string())?

@@ -10,6 +10,16 @@
 //!   documented path had to be changed (see `routes.rs`), calls `<op>`, and
 //!   stamps the request id into errors. Its `operation_id` is the spec's, so
 //!   dropshot's document names operations as the spec does.
+//!
+//! Several operations can land on one route with one method (after the
+//! bridge, `GET /reviews/calibration` and `GET /reviews/reviewers` are both
+//! `GET /reviews/{id}`), and dropshot holds one endpoint per route and
+//! method. Such a **shared route** gets one unpublished `shared_*_endpoint`
+//! that tells its operations apart by their literal segments and calls the
+//! matching `<op>`; each of those operations' `<op>_endpoint` moves to the
+//! `SharedRouteDocs` trait, registered at its documented path and never
+//! served, so that dropshot's document (and the drift test) still describes
+//! every operation with its own parameters and bodies.
 
 use anyhow::{bail, Context as _, Result};
 use heck::{ToSnakeCase, ToUpperCamelCase};
@@ -209,6 +219,17 @@ pub struct ServerItems {
     pub params: TokenStream,
     pub trait_items: TokenStream,
     pub bridged: TokenStream,
+    /// The `SharedRouteDocs` trait's endpoints (see the module docs).
+    pub doc_items: TokenStream,
+}
+
+/// What a shared route's endpoint needs of one of its operations.
+struct SharedMember {
+    /// `route.<var> == "<literal>"` for each literal of the documented path.
+    matches: TokenStream,
+    /// Builds `path` and `query`, then answers with the operation's method.
+    serve: TokenStream,
+    error_ty: TokenStream,
 }
 
 pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
@@ -217,23 +238,40 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
     let mut params = Vec::new();
     let mut trait_items = Vec::new();
     let mut bridged = Vec::new();
+    let mut doc_items = Vec::new();
 
-    // dropshot registers one endpoint per (method, route); a documented
-    // operation may not share one with another.
-    let mut seen = std::collections::BTreeMap::new();
-    for op in &ops {
-        if let Some(other) = seen.insert((op.method, op.route.route_path.clone()), op.id.clone()) {
-            bail!(
-                "{} and {} both route to {} {}: the bridge serves one operation per route",
-                other,
-                op.id,
-                op.method,
-                op.route.route_path
-            );
+    // dropshot registers one endpoint per (method, route). Operations that
+    // share one are served by one endpoint that tells them apart by their
+    // literal segments, so each must have some, and none may take a body
+    // (the shared endpoint reads path and query only).
+    let mut groups: std::collections::BTreeMap<(&str, String), Vec<usize>> = std::collections::BTreeMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        groups.entry((op.method, op.route.route_path.clone())).or_default().push(i);
+    }
+    let mut shared_of: Vec<Option<(&str, String)>> = vec![None; ops.len()];
+    for (key, members) in groups.iter().filter(|(_, m)| m.len() > 1) {
+        let names: Vec<&str> = members.iter().map(|&i| ops[i].id.as_str()).collect();
+        for &i in members {
+            let op = &ops[i];
+            if op.route.literals.is_empty() {
+                bail!(
+                    "{} shares {} {} with {:?} but has no literal segment to be told apart by",
+                    op.id,
+                    key.0,
+                    key.1,
+                    names
+                );
+            }
+            if op.op.request_body.is_some() {
+                bail!("{} shares {} {} with {:?}: a shared route cannot take a request body yet", op.id, key.0, key.1, names);
+            }
+            shared_of[i] = Some(key.clone());
         }
     }
+    let mut shared_members: std::collections::BTreeMap<(&str, String), Vec<SharedMember>> =
+        std::collections::BTreeMap::new();
 
-    for op in &ops {
+    for (index, op) in ops.iter().enumerate() {
         let o = op.op;
         let id = &op.id;
         let pascal = id.to_upper_camel_case();
@@ -455,8 +493,8 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         } else {
             quote!(let path = input.path.into_inner();)
         };
-        let unpack_query = if query_params.is_empty() {
-            quote!()
+        let (unpack_query, query_checks) = if query_params.is_empty() {
+            (quote!(), quote!())
         } else {
             let checks = query_params.iter().filter_map(|p| {
                 let (min, max) = p.range?;
@@ -483,10 +521,14 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                     }
                 })
             });
-            quote! {
-                let query = input.query.into_inner();
-                #(#checks)*
-            }
+            let checks = quote!(#(#checks)*);
+            (
+                quote! {
+                    let query = input.query.into_inner();
+                    #checks
+                },
+                checks,
+            )
         };
         let unpack_body = if merge {
             quote!(let (body, fields) = input.body.into_parts();)
@@ -500,6 +542,62 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         let tags = &o.tags;
         if tags.len() != 1 {
             bail!("{id}: exactly one tag per operation");
+        }
+        if let Some(key) = &shared_of[index] {
+            // Served by the shared route's endpoint; documented at its own
+            // path by `SharedRouteDocs`.
+            let matches: Vec<TokenStream> = route
+                .literals
+                .iter()
+                .map(|(var, lit)| {
+                    let f = field_ident(var);
+                    quote!(route.#f == #lit)
+                })
+                .collect();
+            let (first, rest) = (&matches[0], &matches[1..]);
+            let mut fields = Vec::new();
+            for (var, spec_name) in &route.variables {
+                let p = path_params.iter().find(|p| &p.name == spec_name).expect("checked above");
+                if p.ty.to_string() != "String" {
+                    bail!("{id}: a shared route's path variables must be strings ({{{spec_name}}} is not)");
+                }
+                let (to, from) = (field_ident(spec_name), field_ident(var));
+                fields.push(quote!(#to: route.#from.clone()));
+            }
+            let build_path =
+                if path_params.is_empty() { quote!() } else { quote!(let path = params::#path_ty { #(#fields),* };) };
+            let build_query = if query_params.is_empty() {
+                quote!()
+            } else {
+                quote! {
+                    let query: params::#query_ty = crate::shared_query(&rqctx).await?;
+                    #query_checks
+                }
+            };
+            shared_members.entry(key.clone()).or_default().push(SharedMember {
+                matches: quote!(#first #(&& #rest)*),
+                serve: quote! {
+                    #build_path
+                    #build_query
+                    return match Self::#method_ident(rqctx, input.caller, #(#call_args),*).await {
+                        Ok(value) => dropshot::HttpResponse::to_result(#wrapper(value)),
+                        Err(error) => Err(error.into()),
+                    };
+                },
+                error_ty: error_ty.clone(),
+            });
+            let spec_path = format!("{base}{}", op.spec_path);
+            let doc_path_extractor =
+                if path_params.is_empty() { quote!(Nothing) } else { quote!(dropshot::Path<params::#path_ty>) };
+            doc_items.push(quote! {
+                #doc_tokens
+                #[endpoint { method = #method_tok, path = #spec_path, operation_id = #id, tags = [#(#tags),*] }]
+                async fn #endpoint_ident(
+                    rqctx: dropshot::RequestContext<Self::Context>,
+                    input: Input<#doc_path_extractor, #query_extractor, Nothing>,
+                ) -> Result<#wrapper<#success_ty>, dropshot::HttpError>;
+            });
+            continue;
         }
         trait_items.push(quote! {
             #doc_tokens
@@ -519,9 +617,61 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         });
     }
 
+    // One endpoint per shared route: the first operation whose literals
+    // match answers; none is a 404 like any unknown path.
+    for ((method, route_path), members) in shared_members {
+        let name = format!("shared_{}_{}", method.to_lowercase(), route_path.to_snake_case());
+        let endpoint_ident = format_ident!("{name}_endpoint");
+        let route_ty = format_ident!("{}Route", name.to_upper_camel_case());
+        let variables: Vec<&str> = route_path
+            .split('/')
+            .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .collect();
+        let route_params: Vec<Param> = variables
+            .iter()
+            .map(|v| Param {
+                name: v.to_string(),
+                required: true,
+                description: None,
+                ty: quote!(String),
+                attrs: quote!(),
+                range: None,
+            })
+            .collect();
+        params.push(params_struct(
+            &route_ty,
+            &format!("The route variables of the shared route {method} {route_path}."),
+            &route_params,
+        ));
+        let ops_doc = doc_attrs(&format!(
+            "Serves every operation routed to {method} {route_path}, told apart by their literal segments \
+             (unpublished: each is documented by `SharedRouteDocs`)."
+        ));
+        let error_ty = &members[0].error_ty;
+        let arms = members.iter().map(|m| {
+            let (matches, serve) = (&m.matches, &m.serve);
+            quote!(if #matches { #serve })
+        });
+        let method_tok = format_ident!("{method}");
+        let full_path = format!("{base}{route_path}");
+        trait_items.push(quote! {
+            #ops_doc
+            #[endpoint { method = #method_tok, path = #full_path, operation_id = #name, unpublished = true }]
+            async fn #endpoint_ident(
+                rqctx: dropshot::RequestContext<Self::Context>,
+                input: Input<dropshot::Path<params::#route_ty>, Nothing, Nothing>,
+            ) -> Result<http::Response<dropshot::Body>, dropshot::HttpError> {
+                let route = input.path.into_inner();
+                #(#arms)*
+                Err(ApiError::<#error_ty>::not_found("no route matches this path").into())
+            }
+        });
+    }
+
     Ok(ServerItems {
         params: quote!(#(#params)*),
         trait_items: quote!(#(#trait_items)*),
         bridged: quote!(#(#bridged),*),
+        doc_items: quote!(#(#doc_items)*),
     })
 }

@@ -1,0 +1,68 @@
+//! Blind labelling: while a calibration is open, a reviewer assigned to it
+//! who is not an owner of its project labels its results without seeing the
+//! automated verdicts or the other reviewers' labels.
+//!
+//! Every read that returns a `TestResult` goes through [`apply`] (results
+//! are hidden one by one, and a list filtered by `status` leaves blind
+//! results out, since matching the filter would reveal the status); `GET
+//! /reviews` leaves out other reviewers' reviews of blind results (see
+//! [`blind_results`]); a calibration hides its metrics from its blind
+//! reviewers (`calibration.rs`). Owners see everything: they are who the
+//! calibration is for.
+
+use rusqlite::{params, OptionalExtension as _};
+use sparring_server::types;
+
+use crate::failure::Result;
+
+/// SQL for the ids of the test results the user whose id is the parameter
+/// `user` (e.g. `?1`) labels blind right now.
+pub fn blind_results(user: &str) -> String {
+    format!(
+        "SELECT cr.test_result_id FROM calibration_results cr
+         JOIN calibrations c ON c.id = cr.calibration_id AND c.status = 'open'
+         JOIN calibration_reviewers v ON v.calibration_id = c.id AND v.user_id = {user}
+         JOIN project_members m ON m.project_id = c.project_id AND m.user_id = {user} AND m.role != 'owner'"
+    )
+}
+
+/// The open calibration in which `user_id` labels `result_id` blind, if any.
+pub fn blinding_calibration(tx: &rusqlite::Transaction<'_>, user_id: &str, result_id: &str) -> Result<Option<String>> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT c.id FROM calibration_results cr
+             JOIN calibrations c ON c.id = cr.calibration_id AND c.status = 'open'
+             JOIN calibration_reviewers v ON v.calibration_id = c.id AND v.user_id = ?2
+             JOIN project_members m ON m.project_id = c.project_id AND m.user_id = ?2 AND m.role != 'owner'
+             WHERE cr.test_result_id = ?1 LIMIT 1",
+        )?
+        .query_row(params![result_id, user_id], |r| r.get(0))
+        .optional()?)
+}
+
+/// Hides the automated verdicts of `result` from `user_id` if they label it
+/// blind.
+pub fn apply(tx: &rusqlite::Transaction<'_>, user_id: &str, result: &mut types::TestResult) -> Result<()> {
+    if let Some(calibration_id) = blinding_calibration(tx, user_id, &result.id)? {
+        hide(result, calibration_id);
+    }
+    Ok(())
+}
+
+/// The automated verdicts out (`status`, `score`, `failure_reason`, each
+/// evaluation), the evaluator names kept (they are what the reviewer
+/// labels), and `blinded` saying why.
+pub fn hide(result: &mut types::TestResult, calibration_id: String) {
+    let evaluator_names = result.evaluations.drain(..).map(|e| e.name).collect();
+    result.status = None;
+    result.score = None;
+    result.failure_reason = None;
+    result.blinded = Some(types::TestResultBlinding {
+        reason: format!(
+            "you are labelling this result blind in calibration review `{calibration_id}`: the automated verdicts \
+             are hidden until it is complete"
+        ),
+        calibration_id,
+        evaluator_names,
+    });
+}
