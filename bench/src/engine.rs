@@ -159,7 +159,10 @@ async fn setup(api: &Api, agent: &str, conversations: u32) -> anyhow::Result<(St
             }),
         )
         .await?)?;
-    anyhow::ensure!(conversations % ITERATIONS == 0 && conversations > 0, "--conversations must be a multiple of 100");
+    anyhow::ensure!(
+        conversations.is_multiple_of(ITERATIONS) && conversations > 0,
+        "--conversations must be a multiple of 100"
+    );
     let mut tests = Vec::new();
     for i in 0..conversations / ITERATIONS {
         tests.push(id(&api

@@ -25,8 +25,11 @@ pub struct Check {
     pub path: String,
     pub headers: Vec<(&'static str, String)>,
     pub body: Option<Value>,
-    pub expect: Box<dyn Fn(&Value) -> anyhow::Result<()> + Send + Sync>,
+    pub expect: Expect,
 }
+
+/// Says what is wrong with an answer, if anything.
+pub type Expect = Box<dyn Fn(&Value) -> anyhow::Result<()> + Send + Sync>;
 
 pub struct Scenario {
     /// For `--only`.
@@ -55,7 +58,7 @@ fn count(v: &Value, field: &str) -> usize {
     v[field].as_array().map_or(0, Vec::len)
 }
 
-fn expect_len(field: &'static str, n: usize) -> Box<dyn Fn(&Value) -> anyhow::Result<()> + Send + Sync> {
+fn expect_len(field: &'static str, n: usize) -> Expect {
     Box::new(move |v| {
         anyhow::ensure!(count(v, field) == n, "expected {n} `{field}`, got {}: {v}", count(v, field));
         Ok(())

@@ -90,8 +90,10 @@ pub struct AppState {
     pub last_used: LastUsed,
     /// API keys already found valid (see `key_cache`).
     pub keys: key_cache::KeyCache,
-    /// (issuer, subject) → user id, for users already signed in.
-    oidc_users: Mutex<HashMap<(String, String), String>>,
+    /// (issuer, subject) → user id, for users already signed in. Public
+    /// only so that `benches/auth.rs` can build an `AppState` without a
+    /// server; nothing outside `auth` reads or writes it.
+    pub oidc_users: Mutex<HashMap<(String, String), String>>,
     pub engine: Arc<Engine>,
     pub log: slog::Logger,
 }

@@ -57,14 +57,17 @@ pub struct Oidc {
 
 /// Tokens already verified: blake3 of the token → its identity and `exp`.
 #[derive(Default)]
-struct Verified(Mutex<HashMap<[u8; 32], (Identity, DateTime<Utc>)>>);
+struct Verified(Mutex<VerifiedMap>);
+
+/// blake3 of a token → the identity it proved and when it expires.
+type VerifiedMap = HashMap<[u8; 32], (Identity, DateTime<Utc>)>;
 
 /// More verified tokens than this and the expired ones are dropped (all of
 /// them if none has expired): a bound on memory, whatever the traffic.
 const MAX_VERIFIED: usize = 10_000;
 
 impl Verified {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], (Identity, DateTime<Utc>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VerifiedMap> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -80,14 +80,20 @@ struct Inner {
 /// A write waiting for the writer thread: runs in a savepoint of the
 /// group's transaction and says how it went; given an error instead of a
 /// transaction (none could be begun), it fails without running.
-type Job = Box<dyn FnOnce(Result<&rusqlite::Transaction<'_>, &str>) -> Ran + Send>;
+type Job = Box<dyn FnOnce(GroupTx<'_, '_>) -> Ran + Send>;
+
+/// The group's transaction, or why none could be begun.
+type GroupTx<'t, 'c> = Result<&'t rusqlite::Transaction<'c>, &'t str>;
 
 /// What a job leaves behind until its group commits.
 struct Ran {
     ok: bool,
     /// Answers the caller, given how the commit went.
-    answer: Box<dyn FnOnce(Result<(), &str>) + Send>,
+    answer: Answer,
 }
+
+/// Tells a job's caller whether its group committed (or why not).
+type Answer = Box<dyn FnOnce(Result<(), &str>) + Send>;
 
 /// The most writes in one group: bounds how long the first of them waits.
 const MAX_GROUP: usize = 64;
