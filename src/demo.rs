@@ -232,7 +232,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("\n{:<36} {:>10} {:>9} {:>8}  failure reasons", "test", "iterations", "pass rate", "p95 ms");
     for id in &test_ids {
         let results = api.list_test_results().id(id).limit(200).send().await?.into_inner().test_results;
-        let passed = results.iter().filter(|r| r.status == types::TestResultStatus::Passed).count();
+        let passed = results.iter().filter(|r| r.status == Some(types::TestResultStatus::Passed)).count();
         let mut latencies: Vec<i64> =
             results.iter().flat_map(|r| r.transcript.iter().filter_map(|t| t.latency_ms)).collect();
         latencies.sort_unstable();

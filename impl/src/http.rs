@@ -554,25 +554,60 @@ impl SparringApi for ServerImpl {
         crate::runs::queue_stats(state(&rqctx), caller).await.map_err(failure)
     }
     async fn list_reviews(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _query: params::ListReviewsQuery,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListReviewsQuery,
     ) -> Result<types::ReviewList, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("list_reviews"))
+        crate::reviews::list(state(&rqctx), caller, query).await.map_err(failure)
+    }
+    async fn create_review(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        body: types::CreateReviewRequest,
+    ) -> Result<types::Review, ApiError<types::Error>> {
+        crate::reviews::create(state(&rqctx), caller, body).await.map_err(failure)
+    }
+    async fn delete_review(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::DeleteReviewPath,
+    ) -> Result<types::Deleted, ApiError<types::Error>> {
+        crate::reviews::delete(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn list_calibrations(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListCalibrationsQuery,
+    ) -> Result<types::CalibrationList, ApiError<types::Error>> {
+        crate::reviews::calibration::list(state(&rqctx), caller, query).await.map_err(failure)
+    }
+    async fn create_calibration(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        body: types::CreateCalibrationRequest,
+    ) -> Result<types::Calibration, ApiError<types::Error>> {
+        crate::reviews::calibration::create(state(&rqctx), caller, body).await.map_err(failure)
     }
     async fn get_calibration(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _path: params::GetCalibrationPath,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::GetCalibrationPath,
     ) -> Result<types::Calibration, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("get_calibration"))
+        crate::reviews::calibration::get(state(&rqctx), caller, path).await.map_err(failure)
+    }
+    async fn close_calibration(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::CloseCalibrationPath,
+    ) -> Result<types::Calibration, ApiError<types::Error>> {
+        crate::reviews::calibration::close(state(&rqctx), caller, path).await.map_err(failure)
     }
     async fn list_reviewers(
-        _rqctx: RequestContext<ApiContext>,
-        _caller: Caller,
-        _query: params::ListReviewersQuery,
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        query: params::ListReviewersQuery,
     ) -> Result<types::ReviewerList, ApiError<types::Error>> {
-        Err(ApiError::not_implemented("list_reviewers"))
+        crate::reviews::reviewers::list(state(&rqctx), caller, query).await.map_err(failure)
     }
     async fn get_test_result_by_call(
         rqctx: RequestContext<ApiContext>,

@@ -34,6 +34,7 @@ pub mod pagination;
 pub mod personas;
 pub mod projects;
 pub mod reseal;
+pub mod reviews;
 pub mod runs;
 pub mod scenarios;
 pub mod secrets;

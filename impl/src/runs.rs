@@ -382,16 +382,16 @@ const BATCH_RUN_COLUMNS: &str = "id, project_id, source, batch_id, channel_id, t
                                  running, passed, failed, errored, cancelled, verdict, metadata, credits_reserved, \
                                  credits_charged, started_at, finished_at, created_at, updated_at";
 
-fn conversion(column: usize, e: impl std::fmt::Display) -> rusqlite::Error {
+pub(crate) fn conversion(column: usize, e: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, e.to_string().into())
 }
 
-fn time(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<chrono::DateTime<chrono::Utc>> {
+pub(crate) fn time(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<chrono::DateTime<chrono::Utc>> {
     let s: String = row.get(i)?;
     ids::parse_time(&s).ok_or_else(|| conversion(i, "not a time"))
 }
 
-fn optional_time(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Option<chrono::DateTime<chrono::Utc>>> {
+pub(crate) fn optional_time(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Option<chrono::DateTime<chrono::Utc>>> {
     let s: Option<String> = row.get(i)?;
     Ok(s.and_then(|s| ids::parse_time(&s)))
 }
@@ -582,7 +582,9 @@ fn readable_result(
     };
     // Outsiders get the same 404 as for a result that does not exist.
     access::require(tx, user_id, &project_id, Need::Read).map_err(|_| Failure::not_found(what, value))?;
-    serde_json::from_str(&document).map_err(|e| Failure::Store(conversion(0, e).into()))
+    let mut result = serde_json::from_str(&document).map_err(|e| Failure::Store(conversion(0, e).into()))?;
+    crate::reviews::blind::apply(tx, user_id, &mut result)?;
+    Ok(result)
 }
 
 pub async fn get_test_result(
@@ -622,7 +624,21 @@ pub async fn list_test_results(
                 .query_map(params![path.id, status, page.after, page.fetch_limit()], result_from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |r| r.id.clone());
-            Ok(types::TestResultList { test_results: page.items, next_cursor: page.next_cursor })
+            // Blind results: hidden one by one, and left out of a list
+            // filtered by status (matching the filter would reveal it).
+            let mut test_results = Vec::with_capacity(page.items.len());
+            for mut result in page.items {
+                if let Some(calibration_id) =
+                    crate::reviews::blind::blinding_calibration(tx, &caller.user_id, &result.id)?
+                {
+                    if status.is_some() {
+                        continue;
+                    }
+                    crate::reviews::blind::hide(&mut result, calibration_id);
+                }
+                test_results.push(result);
+            }
+            Ok(types::TestResultList { test_results, next_cursor: page.next_cursor })
         })
         .await
 }

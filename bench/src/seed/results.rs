@@ -146,7 +146,7 @@ fn write_batch_run(
     p: &ProjectParts,
     b: &BatchRun,
 ) -> rusqlite::Result<()> {
-    let passed = b.runs.iter().filter(|r| r.result.status == types::TestResultStatus::Passed).count() as i64;
+    let passed = b.runs.iter().filter(|r| r.result.status == Some(types::TestResultStatus::Passed)).count() as i64;
     let total = b.runs.len() as i64;
     let charged: i64 = b.runs.iter().map(|r| r.result.credits).sum();
     let finished = b.runs.iter().map(|r| r.result.ended_at).max().unwrap_or(b.started);
@@ -187,6 +187,7 @@ fn write_batch_run(
     )?;
     for f in &b.runs {
         let r = &f.result;
+        let status = r.status.expect("a seeded result has its automated verdict").to_string();
         tests.execute(rusqlite::params![b.id, r.test_id])?;
         run.execute(rusqlite::params![
             f.run_id,
@@ -197,7 +198,7 @@ fn write_batch_run(
             r.scenario_id,
             r.persona_id,
             r.iteration.get(),
-            r.status.to_string(),
+            status,
             r.call_id,
             r.id,
             t(&b.started),
@@ -215,7 +216,7 @@ fn write_batch_run(
             r.batch_run_id,
             r.test_id,
             r.call_id,
-            r.status.to_string(),
+            status,
             t(&r.created_at),
             f.document,
         ])?;

@@ -185,7 +185,7 @@ pub fn finish(tx: &rusqlite::Transaction<'_>, owner: &str, run: &Claimed, end: F
             result.batch_run_id,
             result.test_id,
             result.call_id,
-            result.status.to_string(),
+            result.status.unwrap_or(types::TestResultStatus::Error).to_string(),
             ids::format_time(&result.created_at),
             document
         ])?;

@@ -365,9 +365,11 @@ async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
             let credits = result.credits as i64;
             let status = match (result.ended_reason, result.status) {
                 (types::EndedReason::Cancelled, _) => types::RunStatus::Cancelled,
-                (_, types::TestResultStatus::Passed) => types::RunStatus::Passed,
-                (_, types::TestResultStatus::Failed) => types::RunStatus::Failed,
-                (_, types::TestResultStatus::Error) => types::RunStatus::Error,
+                (_, Some(types::TestResultStatus::Passed)) => types::RunStatus::Passed,
+                (_, Some(types::TestResultStatus::Failed)) => types::RunStatus::Failed,
+                // `None` only ever marks a result hidden from a blind
+                // reviewer; the engine always sets it.
+                (_, Some(types::TestResultStatus::Error) | None) => types::RunStatus::Error,
             };
             let run = run.clone();
             state
@@ -419,8 +421,8 @@ async fn converse_and_judge(
         persona_id: run.persona_id.clone(),
         channel_id: loaded.channel_id.clone(),
         iteration: std::num::NonZeroU32::new(run.iteration).unwrap_or(std::num::NonZeroU32::MIN),
-        status,
-        score: verdict.score,
+        status: Some(status),
+        score: Some(verdict.score),
         failure_reason,
         ended_reason: outcome.ended_reason,
         started_at: outcome.started_at,
@@ -430,6 +432,7 @@ async fn converse_and_judge(
         tool_calls: outcome.tool_calls,
         metrics: outcome.metrics,
         evaluations: evaluated.into_iter().map(|e| e.result).collect(),
+        blinded: None,
         credits: credits::cost_of(outcome.duration_ms).min(loaded.worst_case),
         metadata: loaded.metadata.clone(),
         created_at: now,

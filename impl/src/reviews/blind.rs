@@ -66,3 +66,8 @@ pub fn hide(result: &mut types::TestResult, calibration_id: String) {
         evaluator_names,
     });
 }
+
+/// Whether `user_id` labels `result_id` blind right now.
+pub fn labels_blind(tx: &rusqlite::Transaction<'_>, user_id: &str, result_id: &str) -> Result<bool> {
+    Ok(blinding_calibration(tx, user_id, result_id)?.is_some())
+}

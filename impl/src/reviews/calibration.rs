@@ -1,0 +1,519 @@
+//! Calibration reviews: a fixed set of results that several reviewers label
+//! blind, and how far the automated evaluators agree with them.
+//!
+//! Editors and owners create and close them; every member reads them. The
+//! results are given by id or drawn as a seeded sample (see [`draw`]); a
+//! result is in at most one open calibration at a time (409
+//! `in_calibration`), so a review never has to choose between two. The
+//! reviewers must be members with the reviewer, editor or owner role.
+//!
+//! Metrics are computed on read from the reviews that carry the
+//! calibration's id (so an owner watching an open calibration sees them
+//! grow), over two kinds of subject: each result's overall verdict (the
+//! automated label is `status == passed`; an `error` is not a pass), and
+//! each evaluator's verdict on each result (the automated label is the
+//! evaluation's `passed`, the human labels the reviews' label of that
+//! name). See `metrics.rs` for the majority and tie rule. An assigned
+//! reviewer who is not an owner sees none of it while the calibration is
+//! open (`blinded: true`).
+
+use std::collections::HashMap;
+
+use rusqlite::{params, OptionalExtension as _};
+use serde_json::{json, Map, Value};
+use sparring_server::{params as p, types, Caller};
+
+use super::metrics::{self, Subject};
+use crate::access::{self, Need, Role};
+use crate::activity::{self, Record};
+use crate::auth::Actor;
+use crate::failure::{Failure, Result};
+use crate::pagination::PageRequest;
+use crate::runs::conversion;
+use crate::{ids, AppState};
+
+pub const MAX_RESULTS: usize = 500;
+pub const MAX_REVIEWERS: usize = 50;
+
+/// The seeded sample: the `size` ids with the smallest blake3 hash of (the
+/// seed as 8 little-endian bytes, the id). The same seed over the same ids
+/// always draws the same sample, whatever order they come in.
+pub fn draw(ids: Vec<String>, size: usize, seed: i64) -> Vec<String> {
+    let mut keyed: Vec<([u8; 32], String)> = ids
+        .into_iter()
+        .map(|id| {
+            let mut h = blake3::Hasher::new();
+            h.update(&seed.to_le_bytes());
+            h.update(id.as_bytes());
+            (*h.finalize().as_bytes(), id)
+        })
+        .collect();
+    keyed.sort();
+    keyed.truncate(size);
+    keyed.into_iter().map(|(_, id)| id).collect()
+}
+
+/// Checks the shape of a request before the transaction: one way of giving
+/// results, no id twice, the bounds of the spec.
+fn check_shape(body: &types::CreateCalibrationRequest) -> Result<()> {
+    match (body.test_result_ids.is_empty(), &body.sample) {
+        (false, Some(_)) => return Err(Failure::invalid("sample", "give either test_result_ids or sample, not both")),
+        (true, None) => {
+            return Err(Failure::invalid(
+                "test_result_ids",
+                "give the results to label, as test_result_ids or as a sample to draw",
+            ))
+        }
+        _ => {}
+    }
+    if let Some(sample) = &body.sample {
+        match (&sample.batch_run_id, &sample.test_id) {
+            (Some(_), Some(_)) => {
+                return Err(Failure::invalid("sample", "draw from either a batch_run_id or a test_id, not both"))
+            }
+            (None, None) => return Err(Failure::invalid("sample", "give the batch_run_id or the test_id to draw from")),
+            _ => {}
+        }
+        if sample.size.get() as usize > MAX_RESULTS {
+            return Err(Failure::invalid("sample.size", format_args!("at most {MAX_RESULTS}")));
+        }
+    }
+    if body.test_result_ids.len() > MAX_RESULTS {
+        return Err(Failure::invalid(
+            "test_result_ids",
+            format_args!("at most {MAX_RESULTS} results, got {}", body.test_result_ids.len()),
+        ));
+    }
+    if body.reviewer_ids.is_empty() || body.reviewer_ids.len() > MAX_REVIEWERS {
+        return Err(Failure::invalid(
+            "reviewer_ids",
+            format_args!("1 to {MAX_REVIEWERS} reviewers, got {}", body.reviewer_ids.len()),
+        ));
+    }
+    for (field, list) in [("test_result_ids", &body.test_result_ids), ("reviewer_ids", &body.reviewer_ids)] {
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, id) in list.iter().enumerate() {
+            if !seen.insert(id.as_str()) {
+                return Err(Failure::invalid(&format!("{field}[{i}]"), format_args!("`{id}` is listed twice")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The results the request names or draws, checked against the project.
+fn results_of(
+    tx: &rusqlite::Transaction<'_>,
+    project_id: &str,
+    body: &types::CreateCalibrationRequest,
+) -> Result<Vec<String>> {
+    let Some(sample) = &body.sample else {
+        for (i, id) in body.test_result_ids.iter().enumerate() {
+            access::require_reference(tx, "test_results", &format!("test_result_ids[{i}]"), id, project_id)?;
+        }
+        return Ok(body.test_result_ids.clone());
+    };
+    let (table, column, field, source) = match (&sample.batch_run_id, &sample.test_id) {
+        (Some(id), _) => ("batch_runs", "batch_run_id", "sample.batch_run_id", id),
+        (None, Some(id)) => ("tests", "test_id", "sample.test_id", id),
+        (None, None) => unreachable!("checked by check_shape"),
+    };
+    access::require_reference(tx, table, field, source, project_id)?;
+    let all: Vec<String> = tx
+        .prepare_cached(&format!("SELECT id FROM test_results WHERE {column} = ?1"))?
+        .query_map(params![source], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    if all.is_empty() {
+        return Err(Failure::invalid(field, format_args!("`{source}` has no test results to draw from yet")));
+    }
+    Ok(draw(all, sample.size.get() as usize, sample.seed))
+}
+
+/// `POST /reviews/calibration`.
+pub async fn create(
+    state: &AppState,
+    caller: Caller,
+    body: types::CreateCalibrationRequest,
+) -> Result<types::Calibration> {
+    check_shape(&body)?;
+    let id = ids::new_id("cal");
+    state
+        .store
+        .write(move |tx| {
+            let project_id = body.project_id.clone();
+            access::require(tx, &caller.user_id, &project_id, Need::Edit)?;
+            for (i, reviewer) in body.reviewer_ids.iter().enumerate() {
+                match access::role_in(tx, reviewer, &project_id)? {
+                    Some(role) if role >= Role::Reviewer => {}
+                    _ => {
+                        return Err(Failure::invalid(
+                            &format!("reviewer_ids[{i}]"),
+                            format_args!("`{reviewer}` is not a member of this project with the reviewer, editor or owner role"),
+                        ))
+                    }
+                }
+            }
+            let results = results_of(tx, &project_id, &body)?;
+            for result in &results {
+                let open: Option<String> = tx
+                    .prepare_cached(
+                        "SELECT c.id FROM calibration_results cr
+                         JOIN calibrations c ON c.id = cr.calibration_id AND c.status = 'open'
+                         WHERE cr.test_result_id = ?1 LIMIT 1",
+                    )?
+                    .query_row(params![result], |r| r.get(0))
+                    .optional()?;
+                if let Some(other) = open {
+                    return Err(Failure::Conflict {
+                        code: "in_calibration",
+                        message: format!(
+                            "test result `{result}` is already in open calibration review `{other}`; close that one first"
+                        ),
+                    });
+                }
+            }
+            let sample = body.sample.as_ref().map(serde_json::to_string).transpose().map_err(|e| conversion(0, e))?;
+            tx.execute(
+                "INSERT INTO calibrations (id, project_id, created_by, status, sample, created_at)
+                 VALUES (?1, ?2, ?3, 'open', ?4, ?5)",
+                params![id, project_id, caller.user_id, sample, ids::format_time(&ids::now())],
+            )?;
+            {
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO calibration_results (calibration_id, test_result_id, position) VALUES (?1, ?2, ?3)",
+                )?;
+                for (position, result) in results.iter().enumerate() {
+                    insert.execute(params![id, result, position as i64])?;
+                }
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO calibration_reviewers (calibration_id, user_id, position) VALUES (?1, ?2, ?3)",
+                )?;
+                for (position, reviewer) in body.reviewer_ids.iter().enumerate() {
+                    insert.execute(params![id, reviewer, position as i64])?;
+                }
+            }
+            activity::record(
+                tx,
+                &Actor::Caller(caller.clone()),
+                Record {
+                    action: "calibration.create",
+                    resource_type: "calibration",
+                    resource_id: &id,
+                    project_id: Some(&project_id),
+                    summary: format!(
+                        "created a calibration review of {} results by {} reviewers",
+                        results.len(),
+                        body.reviewer_ids.len()
+                    ),
+                    changes: json!({
+                        "test_result_ids": results,
+                        "reviewer_ids": body.reviewer_ids,
+                        "sample": body.sample,
+                    }),
+                },
+            )?;
+            view(tx, &caller.user_id, &id)
+        })
+        .await
+}
+
+/// `GET /reviews/calibration/{id}`.
+pub async fn get(state: &AppState, caller: Caller, path: p::GetCalibrationPath) -> Result<types::Calibration> {
+    state
+        .store
+        .read(move |tx| {
+            access::require_resource(tx, &caller.user_id, "calibrations", "calibration review", &path.id, Need::Read)?;
+            view(tx, &caller.user_id, &path.id)
+        })
+        .await
+}
+
+/// `GET /reviews/calibration`: newest first.
+pub async fn list(state: &AppState, caller: Caller, query: p::ListCalibrationsQuery) -> Result<types::CalibrationList> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let status = query.status.map(|s| match s {
+        types::CalibrationStatus::Open => "open",
+        types::CalibrationStatus::Complete => "complete",
+    });
+    state
+        .store
+        .read(move |tx| {
+            if let Some(project_id) = &query.project_id {
+                access::require(tx, &caller.user_id, project_id, Need::Read)?;
+            }
+            let ids: Vec<String> = tx
+                .prepare_cached(
+                    "SELECT id FROM calibrations
+                     WHERE project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+                       AND (?2 IS NULL OR project_id = ?2) AND (?3 IS NULL OR status = ?3)
+                       AND (?4 IS NULL OR id < ?4)
+                     ORDER BY id DESC LIMIT ?5",
+                )?
+                .query_map(params![caller.user_id, query.project_id, status, page.after, page.fetch_limit()], |r| {
+                    r.get(0)
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let page = page.finish(ids, Clone::clone);
+            let calibrations =
+                page.items.iter().map(|id| view(tx, &caller.user_id, id)).collect::<Result<Vec<_>>>()?;
+            Ok(types::CalibrationList { calibrations, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+/// `POST /reviews/calibration/{id}/close`: closing a complete one changes
+/// nothing (and records nothing).
+pub async fn close(state: &AppState, caller: Caller, path: p::CloseCalibrationPath) -> Result<types::Calibration> {
+    state
+        .store
+        .write(move |tx| {
+            let (project_id, _) = access::require_resource(
+                tx,
+                &caller.user_id,
+                "calibrations",
+                "calibration review",
+                &path.id,
+                Need::Edit,
+            )?;
+            let status: String =
+                tx.query_row("SELECT status FROM calibrations WHERE id = ?1", params![path.id], |r| r.get(0))?;
+            if status == "open" {
+                let (done, total) = progress(tx, &path.id)?;
+                tx.execute(
+                    "UPDATE calibrations SET status = 'complete', closed_at = ?2 WHERE id = ?1",
+                    params![path.id, ids::format_time(&ids::now())],
+                )?;
+                activity::record(
+                    tx,
+                    &Actor::Caller(caller.clone()),
+                    Record {
+                        action: "calibration.close",
+                        resource_type: "calibration",
+                        resource_id: &path.id,
+                        project_id: Some(&project_id),
+                        summary: format!("closed a calibration review with {done} of {total} labels given"),
+                        changes: json!({"status": "complete"}),
+                    },
+                )?;
+            }
+            view(tx, &caller.user_id, &path.id)
+        })
+        .await
+}
+
+/// `(labels given, labels needed)`.
+fn progress(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<(i64, i64)> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT (SELECT count(*) FROM reviews WHERE calibration_id = ?1),
+                    (SELECT count(*) FROM calibration_results WHERE calibration_id = ?1)
+                  * (SELECT count(*) FROM calibration_reviewers WHERE calibration_id = ?1)",
+        )?
+        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))?)
+}
+
+/// Completes the open calibration `id` if every label is in; true if it
+/// did. Runs in the transaction of the review that gave the last label.
+pub fn complete_if_done(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool> {
+    let (done, total) = progress(tx, id)?;
+    if done < total {
+        return Ok(false);
+    }
+    let changed = tx.execute(
+        "UPDATE calibrations SET status = 'complete', closed_at = ?2 WHERE id = ?1 AND status = 'open'",
+        params![id, ids::format_time(&ids::now())],
+    )?;
+    Ok(changed == 1)
+}
+
+struct Label {
+    result_id: String,
+    verdict_pass: bool,
+    evaluations: Vec<types::ReviewLabel>,
+}
+
+fn wire_metrics(m: &metrics::Metrics) -> types::CalibrationMetrics {
+    types::CalibrationMetrics {
+        agreement_rate: m.agreement_rate,
+        cohens_kappa: m.cohens_kappa,
+        fleiss_kappa: m.fleiss_kappa,
+        true_positive_rate: m.true_positive_rate,
+        true_negative_rate: m.true_negative_rate,
+        undefined_reasons: m.undefined.iter().map(|(k, v)| (k.to_string(), Value::String(v.clone()))).collect(),
+    }
+}
+
+/// Every metric null, each with `reason`.
+fn hidden_metrics(reason: &str) -> types::CalibrationMetrics {
+    let names = ["agreement_rate", "cohens_kappa", "fleiss_kappa", "true_positive_rate", "true_negative_rate"];
+    types::CalibrationMetrics {
+        agreement_rate: None,
+        cohens_kappa: None,
+        fleiss_kappa: None,
+        true_positive_rate: None,
+        true_negative_rate: None,
+        undefined_reasons: names.iter().map(|n| (n.to_string(), Value::String(reason.to_string()))).collect::<Map<_, _>>(),
+    }
+}
+
+/// The calibration `id` as `user_id` may see it.
+pub(crate) fn view(tx: &rusqlite::Transaction<'_>, user_id: &str, id: &str) -> Result<types::Calibration> {
+    type Row = (String, String, Option<String>, String, Option<String>);
+    let (project_id, status, sample, created_at, closed_at): Row = tx
+        .prepare_cached("SELECT project_id, status, sample, created_at, closed_at FROM calibrations WHERE id = ?1")?
+        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+        .optional()?
+        .ok_or_else(|| Failure::not_found("calibration review", id))?;
+    let result_ids: Vec<String> = tx
+        .prepare_cached("SELECT test_result_id FROM calibration_results WHERE calibration_id = ?1 ORDER BY position")?
+        .query_map(params![id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let reviewer_ids: Vec<String> = tx
+        .prepare_cached("SELECT user_id FROM calibration_reviewers WHERE calibration_id = ?1 ORDER BY position")?
+        .query_map(params![id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let labels: Vec<Label> = tx
+        .prepare_cached(
+            "SELECT r.test_result_id, r.verdict, r.evaluations FROM reviews r
+             JOIN calibration_reviewers v ON v.calibration_id = r.calibration_id AND v.user_id = r.reviewer_id
+             WHERE r.calibration_id = ?1 ORDER BY v.position",
+        )?
+        .query_map(params![id], |r| {
+            let verdict: String = r.get(1)?;
+            let evaluations: String = r.get(2)?;
+            Ok(Label {
+                result_id: r.get(0)?,
+                verdict_pass: verdict == "pass",
+                evaluations: serde_json::from_str(&evaluations).map_err(|e| conversion(2, e))?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let open = status == "open";
+    let caller_role = access::role_in(tx, user_id, &project_id)?;
+    let blinded = open && reviewer_ids.iter().any(|r| r == user_id) && caller_role != Some(Role::Owner);
+    let labels_total = (result_ids.len() * reviewer_ids.len()) as i64;
+    let progress = types::CalibrationProgress { labels_done: labels.len() as i64, labels_total };
+
+    let (overall, per_evaluator, disagreements) = if blinded {
+        let reason = "hidden while you label this calibration review blind; shown once it is complete";
+        (hidden_metrics(reason), Vec::new(), Vec::new())
+    } else {
+        measure(tx, &result_ids, &labels)?
+    };
+    let time = |s: &str| ids::parse_time(s).ok_or_else(|| Failure::Store(conversion(0, "not a time").into()));
+    Ok(types::Calibration {
+        id: id.to_string(),
+        project_id,
+        test_result_ids: result_ids,
+        reviewer_ids,
+        status: if open { types::CalibrationStatus::Open } else { types::CalibrationStatus::Complete },
+        sample: sample.as_deref().map(serde_json::from_str).transpose().map_err(|e| conversion(2, e))?,
+        progress,
+        overall,
+        per_evaluator,
+        disagreements,
+        blinded,
+        created_at: time(&created_at)?,
+        closed_at: closed_at.as_deref().map(time).transpose()?,
+    })
+}
+
+type Measured = (types::CalibrationMetrics, Vec<types::CalibrationEvaluatorMetrics>, Vec<types::CalibrationDisagreement>);
+
+/// The metrics of the labels so far: overall, then per evaluator in the
+/// order the results name them.
+fn measure(tx: &rusqlite::Transaction<'_>, result_ids: &[String], labels: &[Label]) -> Result<Measured> {
+    let mut by_result: HashMap<&str, Vec<&Label>> = HashMap::new();
+    for label in labels {
+        by_result.entry(label.result_id.as_str()).or_default().push(label);
+    }
+    let mut overall: Vec<Subject> = Vec::new();
+    let mut overall_ids: Vec<&str> = Vec::new();
+    // Evaluator name → (its subjects, their result ids), in first-seen order.
+    let mut evaluators: Vec<(String, Vec<Subject>, Vec<&str>)> = Vec::new();
+    let mut load = tx.prepare_cached("SELECT document FROM test_results WHERE id = ?1")?;
+    for result_id in result_ids {
+        let Some(document) = load.query_row(params![result_id], |r| r.get::<_, String>(0)).optional()? else {
+            continue;
+        };
+        let result: types::TestResult =
+            serde_json::from_str(&document).map_err(|e| Failure::Store(conversion(0, e).into()))?;
+        let given = by_result.get(result_id.as_str()).map(Vec::as_slice).unwrap_or(&[]);
+        overall.push(Subject {
+            automated: result.status == Some(types::TestResultStatus::Passed),
+            human: given.iter().map(|l| l.verdict_pass).collect(),
+        });
+        overall_ids.push(result_id);
+        for evaluation in &result.evaluations {
+            let human = given
+                .iter()
+                .filter_map(|l| l.evaluations.iter().find(|e| e.name == evaluation.name).map(|e| e.passed))
+                .collect();
+            let subject = Subject { automated: evaluation.passed, human };
+            match evaluators.iter_mut().find(|(name, _, _)| *name == evaluation.name) {
+                Some((_, subjects, ids)) => {
+                    subjects.push(subject);
+                    ids.push(result_id);
+                }
+                None => evaluators.push((evaluation.name.clone(), vec![subject], vec![result_id])),
+            }
+        }
+    }
+    let mut disagreements = Vec::new();
+    let m = metrics::evaluate(&overall);
+    for &(i, human) in &m.disagreements {
+        disagreements.push(types::CalibrationDisagreement {
+            test_result_id: overall_ids[i].to_string(),
+            evaluator: None,
+            human_label: human,
+            automated_label: overall[i].automated,
+        });
+    }
+    let mut per_evaluator = Vec::new();
+    for (name, subjects, ids) in &evaluators {
+        let e = metrics::evaluate(subjects);
+        for &(i, human) in &e.disagreements {
+            disagreements.push(types::CalibrationDisagreement {
+                test_result_id: ids[i].to_string(),
+                evaluator: Some(name.clone()),
+                human_label: human,
+                automated_label: subjects[i].automated,
+            });
+        }
+        per_evaluator.push(types::CalibrationEvaluatorMetrics { name: name.clone(), metrics: wire_metrics(&e) });
+    }
+    Ok((wire_metrics(&m), per_evaluator, disagreements))
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn the_sample_depends_on_the_seed_and_the_ids_not_their_order() {
+        let ids: Vec<String> = (0..50).map(|i| format!("trs_{i:03}")).collect();
+        let a = draw(ids.clone(), 10, 7);
+        let mut reversed = ids.clone();
+        reversed.reverse();
+        assert_eq!(a, draw(reversed, 10, 7));
+        assert_eq!(a.len(), 10);
+        assert_ne!(a, draw(ids.clone(), 10, 8), "another seed draws another sample");
+        let mut unique = a.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), 10);
+        // Asking for more than there is draws everything.
+        assert_eq!(draw(ids.clone(), 80, 7).len(), 50);
+        // The first of the sample is the id with the smallest hash.
+        let smallest = ids
+            .iter()
+            .min_by_key(|id| {
+                let mut h = blake3::Hasher::new();
+                h.update(&7i64.to_le_bytes());
+                h.update(id.as_bytes());
+                *h.finalize().as_bytes()
+            })
+            .unwrap();
+        assert_eq!(&a[0], smallest);
+    }
+}

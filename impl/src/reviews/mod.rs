@@ -1,0 +1,333 @@
+//! Human review (DESIGN §6): people label test results, one review per
+//! person per result (a second one replaces the first, keeping its id).
+//!
+//! Reviewers, editors and owners of the result's project write reviews;
+//! viewers read them; anyone else gets 404. Only its author deletes a
+//! review. A review that counts toward a complete calibration is final (409
+//! `review_locked`): the calibration's metrics must not move after it
+//! closed.
+//!
+//! When an assigned reviewer reviews a result of an open calibration, the
+//! review carries that calibration's id and counts toward it; the last label
+//! it needs completes it. A review given before the calibration existed
+//! counts only once it is given again (its author may not have been blind).
+//!
+//! `calibration.rs` holds the calibrations and their metrics, `blind.rs`
+//! what an assigned reviewer may not see, `metrics.rs` the pure math, and
+//! `reviewers.rs` the statistics per reviewer.
+
+pub mod blind;
+pub mod calibration;
+pub mod metrics;
+pub mod reviewers;
+
+use std::collections::BTreeSet;
+
+use rusqlite::{params, OptionalExtension as _};
+use serde_json::json;
+use sparring_server::{params as p, types, Caller};
+
+use crate::access::{self, Need};
+use crate::activity::{self, Record};
+use crate::auth::Actor;
+use crate::failure::{Failure, Result};
+use crate::pagination::PageRequest;
+use crate::runs::{conversion, time};
+use crate::{ids, validate, AppState};
+
+pub const MAX_NOTES: usize = 10_000;
+pub const MAX_LABELS: usize = 100;
+
+const COLUMNS: &str = "r.id, r.project_id, r.test_result_id, r.reviewer_id, r.verdict, r.evaluations, r.notes, \
+                       r.calibration_id, r.created_at, r.updated_at";
+
+fn verdict_of(text: &str) -> types::ReviewVerdict {
+    if text == "pass" {
+        types::ReviewVerdict::Pass
+    } else {
+        types::ReviewVerdict::Fail
+    }
+}
+
+fn verdict_text(v: types::ReviewVerdict) -> &'static str {
+    match v {
+        types::ReviewVerdict::Pass => "pass",
+        types::ReviewVerdict::Fail => "fail",
+    }
+}
+
+fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Review> {
+    let verdict: String = row.get(4)?;
+    let labels: String = row.get(5)?;
+    Ok(types::Review {
+        id: row.get(0)?,
+        project_id: row.get(1)?,
+        test_result_id: row.get(2)?,
+        reviewer_id: row.get(3)?,
+        verdict: verdict_of(&verdict),
+        evaluations: serde_json::from_str(&labels).map_err(|e| conversion(5, e))?,
+        notes: row.get(6)?,
+        calibration_id: row.get(7)?,
+        created_at: time(row, 8)?,
+        updated_at: time(row, 9)?,
+    })
+}
+
+fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Review> {
+    tx.prepare_cached(&format!("SELECT {COLUMNS} FROM reviews r WHERE r.id = ?1"))?
+        .query_row(params![id], from_row)
+        .optional()?
+        .ok_or_else(|| Failure::not_found("review", id))
+}
+
+/// A test result as stored (automated verdicts included), if the caller's
+/// role in its project meets `need`; 404 for outsiders, as if it did not
+/// exist.
+pub(crate) fn stored_result(
+    tx: &rusqlite::Transaction<'_>,
+    user_id: &str,
+    id: &str,
+    need: Need,
+) -> Result<types::TestResult> {
+    let found: Option<(String, String)> = tx
+        .prepare_cached("SELECT project_id, document FROM test_results WHERE id = ?1")?
+        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((project_id, document)) = found else {
+        return Err(Failure::not_found("test result", id));
+    };
+    let role = access::role_in(tx, user_id, &project_id)?.ok_or_else(|| Failure::not_found("test result", id))?;
+    access::check(role, need)?;
+    serde_json::from_str(&document).map_err(|e| Failure::Store(conversion(0, e).into()))
+}
+
+/// The labels of a review, checked: names not blank, none twice.
+fn parse_labels(labels: &[types::ReviewLabel]) -> Result<Vec<types::ReviewLabel>> {
+    if labels.len() > MAX_LABELS {
+        return Err(Failure::invalid("evaluations", format_args!("at most {MAX_LABELS} labels, got {}", labels.len())));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, label) in labels.iter().enumerate() {
+        if label.name.trim().is_empty() {
+            return Err(Failure::invalid(&format!("evaluations[{i}].name"), "must not be empty"));
+        }
+        if !seen.insert(label.name.as_str()) {
+            return Err(Failure::invalid(
+                &format!("evaluations[{i}].name"),
+                format_args!("`{}` is labelled twice", label.name),
+            ));
+        }
+    }
+    Ok(labels.to_vec())
+}
+
+/// The open calibration in which `user_id` is assigned to `result_id`, if
+/// any (owners included: their labels count, they just are not blind).
+fn assigned_open_calibration(
+    tx: &rusqlite::Transaction<'_>,
+    user_id: &str,
+    result_id: &str,
+) -> Result<Option<String>> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT c.id FROM calibration_results cr
+             JOIN calibrations c ON c.id = cr.calibration_id AND c.status = 'open'
+             JOIN calibration_reviewers v ON v.calibration_id = c.id AND v.user_id = ?2
+             WHERE cr.test_result_id = ?1 LIMIT 1",
+        )?
+        .query_row(params![result_id, user_id], |r| r.get(0))
+        .optional()?)
+}
+
+fn locked(review_id: &str, calibration_id: &str) -> Failure {
+    Failure::Conflict {
+        code: "review_locked",
+        message: format!(
+            "review `{review_id}` counts toward calibration review `{calibration_id}`, which is complete: its labels \
+             are final"
+        ),
+    }
+}
+
+/// `POST /reviews`: creates the caller's review of a result, or replaces it.
+pub async fn create(state: &AppState, caller: Caller, body: types::CreateReviewRequest) -> Result<types::Review> {
+    let labels = parse_labels(&body.evaluations)?;
+    let notes = validate::text("notes", body.notes.as_deref().map(String::as_str).unwrap_or(""), MAX_NOTES)?;
+    let verdict = verdict_text(body.verdict);
+    let result_id = body.test_result_id;
+    state
+        .store
+        .write(move |tx| {
+            let result = stored_result(tx, &caller.user_id, &result_id, Need::Review)?;
+            for (i, label) in labels.iter().enumerate() {
+                if !result.evaluations.iter().any(|e| e.name == label.name) {
+                    let names: Vec<&str> = result.evaluations.iter().map(|e| e.name.as_str()).collect();
+                    return Err(Failure::invalid(
+                        &format!("evaluations[{i}].name"),
+                        format_args!(
+                            "`{}` is not an evaluator of this result (its evaluators: {})",
+                            label.name,
+                            if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                        ),
+                    ));
+                }
+            }
+            let existing: Option<(String, Option<String>, Option<String>)> = tx
+                .prepare_cached(
+                    "SELECT r.id, r.calibration_id, c.status FROM reviews r
+                     LEFT JOIN calibrations c ON c.id = r.calibration_id
+                     WHERE r.test_result_id = ?1 AND r.reviewer_id = ?2",
+                )?
+                .query_row(params![result_id, caller.user_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .optional()?;
+            if let Some((id, Some(calibration_id), Some(status))) = &existing {
+                if status == "complete" {
+                    return Err(locked(id, calibration_id));
+                }
+            }
+            let calibration_id = assigned_open_calibration(tx, &caller.user_id, &result_id)?;
+            let now = ids::format_time(&ids::now());
+            let labels_json = serde_json::to_string(&labels).map_err(|e| conversion(5, e))?;
+            let (id, action) = match existing {
+                Some((id, _, _)) => {
+                    tx.execute(
+                        "UPDATE reviews SET verdict = ?2, evaluations = ?3, notes = ?4, calibration_id = ?5,
+                                            updated_at = ?6
+                         WHERE id = ?1",
+                        params![id, verdict, labels_json, notes, calibration_id, now],
+                    )?;
+                    (id, "review.update")
+                }
+                None => {
+                    let id = ids::new_id("rev");
+                    tx.execute(
+                        "INSERT INTO reviews (id, project_id, test_result_id, reviewer_id, verdict, evaluations, notes,
+                                              calibration_id, created_at, updated_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
+                        params![id, result.project_id, result_id, caller.user_id, verdict, labels_json, notes,
+                                calibration_id, now],
+                    )?;
+                    (id, "review.create")
+                }
+            };
+            let completed = match &calibration_id {
+                Some(c) => calibration::complete_if_done(tx, c)?,
+                None => false,
+            };
+            let mut summary = format!("reviewed test result {result_id}: {verdict}");
+            if let (true, Some(c)) = (completed, &calibration_id) {
+                summary.push_str(&format!(", the last label calibration review {c} needed"));
+            }
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action,
+                    resource_type: "review",
+                    resource_id: &id,
+                    project_id: Some(&result.project_id),
+                    summary,
+                    changes: json!({
+                        "test_result_id": result_id,
+                        "verdict": verdict,
+                        "evaluations": labels,
+                        "notes": notes,
+                        "calibration_id": calibration_id,
+                        "calibration_completed": completed,
+                    }),
+                },
+            )?;
+            load(tx, &id)
+        })
+        .await
+}
+
+/// `DELETE /reviews/{id}`: the caller's own review.
+pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteReviewPath) -> Result<types::Deleted> {
+    state
+        .store
+        .write(move |tx| {
+            type Found = (String, String, String, Option<String>, Option<String>);
+            let found: Option<Found> = tx
+                .prepare_cached(
+                    "SELECT r.project_id, r.reviewer_id, r.test_result_id, r.calibration_id, c.status FROM reviews r
+                     LEFT JOIN calibrations c ON c.id = r.calibration_id WHERE r.id = ?1",
+                )?
+                .query_row(params![path.id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+                .optional()?;
+            let Some((project_id, reviewer_id, result_id, calibration_id, status)) = found else {
+                return Err(Failure::not_found("review", &path.id));
+            };
+            let role = access::role_in(tx, &caller.user_id, &project_id)?
+                .ok_or_else(|| Failure::not_found("review", &path.id))?;
+            if reviewer_id != caller.user_id {
+                // Someone else's review of a result the caller labels blind
+                // is not theirs to know about.
+                if blind::labels_blind(tx, &caller.user_id, &result_id)? {
+                    return Err(Failure::not_found("review", &path.id));
+                }
+                return Err(Failure::Forbidden("only its author may delete a review".into()));
+            }
+            access::check(role, Need::Review)?;
+            if let (Some(calibration_id), Some("complete")) = (&calibration_id, status.as_deref()) {
+                return Err(locked(&path.id, calibration_id));
+            }
+            tx.execute("DELETE FROM reviews WHERE id = ?1", params![path.id])?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller),
+                Record {
+                    action: "review.delete",
+                    resource_type: "review",
+                    resource_id: &path.id,
+                    project_id: Some(&project_id),
+                    summary: format!("deleted their review of test result {result_id}"),
+                    changes: json!({"deleted": true, "test_result_id": result_id}),
+                },
+            )?;
+            Ok(types::Deleted { id: path.id, deleted: true })
+        })
+        .await
+}
+
+/// `GET /reviews`: the reviews in the caller's projects, newest first,
+/// without other people's reviews of the results the caller labels blind.
+pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewsQuery) -> Result<types::ReviewList> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let verdict = query.verdict.map(verdict_text);
+    state
+        .store
+        .read(move |tx| {
+            if let Some(project_id) = &query.project_id {
+                access::require(tx, &caller.user_id, project_id, Need::Read)?;
+            }
+            let rows = tx
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM reviews r
+                     WHERE r.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+                       AND (?2 IS NULL OR r.project_id = ?2) AND (?3 IS NULL OR r.test_result_id = ?3)
+                       AND (?4 IS NULL OR r.reviewer_id = ?4) AND (?5 IS NULL OR r.calibration_id = ?5)
+                       AND (?6 IS NULL OR r.verdict = ?6) AND (?7 IS NULL OR r.id < ?7)
+                       AND (r.reviewer_id = ?1 OR r.test_result_id NOT IN ({}))
+                     ORDER BY r.id DESC LIMIT ?8",
+                    blind::blind_results("?1")
+                ))?
+                .query_map(
+                    params![
+                        caller.user_id,
+                        query.project_id,
+                        query.test_result_id,
+                        query.reviewer_id,
+                        query.calibration_id,
+                        verdict,
+                        page.after,
+                        page.fetch_limit()
+                    ],
+                    from_row,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |r| r.id.clone());
+            Ok(types::ReviewList { reviews: page.items, next_cursor: page.next_cursor })
+        })
+        .await
+}

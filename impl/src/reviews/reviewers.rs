@@ -1,0 +1,165 @@
+//! `GET /reviews/reviewers`: the members who may review (reviewer, editor
+//! or owner role) in the caller's projects, each once, with statistics over
+//! their reviews in those projects.
+//!
+//! A *label* is one review's overall verdict, or one of its per-evaluator
+//! labels. `agreement_with_automated` is the share of a reviewer's labels
+//! equal to the automated one (the result's `status == passed`, or that
+//! evaluation's `passed`); `agreement_with_peers` the share of pairs (their
+//! label, another reviewer's label of the same thing) that are equal. Both
+//! leave out reviews that count toward a still open calibration, so that
+//! watching one's statistics cannot unblind it; `reviews_count` and
+//! `last_review_at` count every review.
+
+use std::collections::HashMap;
+
+use rusqlite::params;
+use sparring_server::{params as p, types, Caller};
+
+use crate::access::{self, Need};
+use crate::failure::{Failure, Result};
+use crate::pagination::PageRequest;
+use crate::runs::conversion;
+use crate::{ids, AppState};
+
+/// The projects the statistics are over: `?1` the caller, `?2` an optional
+/// project filter.
+const SCOPE: &str = "SELECT project_id FROM project_members WHERE user_id = ?1 AND (?2 IS NULL OR project_id = ?2)";
+
+/// One review, reduced to its labels.
+struct Labels {
+    reviewer_id: String,
+    result_id: String,
+    verdict_pass: bool,
+    evaluations: Vec<types::ReviewLabel>,
+}
+
+impl Labels {
+    /// Every label: `(None, overall)` then `(Some(name), passed)`.
+    fn each(&self) -> impl Iterator<Item = (Option<&str>, bool)> {
+        std::iter::once((None, self.verdict_pass)).chain(self.evaluations.iter().map(|e| (Some(e.name.as_str()), e.passed)))
+    }
+
+    fn get(&self, evaluator: Option<&str>) -> Option<bool> {
+        match evaluator {
+            None => Some(self.verdict_pass),
+            Some(name) => self.evaluations.iter().find(|e| e.name == name).map(|e| e.passed),
+        }
+    }
+}
+
+/// The automated labels of one result.
+struct Automated {
+    passed: bool,
+    evaluations: HashMap<String, bool>,
+}
+
+impl Automated {
+    fn get(&self, evaluator: Option<&str>) -> Option<bool> {
+        match evaluator {
+            None => Some(self.passed),
+            Some(name) => self.evaluations.get(name).copied(),
+        }
+    }
+}
+
+fn share(agree: u64, total: u64) -> Option<f64> {
+    (total > 0).then(|| agree as f64 / total as f64)
+}
+
+pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery) -> Result<types::ReviewerList> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    state
+        .store
+        .read(move |tx| {
+            if let Some(project_id) = &query.project_id {
+                access::require(tx, &caller.user_id, project_id, Need::Read)?;
+            }
+            type UserRow = (String, Option<String>, String);
+            let users: Vec<UserRow> = tx
+                .prepare_cached(&format!(
+                    "SELECT u.id, u.email, u.name FROM users u
+                     WHERE u.id IN (SELECT user_id FROM project_members
+                                    WHERE role IN ('reviewer', 'editor', 'owner') AND project_id IN ({SCOPE}))
+                       AND (?3 IS NULL OR u.id < ?3)
+                     ORDER BY u.id DESC LIMIT ?4"
+                ))?
+                .query_map(params![caller.user_id, query.project_id, page.after, page.fetch_limit()], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let page = page.finish(users, |u| u.0.clone());
+
+            // The settled reviews (not in an open calibration) of the results
+            // these reviewers reviewed, everyone's, to compare with peers.
+            let mut settled = tx.prepare_cached(&format!(
+                "SELECT r.reviewer_id, r.test_result_id, r.verdict, r.evaluations FROM reviews r
+                 LEFT JOIN calibrations c ON c.id = r.calibration_id
+                 WHERE r.project_id IN ({SCOPE}) AND (c.status IS NULL OR c.status != 'open')
+                   AND r.test_result_id IN (SELECT test_result_id FROM reviews WHERE reviewer_id = ?3)"
+            ))?;
+            let mut counts = tx.prepare_cached(&format!(
+                "SELECT count(*), max(updated_at) FROM reviews WHERE reviewer_id = ?3 AND project_id IN ({SCOPE})"
+            ))?;
+            let mut document = tx.prepare_cached("SELECT document FROM test_results WHERE id = ?1")?;
+            let mut automated: HashMap<String, Automated> = HashMap::new();
+            let mut reviewers = Vec::new();
+            for (user_id, email, name) in page.items {
+                let (reviews_count, last): (i64, Option<String>) =
+                    counts.query_row(params![caller.user_id, query.project_id, user_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                let all: Vec<Labels> = settled
+                    .query_map(params![caller.user_id, query.project_id, user_id], |r| {
+                        let verdict: String = r.get(2)?;
+                        let evaluations: String = r.get(3)?;
+                        Ok(Labels {
+                            reviewer_id: r.get(0)?,
+                            result_id: r.get(1)?,
+                            verdict_pass: verdict == "pass",
+                            evaluations: serde_json::from_str(&evaluations).map_err(|e| conversion(3, e))?,
+                        })
+                    })?
+                    .collect::<rusqlite::Result<_>>()?;
+                let (mut machine_agree, mut machine_total, mut peer_agree, mut peer_total) = (0, 0, 0, 0);
+                for mine in all.iter().filter(|l| l.reviewer_id == user_id) {
+                    if !automated.contains_key(&mine.result_id) {
+                        let text: String = document.query_row(params![mine.result_id], |r| r.get(0))?;
+                        let result: types::TestResult =
+                            serde_json::from_str(&text).map_err(|e| Failure::Store(conversion(0, e).into()))?;
+                        automated.insert(
+                            mine.result_id.clone(),
+                            Automated {
+                                passed: result.status == Some(types::TestResultStatus::Passed),
+                                evaluations: result.evaluations.into_iter().map(|e| (e.name, e.passed)).collect(),
+                            },
+                        );
+                    }
+                    let machine = &automated[&mine.result_id];
+                    let peers: Vec<&Labels> =
+                        all.iter().filter(|l| l.result_id == mine.result_id && l.reviewer_id != user_id).collect();
+                    for (evaluator, label) in mine.each() {
+                        if let Some(m) = machine.get(evaluator) {
+                            machine_total += 1;
+                            machine_agree += u64::from(m == label);
+                        }
+                        for peer in &peers {
+                            if let Some(theirs) = peer.get(evaluator) {
+                                peer_total += 1;
+                                peer_agree += u64::from(theirs == label);
+                            }
+                        }
+                    }
+                }
+                reviewers.push(types::Reviewer {
+                    user_id,
+                    email,
+                    name,
+                    reviews_count,
+                    agreement_with_automated: share(machine_agree, machine_total),
+                    agreement_with_peers: share(peer_agree, peer_total),
+                    last_review_at: last.as_deref().and_then(ids::parse_time),
+                });
+            }
+            Ok(types::ReviewerList { reviewers, next_cursor: page.next_cursor })
+        })
+        .await
+}
