@@ -283,9 +283,9 @@ mod tests {
         assert_eq!(m.cohens_kappa, Some(0.0));
         assert_eq!(m.disagreements, vec![(1, false), (3, true)]);
         // Fleiss over all five: P_i = 1, 1/3, 1, 1/3, 0 → P̄ = 8/15;
-        // 8 passes of 14 ratings → P̄e = (8/14)² + (6/14)² = 100/196.
-        let pe = 100.0 / 196.0;
-        let want = (8.0 / 15.0 - pe) / (1.0 - pe);
+        // 3 + 1 + 0 + 2 + 1 = 7 passes of 14 ratings → P̄e = 0.5² + 0.5²
+        // = 0.5, so κ = (8/15 − 1/2) / (1/2) = 1/15.
+        let want = 1.0 / 15.0;
         assert!(close(m.fleiss_kappa.unwrap(), want, 1e-12));
         assert!(m.undefined.is_empty(), "{:?}", m.undefined);
     }
