@@ -391,7 +391,10 @@ pub(crate) fn time(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<chrono
     ids::parse_time(&s).ok_or_else(|| conversion(i, "not a time"))
 }
 
-pub(crate) fn optional_time(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Option<chrono::DateTime<chrono::Utc>>> {
+pub(crate) fn optional_time(
+    row: &rusqlite::Row<'_>,
+    i: usize,
+) -> rusqlite::Result<Option<chrono::DateTime<chrono::Utc>>> {
     let s: Option<String> = row.get(i)?;
     Ok(s.and_then(|s| ids::parse_time(&s)))
 }

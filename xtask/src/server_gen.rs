@@ -263,7 +263,13 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                 );
             }
             if op.op.request_body.is_some() {
-                bail!("{} shares {} {} with {:?}: a shared route cannot take a request body yet", op.id, key.0, key.1, names);
+                bail!(
+                    "{} shares {} {} with {:?}: a shared route cannot take a request body yet",
+                    op.id,
+                    key.0,
+                    key.1,
+                    names
+                );
             }
             shared_of[i] = Some(key.clone());
         }
@@ -623,10 +629,8 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         let name = format!("shared_{}_{}", method.to_lowercase(), route_path.to_snake_case());
         let endpoint_ident = format_ident!("{name}_endpoint");
         let route_ty = format_ident!("{}Route", name.to_upper_camel_case());
-        let variables: Vec<&str> = route_path
-            .split('/')
-            .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-            .collect();
+        let variables: Vec<&str> =
+            route_path.split('/').filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}'))).collect();
         let route_params: Vec<Param> = variables
             .iter()
             .map(|v| Param {

@@ -71,7 +71,9 @@ fn check_shape(body: &types::CreateCalibrationRequest) -> Result<()> {
             (Some(_), Some(_)) => {
                 return Err(Failure::invalid("sample", "draw from either a batch_run_id or a test_id, not both"))
             }
-            (None, None) => return Err(Failure::invalid("sample", "give the batch_run_id or the test_id to draw from")),
+            (None, None) => {
+                return Err(Failure::invalid("sample", "give the batch_run_id or the test_id to draw from"))
+            }
             _ => {}
         }
         if sample.size.get() as usize > MAX_RESULTS {
@@ -254,8 +256,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListCalibrationsQu
                 })?
                 .collect::<rusqlite::Result<_>>()?;
             let page = page.finish(ids, Clone::clone);
-            let calibrations =
-                page.items.iter().map(|id| view(tx, &caller.user_id, id)).collect::<Result<Vec<_>>>()?;
+            let calibrations = page.items.iter().map(|id| view(tx, &caller.user_id, id)).collect::<Result<Vec<_>>>()?;
             Ok(types::CalibrationList { calibrations, next_cursor: page.next_cursor })
         })
         .await
@@ -352,7 +353,10 @@ fn hidden_metrics(reason: &str) -> types::CalibrationMetrics {
         fleiss_kappa: None,
         true_positive_rate: None,
         true_negative_rate: None,
-        undefined_reasons: names.iter().map(|n| (n.to_string(), Value::String(reason.to_string()))).collect::<Map<_, _>>(),
+        undefined_reasons: names
+            .iter()
+            .map(|n| (n.to_string(), Value::String(reason.to_string())))
+            .collect::<Map<_, _>>(),
     }
 }
 
@@ -418,7 +422,8 @@ pub(crate) fn view(tx: &rusqlite::Transaction<'_>, user_id: &str, id: &str) -> R
     })
 }
 
-type Measured = (types::CalibrationMetrics, Vec<types::CalibrationEvaluatorMetrics>, Vec<types::CalibrationDisagreement>);
+type Measured =
+    (types::CalibrationMetrics, Vec<types::CalibrationEvaluatorMetrics>, Vec<types::CalibrationDisagreement>);
 
 /// The metrics of the labels so far: overall, then per evaluator in the
 /// order the results name them.

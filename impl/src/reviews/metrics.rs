@@ -150,7 +150,8 @@ pub fn evaluate(subjects: &[Subject]) -> Metrics {
         }
     };
     let (tp, fn_, fp, tn) = (table[0][0], table[0][1], table[1][0], table[1][1]);
-    let rate = |num: u64, den: u64, empty: String| if den == 0 { Err(Undefined(empty)) } else { Ok(num as f64 / den as f64) };
+    let rate =
+        |num: u64, den: u64, empty: String| if den == 0 { Err(Undefined(empty)) } else { Ok(num as f64 / den as f64) };
     let agreement = rate(tp + tn, with_majority, none_left());
     let kappa = if with_majority == 0 { Err(Undefined(none_left())) } else { cohens_kappa(&table) };
     let tpr = rate(tp, tp + fn_, "no result has a human-majority pass".into());

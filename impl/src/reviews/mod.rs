@@ -123,11 +123,7 @@ fn parse_labels(labels: &[types::ReviewLabel]) -> Result<Vec<types::ReviewLabel>
 
 /// The open calibration in which `user_id` is assigned to `result_id`, if
 /// any (owners included: their labels count, they just are not blind).
-fn assigned_open_calibration(
-    tx: &rusqlite::Transaction<'_>,
-    user_id: &str,
-    result_id: &str,
-) -> Result<Option<String>> {
+fn assigned_open_calibration(tx: &rusqlite::Transaction<'_>, user_id: &str, result_id: &str) -> Result<Option<String>> {
     Ok(tx
         .prepare_cached(
             "SELECT c.id FROM calibration_results cr
@@ -188,28 +184,29 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateReviewR
             let calibration_id = assigned_open_calibration(tx, &caller.user_id, &result_id)?;
             let now = ids::format_time(&ids::now());
             let labels_json = serde_json::to_string(&labels).map_err(|e| conversion(5, e))?;
-            let (id, action) = match existing {
-                Some((id, _, _)) => {
-                    tx.execute(
-                        "UPDATE reviews SET verdict = ?2, evaluations = ?3, notes = ?4, calibration_id = ?5,
+            let (id, action) =
+                match existing {
+                    Some((id, _, _)) => {
+                        tx.execute(
+                            "UPDATE reviews SET verdict = ?2, evaluations = ?3, notes = ?4, calibration_id = ?5,
                                             updated_at = ?6
                          WHERE id = ?1",
-                        params![id, verdict, labels_json, notes, calibration_id, now],
-                    )?;
-                    (id, "review.update")
-                }
-                None => {
-                    let id = ids::new_id("rev");
-                    tx.execute(
+                            params![id, verdict, labels_json, notes, calibration_id, now],
+                        )?;
+                        (id, "review.update")
+                    }
+                    None => {
+                        let id = ids::new_id("rev");
+                        tx.execute(
                         "INSERT INTO reviews (id, project_id, test_result_id, reviewer_id, verdict, evaluations, notes,
                                               calibration_id, created_at, updated_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
                         params![id, result.project_id, result_id, caller.user_id, verdict, labels_json, notes,
                                 calibration_id, now],
                     )?;
-                    (id, "review.create")
-                }
-            };
+                        (id, "review.create")
+                    }
+                };
             let completed = match &calibration_id {
                 Some(c) => calibration::complete_if_done(tx, c)?,
                 None => false,

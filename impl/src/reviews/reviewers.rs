@@ -37,7 +37,8 @@ struct Labels {
 impl Labels {
     /// Every label: `(None, overall)` then `(Some(name), passed)`.
     fn each(&self) -> impl Iterator<Item = (Option<&str>, bool)> {
-        std::iter::once((None, self.verdict_pass)).chain(self.evaluations.iter().map(|e| (Some(e.name.as_str()), e.passed)))
+        std::iter::once((None, self.verdict_pass))
+            .chain(self.evaluations.iter().map(|e| (Some(e.name.as_str()), e.passed)))
     }
 
     fn get(&self, evaluator: Option<&str>) -> Option<bool> {
@@ -105,8 +106,8 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery
             let mut automated: HashMap<String, Automated> = HashMap::new();
             let mut reviewers = Vec::new();
             for (user_id, email, name) in page.items {
-                let (reviews_count, last): (i64, Option<String>) =
-                    counts.query_row(params![caller.user_id, query.project_id, user_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                let (reviews_count, last): (i64, Option<String>) = counts
+                    .query_row(params![caller.user_id, query.project_id, user_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
                 let all: Vec<Labels> = settled
                     .query_map(params![caller.user_id, query.project_id, user_id], |r| {
                         let verdict: String = r.get(2)?;
