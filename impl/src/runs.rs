@@ -525,7 +525,7 @@ fn run_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Run> {
         scenario_id: row.get(4)?,
         persona_id: row.get(5)?,
         iteration: positive(6)?,
-        status: status.parse().map_err(|e| conversion(7, e))?,
+        status: Some(status.parse().map_err(|e| conversion(7, e))?),
         attempt: positive(8)?,
         call_id: row.get(9)?,
         test_result_id: row.get(10)?,
@@ -558,7 +558,21 @@ pub async fn list_runs(
                 .query_map(params![path.batch_id, status, page.after, page.fetch_limit()], run_from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |r| r.id.clone());
-            Ok(types::RunList { runs: page.items, next_cursor: page.next_cursor })
+            // A run whose result the caller labels blind does not say how
+            // it ended (and a list filtered by status leaves it out).
+            let mut runs = Vec::with_capacity(page.items.len());
+            for mut run in page.items {
+                if let Some(result_id) = &run.test_result_id {
+                    if crate::reviews::blind::labels_blind(tx, &caller.user_id, result_id)? {
+                        if status.is_some() {
+                            continue;
+                        }
+                        run.status = None;
+                    }
+                }
+                runs.push(run);
+            }
+            Ok(types::RunList { runs, next_cursor: page.next_cursor })
         })
         .await
 }
