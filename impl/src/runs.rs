@@ -560,15 +560,14 @@ pub async fn list_runs(
             let page = page.finish(rows, |r| r.id.clone());
             // A run whose result the caller labels blind does not say how
             // it ended (and a list filtered by status leaves it out).
+            let blind = crate::reviews::blind::blind_map(tx, &caller.user_id)?;
             let mut runs = Vec::with_capacity(page.items.len());
             for mut run in page.items {
-                if let Some(result_id) = &run.test_result_id {
-                    if crate::reviews::blind::labels_blind(tx, &caller.user_id, result_id)? {
-                        if status.is_some() {
-                            continue;
-                        }
-                        run.status = None;
+                if run.test_result_id.as_ref().is_some_and(|id| blind.contains_key(id)) {
+                    if status.is_some() {
+                        continue;
                     }
+                    run.status = None;
                 }
                 runs.push(run);
             }
@@ -582,12 +581,15 @@ fn result_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::TestResul
     serde_json::from_str(&document).map_err(|e| conversion(0, e))
 }
 
-/// A test result the caller may read, by id or by call id.
-fn readable_result(
+/// A test result as stored (automated verdicts included), by id or by call
+/// id, if the caller's role in its project meets `need`: outsiders get the
+/// same 404 as for a result that does not exist, too small a role 403.
+pub(crate) fn stored_result(
     tx: &rusqlite::Transaction<'_>,
     user_id: &str,
     column: &str,
     value: &str,
+    need: Need,
 ) -> Result<types::TestResult> {
     let found: Option<(String, String)> = tx
         .prepare_cached(&format!("SELECT project_id, document FROM test_results WHERE {column} = ?1"))?
@@ -597,9 +599,19 @@ fn readable_result(
     let Some((project_id, document)) = found else {
         return Err(Failure::not_found(what, value));
     };
-    // Outsiders get the same 404 as for a result that does not exist.
-    access::require(tx, user_id, &project_id, Need::Read).map_err(|_| Failure::not_found(what, value))?;
-    let mut result = serde_json::from_str(&document).map_err(|e| Failure::Store(conversion(0, e).into()))?;
+    let role = access::role_in(tx, user_id, &project_id)?.ok_or_else(|| Failure::not_found(what, value))?;
+    access::check(role, need)?;
+    serde_json::from_str(&document).map_err(|e| Failure::Store(conversion(0, e).into()))
+}
+
+/// A test result as the caller may see it (blind, see `reviews::blind`).
+fn readable_result(
+    tx: &rusqlite::Transaction<'_>,
+    user_id: &str,
+    column: &str,
+    value: &str,
+) -> Result<types::TestResult> {
+    let mut result = stored_result(tx, user_id, column, value, Need::Read)?;
     crate::reviews::blind::apply(tx, user_id, &mut result)?;
     Ok(result)
 }
@@ -643,11 +655,10 @@ pub async fn list_test_results(
             let page = page.finish(rows, |r| r.id.clone());
             // Blind results: hidden one by one, and left out of a list
             // filtered by status (matching the filter would reveal it).
+            let mut blind = crate::reviews::blind::blind_map(tx, &caller.user_id)?;
             let mut test_results = Vec::with_capacity(page.items.len());
             for mut result in page.items {
-                if let Some(calibration_id) =
-                    crate::reviews::blind::blinding_calibration(tx, &caller.user_id, &result.id)?
-                {
+                if let Some(calibration_id) = blind.remove(&result.id) {
                     if status.is_some() {
                         continue;
                     }

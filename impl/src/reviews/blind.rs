@@ -10,34 +10,50 @@
 //! reviewers (`calibration.rs`). Owners see everything: they are who the
 //! calibration is for.
 
+use std::collections::HashMap;
+
 use rusqlite::{params, OptionalExtension as _};
 use sparring_server::types;
 
 use crate::failure::Result;
 
-/// SQL for the ids of the test results the user whose id is the parameter
-/// `user` (e.g. `?1`) labels blind right now.
-pub fn blind_results(user: &str) -> String {
+/// SQL for `(test_result_id, calibration_id)`: the results the user whose
+/// id is the parameter `user` (e.g. `?1`) labels blind right now, and the
+/// open calibration that makes them blind. Every other blindness query is
+/// built on this one.
+fn blind_pairs(user: &str) -> String {
     format!(
-        "SELECT cr.test_result_id FROM calibration_results cr
+        "SELECT cr.test_result_id, c.id AS calibration_id FROM calibration_results cr
          JOIN calibrations c ON c.id = cr.calibration_id AND c.status = 'open'
          JOIN calibration_reviewers v ON v.calibration_id = c.id AND v.user_id = {user}
          JOIN project_members m ON m.project_id = c.project_id AND m.user_id = {user} AND m.role != 'owner'"
     )
 }
 
+/// SQL for the ids of the test results the user whose id is the parameter
+/// `user` (e.g. `?1`) labels blind right now.
+pub fn blind_results(user: &str) -> String {
+    format!("SELECT test_result_id FROM ({})", blind_pairs(user))
+}
+
 /// The open calibration in which `user_id` labels `result_id` blind, if any.
 pub fn blinding_calibration(tx: &rusqlite::Transaction<'_>, user_id: &str, result_id: &str) -> Result<Option<String>> {
     Ok(tx
-        .prepare_cached(
-            "SELECT c.id FROM calibration_results cr
-             JOIN calibrations c ON c.id = cr.calibration_id AND c.status = 'open'
-             JOIN calibration_reviewers v ON v.calibration_id = c.id AND v.user_id = ?2
-             JOIN project_members m ON m.project_id = c.project_id AND m.user_id = ?2 AND m.role != 'owner'
-             WHERE cr.test_result_id = ?1 LIMIT 1",
-        )?
+        .prepare_cached(&format!(
+            "SELECT calibration_id FROM ({}) WHERE test_result_id = ?1 LIMIT 1",
+            blind_pairs("?2")
+        ))?
         .query_row(params![result_id, user_id], |r| r.get(0))
         .optional()?)
+}
+
+/// Every result `user_id` labels blind right now, with its calibration: one
+/// query for a whole page of a list (empty for almost everyone).
+pub fn blind_map(tx: &rusqlite::Transaction<'_>, user_id: &str) -> Result<HashMap<String, String>> {
+    Ok(tx
+        .prepare_cached(&blind_pairs("?1"))?
+        .query_map(params![user_id], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?)
 }
 
 /// Hides the automated verdicts of `result` from `user_id` if they label it
@@ -65,9 +81,4 @@ pub fn hide(result: &mut types::TestResult, calibration_id: String) {
         calibration_id,
         evaluator_names,
     });
-}
-
-/// Whether `user_id` labels `result_id` blind right now.
-pub fn labels_blind(tx: &rusqlite::Transaction<'_>, user_id: &str, result_id: &str) -> Result<bool> {
-    Ok(blinding_calibration(tx, user_id, result_id)?.is_some())
 }

@@ -233,10 +233,7 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetCalibrationPath) 
 /// `GET /reviews/calibration`: newest first.
 pub async fn list(state: &AppState, caller: Caller, query: p::ListCalibrationsQuery) -> Result<types::CalibrationList> {
     let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
-    let status = query.status.map(|s| match s {
-        types::CalibrationStatus::Open => "open",
-        types::CalibrationStatus::Complete => "complete",
-    });
+    let status = query.status.map(|s| s.to_string());
     state
         .store
         .read(move |tx| {

@@ -140,15 +140,6 @@ pub fn evaluate(subjects: &[Subject]) -> Metrics {
             format!("no result has a human majority ({ties} of {} tied or unlabelled)", subjects.len())
         }
     };
-    let mut set = |name: &'static str, value: Result<f64, Undefined>| -> Option<f64> {
-        match value {
-            Ok(v) => Some(v),
-            Err(Undefined(reason)) => {
-                m.undefined.insert(name, reason);
-                None
-            }
-        }
-    };
     let (tp, fn_, fp, tn) = (table[0][0], table[0][1], table[1][0], table[1][1]);
     let rate =
         |num: u64, den: u64, empty: String| if den == 0 { Err(Undefined(empty)) } else { Ok(num as f64 / den as f64) };
@@ -164,16 +155,16 @@ pub fn evaluate(subjects: &[Subject]) -> Metrics {
         })
         .collect();
     let fleiss = fleiss_kappa(&counts);
-    let agreement_rate = set("agreement_rate", agreement);
-    let cohens_kappa = set("cohens_kappa", kappa);
-    let fleiss_kappa = set("fleiss_kappa", fleiss);
-    let true_positive_rate = set("true_positive_rate", tpr);
-    let true_negative_rate = set("true_negative_rate", tnr);
-    m.agreement_rate = agreement_rate;
-    m.cohens_kappa = cohens_kappa;
-    m.fleiss_kappa = fleiss_kappa;
-    m.true_positive_rate = true_positive_rate;
-    m.true_negative_rate = true_negative_rate;
+    let mut undefined = BTreeMap::new();
+    let mut keep = |name: &'static str, value: Result<f64, Undefined>| {
+        value.map_err(|Undefined(reason)| undefined.insert(name, reason)).ok()
+    };
+    m.agreement_rate = keep("agreement_rate", agreement);
+    m.cohens_kappa = keep("cohens_kappa", kappa);
+    m.fleiss_kappa = keep("fleiss_kappa", fleiss);
+    m.true_positive_rate = keep("true_positive_rate", tpr);
+    m.true_negative_rate = keep("true_negative_rate", tnr);
+    m.undefined = undefined;
     m
 }
 

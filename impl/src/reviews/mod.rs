@@ -41,21 +41,6 @@ pub const MAX_LABELS: usize = 100;
 const COLUMNS: &str = "r.id, r.project_id, r.test_result_id, r.reviewer_id, r.verdict, r.evaluations, r.notes, \
                        r.calibration_id, r.created_at, r.updated_at";
 
-fn verdict_of(text: &str) -> types::ReviewVerdict {
-    if text == "pass" {
-        types::ReviewVerdict::Pass
-    } else {
-        types::ReviewVerdict::Fail
-    }
-}
-
-fn verdict_text(v: types::ReviewVerdict) -> &'static str {
-    match v {
-        types::ReviewVerdict::Pass => "pass",
-        types::ReviewVerdict::Fail => "fail",
-    }
-}
-
 fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Review> {
     let verdict: String = row.get(4)?;
     let labels: String = row.get(5)?;
@@ -64,7 +49,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Review> {
         project_id: row.get(1)?,
         test_result_id: row.get(2)?,
         reviewer_id: row.get(3)?,
-        verdict: verdict_of(&verdict),
+        verdict: verdict.parse().map_err(|e| conversion(4, e))?,
         evaluations: serde_json::from_str(&labels).map_err(|e| conversion(5, e))?,
         notes: row.get(6)?,
         calibration_id: row.get(7)?,
@@ -78,27 +63,6 @@ fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Review> {
         .query_row(params![id], from_row)
         .optional()?
         .ok_or_else(|| Failure::not_found("review", id))
-}
-
-/// A test result as stored (automated verdicts included), if the caller's
-/// role in its project meets `need`; 404 for outsiders, as if it did not
-/// exist.
-pub(crate) fn stored_result(
-    tx: &rusqlite::Transaction<'_>,
-    user_id: &str,
-    id: &str,
-    need: Need,
-) -> Result<types::TestResult> {
-    let found: Option<(String, String)> = tx
-        .prepare_cached("SELECT project_id, document FROM test_results WHERE id = ?1")?
-        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    let Some((project_id, document)) = found else {
-        return Err(Failure::not_found("test result", id));
-    };
-    let role = access::role_in(tx, user_id, &project_id)?.ok_or_else(|| Failure::not_found("test result", id))?;
-    access::check(role, need)?;
-    serde_json::from_str(&document).map_err(|e| Failure::Store(conversion(0, e).into()))
 }
 
 /// The labels of a review, checked: names not blank, none twice.
@@ -149,12 +113,12 @@ fn locked(review_id: &str, calibration_id: &str) -> Failure {
 pub async fn create(state: &AppState, caller: Caller, body: types::CreateReviewRequest) -> Result<types::Review> {
     let labels = parse_labels(&body.evaluations)?;
     let notes = validate::text("notes", body.notes.as_deref().map(String::as_str).unwrap_or(""), MAX_NOTES)?;
-    let verdict = verdict_text(body.verdict);
+    let verdict = body.verdict.to_string();
     let result_id = body.test_result_id;
     state
         .store
         .write(move |tx| {
-            let result = stored_result(tx, &caller.user_id, &result_id, Need::Review)?;
+            let result = crate::runs::stored_result(tx, &caller.user_id, "id", &result_id, Need::Review)?;
             for (i, label) in labels.iter().enumerate() {
                 if !result.evaluations.iter().any(|e| e.name == label.name) {
                     let names: Vec<&str> = result.evaluations.iter().map(|e| e.name.as_str()).collect();
@@ -260,7 +224,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteReviewPath)
             if reviewer_id != caller.user_id {
                 // Someone else's review of a result the caller labels blind
                 // is not theirs to know about.
-                if blind::labels_blind(tx, &caller.user_id, &result_id)? {
+                if blind::blinding_calibration(tx, &caller.user_id, &result_id)?.is_some() {
                     return Err(Failure::not_found("review", &path.id));
                 }
                 return Err(Failure::Forbidden("only its author may delete a review".into()));
@@ -291,7 +255,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteReviewPath)
 /// without other people's reviews of the results the caller labels blind.
 pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewsQuery) -> Result<types::ReviewList> {
     let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
-    let verdict = query.verdict.map(verdict_text);
+    let verdict = query.verdict.map(|v| v.to_string());
     state
         .store
         .read(move |tx| {
