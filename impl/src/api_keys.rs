@@ -13,10 +13,10 @@ use rusqlite::{params, OptionalExtension as _};
 
 use crate::activity::{self, Record};
 use crate::auth::Actor;
-use crate::ids;
 use crate::key_cache::KeyCache;
-use crate::pagination::{Page, PageRequest};
+use crate::pagination::PageRequest;
 use crate::store::{Store, StoreError};
+use crate::{ids, written};
 
 pub const MAX_ACTIVE_KEYS: i64 = 25;
 pub const KEY_PREFIX: &str = "spk_";
@@ -202,18 +202,64 @@ pub async fn create(
     store.write(move |tx| insert(tx, &actor, &user_id, &label)).await
 }
 
-pub async fn list(store: &Store, user_id: String, page: PageRequest) -> Result<Page<ApiKey>, ApiKeyError> {
+/// A page of `user_id`'s keys, newest first, as the API shows them, written
+/// as JSON (see `written`; listing keys is what dashboards poll).
+/// `pending_use` gives a key's newest use not yet stored.
+pub async fn list(
+    store: &Store,
+    user_id: String,
+    page: PageRequest,
+    pending_use: impl Fn(&str) -> Option<DateTime<Utc>>,
+) -> Result<String, ApiKeyError> {
     store
         .read(move |tx| {
             let mut stmt = tx.prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM api_keys WHERE user_id = ?1 AND (?2 IS NULL OR id < ?2) ORDER BY id DESC LIMIT ?3"
             ))?;
             let rows = stmt
-                .query_map(params![user_id, page.after, page.fetch_limit()], from_row)?
+                .query_map(params![user_id, page.after, page.fetch_limit()], |row| written_key(row, &pending_use))?
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(page.finish(rows, |k| k.id.clone()))
+            let page = page.finish(rows, |(id, _)| id.clone());
+            let keys = page.items.iter().map(|(_, json)| json.as_str());
+            Ok(written::page("keys", keys, page.next_cursor.as_deref()))
         })
         .await
+}
+
+/// A row of [`COLUMNS`] as the API's `ApiKey`, written as JSON, with its id.
+fn written_key(
+    row: &rusqlite::Row<'_>,
+    pending_use: &impl Fn(&str) -> Option<DateTime<Utc>>,
+) -> rusqlite::Result<(String, String)> {
+    let text = |i: usize| -> rusqlite::Result<Option<&str>> {
+        row.get_ref(i)?
+            .as_str_or_null()
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e)))
+    };
+    let id = text(0)?.unwrap_or_default().to_owned();
+    // Stored times all have `ids::format_time`'s fixed width, so the later
+    // of two is the greater string.
+    let pending = pending_use(&id).map(|t| ids::format_time(&t));
+    let last_used = match (text(5)?, pending.as_deref()) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    let revoked_at = text(6)?;
+    let mut o = written::Object::with_capacity(256);
+    o.string("id", &id)
+        .string("label", text(2)?.unwrap_or_default())
+        .string("prefix", text(3)?.unwrap_or_default())
+        .raw("revoked", if revoked_at.is_some() { "true" } else { "false" })
+        .time("created_at", text(4)?.unwrap_or_default());
+    match last_used {
+        Some(t) => o.time("last_used_at", t),
+        None => o.raw("last_used_at", "null"),
+    };
+    match revoked_at {
+        Some(t) => o.time("revoked_at", t),
+        None => o.raw("revoked_at", "null"),
+    };
+    Ok((id, o.finish()))
 }
 
 pub struct Revoked {

@@ -5,7 +5,7 @@
 use dropshot::{Body, HttpError, RequestContext};
 use http::Response;
 use sparring_server::types;
-use sparring_server::{params, ApiContext, ApiError, BodyFields, Caller, SparringApi};
+use sparring_server::{params, ApiContext, ApiError, BodyFields, Caller, Json, SparringApi};
 
 use crate::api_keys::{self, ApiKeyError, ApiKeyLabel};
 use crate::auth::Actor;
@@ -53,22 +53,6 @@ fn cursor_error<B>(e: InvalidCursor) -> ApiError<B> {
     ApiError::bad_request("invalid_cursor", e.to_string())
 }
 
-fn api_key(key: api_keys::ApiKey, pending_use: Option<chrono::DateTime<chrono::Utc>>) -> types::ApiKey {
-    let last_used_at = match (key.last_used_at, pending_use) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
-    };
-    types::ApiKey {
-        id: key.id,
-        label: key.label,
-        prefix: key.prefix,
-        revoked: key.revoked_at.is_some(),
-        created_at: Some(key.created_at),
-        last_used_at,
-        revoked_at: key.revoked_at,
-    }
-}
-
 fn api_key_secret(key: api_keys::ApiKey, raw: api_keys::RawKey) -> types::ApiKeySecret {
     types::ApiKeySecret {
         api_key: raw.expose(),
@@ -98,41 +82,32 @@ impl SparringApi for ServerImpl {
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListApiKeysQuery,
-    ) -> Result<types::ApiKeyList, ApiError<types::ApiKeyError>> {
+    ) -> Result<Json<types::ApiKeyList>, ApiError<types::ApiKeyError>> {
         let state = state(&rqctx);
         let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(cursor_error)?;
-        let page = api_keys::list(&state.store, caller.user_id, page).await.map_err(api_key_error)?;
-        Ok(types::ApiKeyList {
-            keys: page
-                .items
-                .into_iter()
-                .map(|k| {
-                    let pending = state.last_used.pending(&k.id);
-                    api_key(k, pending)
-                })
-                .collect(),
-            next_cursor: page.next_cursor,
-        })
+        let pending = |id: &str| state.last_used.pending(id);
+        let json = api_keys::list(&state.store, caller.user_id, page, pending).await.map_err(api_key_error)?;
+        Ok(Json::written(json))
     }
 
     async fn create_api_key(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         body: types::CreateApiKeyRequest,
-    ) -> Result<types::ApiKeySecret, ApiError<types::ApiKeyError>> {
+    ) -> Result<Json<types::ApiKeySecret>, ApiError<types::ApiKeyError>> {
         let label = ApiKeyLabel::parse(&body.label).map_err(api_key_error)?;
         let user_id = caller.user_id.clone();
         let (key, raw) = api_keys::create(&state(&rqctx).store, Actor::Caller(caller), user_id, label)
             .await
             .map_err(api_key_error)?;
-        Ok(api_key_secret(key, raw))
+        Ok(api_key_secret(key, raw).into())
     }
 
     async fn revoke_api_key(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::RevokeApiKeyPath,
-    ) -> Result<types::ApiKeySuccessMessage, ApiError<types::ApiKeyError>> {
+    ) -> Result<Json<types::ApiKeySuccessMessage>, ApiError<types::ApiKeyError>> {
         let user_id = caller.user_id.clone();
         let revoked =
             api_keys::revoke(&state(&rqctx).store, &state(&rqctx).keys, Actor::Caller(caller), user_id, path.id)
@@ -148,7 +123,8 @@ impl SparringApi for ServerImpl {
             message,
             already_revoked: revoked.already_revoked,
             revoked_at: revoked.key.revoked_at.unwrap_or_default(),
-        })
+        }
+        .into())
     }
 
     async fn rotate_api_key(
@@ -156,13 +132,13 @@ impl SparringApi for ServerImpl {
         caller: Caller,
         path: params::RotateApiKeyPath,
         _body: Option<types::RotateApiKeyRequest>,
-    ) -> Result<types::ApiKeySecret, ApiError<types::ApiKeyError>> {
+    ) -> Result<Json<types::ApiKeySecret>, ApiError<types::ApiKeyError>> {
         let user_id = caller.user_id.clone();
         let (key, raw) =
             api_keys::rotate(&state(&rqctx).store, &state(&rqctx).keys, Actor::Caller(caller), user_id, path.id)
                 .await
                 .map_err(api_key_error)?;
-        Ok(api_key_secret(key, raw))
+        Ok(api_key_secret(key, raw).into())
     }
 
     // Everything else delegates to the module that owns the resource.
@@ -170,87 +146,90 @@ impl SparringApi for ServerImpl {
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListActivityQuery,
-    ) -> Result<types::ActivityList, ApiError<types::Error>> {
-        crate::activity::list(&state(&rqctx).store, caller, query).await.map_err(failure)
+    ) -> Result<Json<types::ActivityList>, ApiError<types::Error>> {
+        crate::activity::list(&state(&rqctx).store, caller, query).await.map(Json::from).map_err(failure)
     }
     async fn list_resource_activity(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::ListResourceActivityPath,
         query: params::ListResourceActivityQuery,
-    ) -> Result<types::ActivityList, ApiError<types::Error>> {
-        crate::activity::list_for_resource(&state(&rqctx).store, caller, path, query).await.map_err(failure)
+    ) -> Result<Json<types::ActivityList>, ApiError<types::Error>> {
+        crate::activity::list_for_resource(&state(&rqctx).store, caller, path, query)
+            .await
+            .map(Json::from)
+            .map_err(failure)
     }
     async fn get_activity(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetActivityPath,
-    ) -> Result<types::Activity, ApiError<types::Error>> {
-        crate::activity::get(&state(&rqctx).store, caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Activity>, ApiError<types::Error>> {
+        crate::activity::get(&state(&rqctx).store, caller, path).await.map(Json::from).map_err(failure)
     }
     async fn list_batches(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListBatchesQuery,
-    ) -> Result<types::BatchList, ApiError<types::Error>> {
-        crate::batches::list(state(&rqctx), caller, query).await.map_err(failure)
+    ) -> Result<Json<types::BatchList>, ApiError<types::Error>> {
+        crate::batches::list(state(&rqctx), caller, query).await.map(Json::from).map_err(failure)
     }
     async fn create_batch(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         body: types::CreateBatchRequest,
-    ) -> Result<types::Batch, ApiError<types::Error>> {
-        crate::batches::create(state(&rqctx), caller, body).await.map_err(failure)
+    ) -> Result<Json<types::Batch>, ApiError<types::Error>> {
+        crate::batches::create(state(&rqctx), caller, body).await.map(Json::from).map_err(failure)
     }
     async fn get_batch(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetBatchPath,
-    ) -> Result<types::Batch, ApiError<types::Error>> {
-        crate::batches::get(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Batch>, ApiError<types::Error>> {
+        crate::batches::get(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn replace_batch(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::ReplaceBatchPath,
         body: types::ReplaceBatchRequest,
-    ) -> Result<types::Batch, ApiError<types::Error>> {
-        crate::batches::replace(state(&rqctx), caller, path, body).await.map_err(failure)
+    ) -> Result<Json<types::Batch>, ApiError<types::Error>> {
+        crate::batches::replace(state(&rqctx), caller, path, body).await.map(Json::from).map_err(failure)
     }
     async fn delete_batch(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::DeleteBatchPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        crate::batches::delete(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Deleted>, ApiError<types::Error>> {
+        crate::batches::delete(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn list_channels(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListChannelsQuery,
-    ) -> Result<types::ChannelList, ApiError<types::Error>> {
-        crate::channels::list(state(&rqctx), caller, query).await.map_err(failure)
+    ) -> Result<Json<types::ChannelList>, ApiError<types::Error>> {
+        crate::channels::list(state(&rqctx), caller, query).await.map(Json::from).map_err(failure)
     }
     async fn create_channel(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         body: types::CreateChannelRequest,
-    ) -> Result<types::Channel, ApiError<types::Error>> {
-        crate::channels::create(state(&rqctx), caller, body).await.map_err(failure)
+    ) -> Result<Json<types::Channel>, ApiError<types::Error>> {
+        crate::channels::create(state(&rqctx), caller, body).await.map(Json::from).map_err(failure)
     }
     async fn get_channel(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetChannelPath,
-    ) -> Result<types::Channel, ApiError<types::Error>> {
-        crate::channels::get(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Channel>, ApiError<types::Error>> {
+        crate::channels::get(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn delete_channel(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::DeleteChannelPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        crate::channels::delete(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Deleted>, ApiError<types::Error>> {
+        crate::channels::delete(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn update_channel(
         rqctx: RequestContext<ApiContext>,
@@ -258,36 +237,36 @@ impl SparringApi for ServerImpl {
         path: params::UpdateChannelPath,
         body: types::UpdateChannelRequest,
         fields: BodyFields,
-    ) -> Result<types::Channel, ApiError<types::Error>> {
-        crate::channels::update(state(&rqctx), caller, path, body, fields).await.map_err(failure)
+    ) -> Result<Json<types::Channel>, ApiError<types::Error>> {
+        crate::channels::update(state(&rqctx), caller, path, body, fields).await.map(Json::from).map_err(failure)
     }
     async fn list_integrations(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListIntegrationsQuery,
-    ) -> Result<types::IntegrationList, ApiError<types::Error>> {
-        crate::integrations::list(state(&rqctx), caller, query).await.map_err(failure)
+    ) -> Result<Json<types::IntegrationList>, ApiError<types::Error>> {
+        crate::integrations::list(state(&rqctx), caller, query).await.map(Json::from).map_err(failure)
     }
     async fn create_integration(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         body: types::CreateIntegrationRequest,
-    ) -> Result<types::Integration, ApiError<types::Error>> {
-        crate::integrations::create(state(&rqctx), caller, body).await.map_err(failure)
+    ) -> Result<Json<types::Integration>, ApiError<types::Error>> {
+        crate::integrations::create(state(&rqctx), caller, body).await.map(Json::from).map_err(failure)
     }
     async fn get_integration(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetIntegrationPath,
-    ) -> Result<types::Integration, ApiError<types::Error>> {
-        crate::integrations::get(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Integration>, ApiError<types::Error>> {
+        crate::integrations::get(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn delete_integration(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::DeleteIntegrationPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        crate::integrations::delete(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Deleted>, ApiError<types::Error>> {
+        crate::integrations::delete(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn update_integration(
         rqctx: RequestContext<ApiContext>,
@@ -295,44 +274,47 @@ impl SparringApi for ServerImpl {
         path: params::UpdateIntegrationPath,
         body: types::UpdateIntegrationRequest,
         fields: BodyFields,
-    ) -> Result<types::Integration, ApiError<types::Error>> {
-        crate::integrations::update(state(&rqctx), caller, path, body, fields).await.map_err(failure)
+    ) -> Result<Json<types::Integration>, ApiError<types::Error>> {
+        crate::integrations::update(state(&rqctx), caller, path, body, fields).await.map(Json::from).map_err(failure)
     }
     async fn list_integration_phone_numbers(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::ListIntegrationPhoneNumbersPath,
         query: params::ListIntegrationPhoneNumbersQuery,
-    ) -> Result<types::PhoneNumberList, ApiError<types::Error>> {
-        crate::integrations::list_phone_numbers(state(&rqctx), caller, path, query).await.map_err(failure)
+    ) -> Result<Json<types::PhoneNumberList>, ApiError<types::Error>> {
+        crate::integrations::list_phone_numbers(state(&rqctx), caller, path, query)
+            .await
+            .map(Json::from)
+            .map_err(failure)
     }
     async fn list_personas(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListPersonasQuery,
-    ) -> Result<types::PersonaList, ApiError<types::Error>> {
-        crate::personas::list(state(&rqctx), caller, query).await.map_err(failure)
+    ) -> Result<Json<types::PersonaList>, ApiError<types::Error>> {
+        crate::personas::list(state(&rqctx), caller, query).await.map(Json::from).map_err(failure)
     }
     async fn create_persona(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         body: types::CreatePersonaRequest,
-    ) -> Result<types::Persona, ApiError<types::Error>> {
-        crate::personas::create(state(&rqctx), caller, body).await.map_err(failure)
+    ) -> Result<Json<types::Persona>, ApiError<types::Error>> {
+        crate::personas::create(state(&rqctx), caller, body).await.map(Json::from).map_err(failure)
     }
     async fn get_persona(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetPersonaPath,
-    ) -> Result<types::Persona, ApiError<types::Error>> {
-        crate::personas::get(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Persona>, ApiError<types::Error>> {
+        crate::personas::get(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn delete_persona(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::DeletePersonaPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        crate::personas::delete(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Deleted>, ApiError<types::Error>> {
+        crate::personas::delete(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn update_persona(
         rqctx: RequestContext<ApiContext>,
@@ -340,67 +322,67 @@ impl SparringApi for ServerImpl {
         path: params::UpdatePersonaPath,
         body: types::UpdatePersonaRequest,
         fields: BodyFields,
-    ) -> Result<types::Persona, ApiError<types::Error>> {
-        crate::personas::update(state(&rqctx), caller, path, body, fields).await.map_err(failure)
+    ) -> Result<Json<types::Persona>, ApiError<types::Error>> {
+        crate::personas::update(state(&rqctx), caller, path, body, fields).await.map(Json::from).map_err(failure)
     }
     async fn list_projects(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListProjectsQuery,
-    ) -> Result<types::ProjectList, ApiError<types::Error>> {
-        crate::projects::list(state(&rqctx), caller, query).await.map_err(failure)
+    ) -> Result<Json<types::ProjectList>, ApiError<types::Error>> {
+        crate::projects::list(state(&rqctx), caller, query).await.map(Json::from).map_err(failure)
     }
     async fn create_project(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         body: types::CreateProjectRequest,
-    ) -> Result<types::Project, ApiError<types::Error>> {
-        crate::projects::create(state(&rqctx), caller, body).await.map_err(failure)
+    ) -> Result<Json<types::Project>, ApiError<types::Error>> {
+        crate::projects::create(state(&rqctx), caller, body).await.map(Json::from).map_err(failure)
     }
     async fn get_project(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetProjectPath,
-    ) -> Result<types::Project, ApiError<types::Error>> {
-        crate::projects::get(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Project>, ApiError<types::Error>> {
+        crate::projects::get(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn replace_project(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::ReplaceProjectPath,
         body: types::ReplaceProjectRequest,
-    ) -> Result<types::Project, ApiError<types::Error>> {
-        crate::projects::replace(state(&rqctx), caller, path, body).await.map_err(failure)
+    ) -> Result<Json<types::Project>, ApiError<types::Error>> {
+        crate::projects::replace(state(&rqctx), caller, path, body).await.map(Json::from).map_err(failure)
     }
     async fn delete_project(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::DeleteProjectPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        crate::projects::delete(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Deleted>, ApiError<types::Error>> {
+        crate::projects::delete(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn list_project_members(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::ListProjectMembersPath,
         query: params::ListProjectMembersQuery,
-    ) -> Result<types::ProjectMemberList, ApiError<types::Error>> {
-        crate::projects::list_members(state(&rqctx), caller, path, query).await.map_err(failure)
+    ) -> Result<Json<types::ProjectMemberList>, ApiError<types::Error>> {
+        crate::projects::list_members(state(&rqctx), caller, path, query).await.map(Json::from).map_err(failure)
     }
     async fn add_project_member(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::AddProjectMemberPath,
         body: types::AddProjectMemberRequest,
-    ) -> Result<types::ProjectMember, ApiError<types::Error>> {
-        crate::projects::add_member(state(&rqctx), caller, path, body).await.map_err(failure)
+    ) -> Result<Json<types::ProjectMember>, ApiError<types::Error>> {
+        crate::projects::add_member(state(&rqctx), caller, path, body).await.map(Json::from).map_err(failure)
     }
     async fn remove_project_member(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::RemoveProjectMemberPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        crate::projects::remove_member(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Deleted>, ApiError<types::Error>> {
+        crate::projects::remove_member(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn update_project_member(
         rqctx: RequestContext<ApiContext>,
@@ -408,72 +390,72 @@ impl SparringApi for ServerImpl {
         path: params::UpdateProjectMemberPath,
         body: types::UpdateProjectMemberRequest,
         fields: BodyFields,
-    ) -> Result<types::ProjectMember, ApiError<types::Error>> {
-        crate::projects::update_member(state(&rqctx), caller, path, body, fields).await.map_err(failure)
+    ) -> Result<Json<types::ProjectMember>, ApiError<types::Error>> {
+        crate::projects::update_member(state(&rqctx), caller, path, body, fields).await.map(Json::from).map_err(failure)
     }
     async fn list_scenarios(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListScenariosQuery,
-    ) -> Result<types::ScenarioList, ApiError<types::Error>> {
-        crate::scenarios::list(state(&rqctx), caller, query).await.map_err(failure)
+    ) -> Result<Json<types::ScenarioList>, ApiError<types::Error>> {
+        crate::scenarios::list(state(&rqctx), caller, query).await.map(Json::from).map_err(failure)
     }
     async fn create_scenario(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         body: types::CreateScenarioRequest,
-    ) -> Result<types::Scenario, ApiError<types::Error>> {
-        crate::scenarios::create(state(&rqctx), caller, body).await.map_err(failure)
+    ) -> Result<Json<types::Scenario>, ApiError<types::Error>> {
+        crate::scenarios::create(state(&rqctx), caller, body).await.map(Json::from).map_err(failure)
     }
     async fn get_scenario(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetScenarioPath,
-    ) -> Result<types::Scenario, ApiError<types::Error>> {
-        crate::scenarios::get(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Scenario>, ApiError<types::Error>> {
+        crate::scenarios::get(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn replace_scenario(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::ReplaceScenarioPath,
         body: types::ReplaceScenarioRequest,
-    ) -> Result<types::Scenario, ApiError<types::Error>> {
-        crate::scenarios::replace(state(&rqctx), caller, path, body).await.map_err(failure)
+    ) -> Result<Json<types::Scenario>, ApiError<types::Error>> {
+        crate::scenarios::replace(state(&rqctx), caller, path, body).await.map(Json::from).map_err(failure)
     }
     async fn delete_scenario(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::DeleteScenarioPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        crate::scenarios::delete(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Deleted>, ApiError<types::Error>> {
+        crate::scenarios::delete(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn list_tests(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListTestsQuery,
-    ) -> Result<types::TestList, ApiError<types::Error>> {
+    ) -> Result<Json<types::TestList>, ApiError<types::Error>> {
         crate::tests::list(state(&rqctx), caller, query).await.map_err(failure)
     }
     async fn create_test(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         body: types::CreateTestRequest,
-    ) -> Result<types::Test, ApiError<types::Error>> {
-        crate::tests::create(state(&rqctx), caller, body).await.map_err(failure)
+    ) -> Result<Json<types::Test>, ApiError<types::Error>> {
+        crate::tests::create(state(&rqctx), caller, body).await.map(Json::from).map_err(failure)
     }
     async fn get_test(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetTestPath,
-    ) -> Result<types::Test, ApiError<types::Error>> {
+    ) -> Result<Json<types::Test>, ApiError<types::Error>> {
         crate::tests::get(state(&rqctx), caller, path).await.map_err(failure)
     }
     async fn delete_test(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::DeleteTestPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        crate::tests::delete(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Deleted>, ApiError<types::Error>> {
+        crate::tests::delete(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn update_test(
         rqctx: RequestContext<ApiContext>,
@@ -481,8 +463,8 @@ impl SparringApi for ServerImpl {
         path: params::UpdateTestPath,
         body: types::UpdateTestRequest,
         fields: BodyFields,
-    ) -> Result<types::Test, ApiError<types::Error>> {
-        crate::tests::update(state(&rqctx), caller, path, body, fields).await.map_err(failure)
+    ) -> Result<Json<types::Test>, ApiError<types::Error>> {
+        crate::tests::update(state(&rqctx), caller, path, body, fields).await.map(Json::from).map_err(failure)
     }
 
     async fn run_test(
@@ -490,30 +472,30 @@ impl SparringApi for ServerImpl {
         caller: Caller,
         path: params::RunTestPath,
         body: types::RunTestRequest,
-    ) -> Result<types::BatchRun, ApiError<types::Error>> {
-        crate::runs::run_test(state(&rqctx), caller, path, body).await.map_err(failure)
+    ) -> Result<Json<types::BatchRun>, ApiError<types::Error>> {
+        crate::runs::run_test(state(&rqctx), caller, path, body).await.map(Json::from).map_err(failure)
     }
     async fn list_batch_runs(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListBatchRunsQuery,
-    ) -> Result<types::BatchRunList, ApiError<types::Error>> {
-        crate::runs::list_batch_runs(state(&rqctx), caller, query).await.map_err(failure)
+    ) -> Result<Json<types::BatchRunList>, ApiError<types::Error>> {
+        crate::runs::list_batch_runs(state(&rqctx), caller, query).await.map(Json::from).map_err(failure)
     }
     async fn cancel_batch_run(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::CancelBatchRunPath,
-    ) -> Result<types::BatchRun, ApiError<types::Error>> {
-        crate::runs::cancel(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::BatchRun>, ApiError<types::Error>> {
+        crate::runs::cancel(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn list_webhook_deliveries(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::ListWebhookDeliveriesPath,
         query: params::ListWebhookDeliveriesQuery,
-    ) -> Result<types::WebhookDeliveryList, ApiError<types::Error>> {
-        crate::engine::webhooks::list(state(&rqctx), caller, path, query).await.map_err(failure)
+    ) -> Result<Json<types::WebhookDeliveryList>, ApiError<types::Error>> {
+        crate::engine::webhooks::list(state(&rqctx), caller, path, query).await.map(Json::from).map_err(failure)
     }
     // Operations built by later work answer 501 `not_implemented`.
     async fn list_batch_run_runs(
@@ -521,106 +503,106 @@ impl SparringApi for ServerImpl {
         caller: Caller,
         path: params::ListBatchRunRunsPath,
         query: params::ListBatchRunRunsQuery,
-    ) -> Result<types::RunList, ApiError<types::Error>> {
-        crate::runs::list_runs(state(&rqctx), caller, path, query).await.map_err(failure)
+    ) -> Result<Json<types::RunList>, ApiError<types::Error>> {
+        crate::runs::list_runs(state(&rqctx), caller, path, query).await.map(Json::from).map_err(failure)
     }
     async fn get_batch_run(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetBatchRunPath,
-    ) -> Result<types::BatchRun, ApiError<types::Error>> {
-        crate::runs::get_batch_run(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::BatchRun>, ApiError<types::Error>> {
+        crate::runs::get_batch_run(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn run_batch(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::RunBatchPath,
         body: types::RunBatchRequest,
-    ) -> Result<types::BatchRun, ApiError<types::Error>> {
-        crate::runs::run_batch(state(&rqctx), caller, path, body).await.map_err(failure)
+    ) -> Result<Json<types::BatchRun>, ApiError<types::Error>> {
+        crate::runs::run_batch(state(&rqctx), caller, path, body).await.map(Json::from).map_err(failure)
     }
     async fn run_channel(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::RunChannelPath,
         body: types::RunChannelRequest,
-    ) -> Result<types::BatchRun, ApiError<types::Error>> {
-        crate::runs::run_channel(state(&rqctx), caller, path, body).await.map_err(failure)
+    ) -> Result<Json<types::BatchRun>, ApiError<types::Error>> {
+        crate::runs::run_channel(state(&rqctx), caller, path, body).await.map(Json::from).map_err(failure)
     }
     async fn get_queue_stats(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
-    ) -> Result<types::QueueStats, ApiError<types::Error>> {
-        crate::runs::queue_stats(state(&rqctx), caller).await.map_err(failure)
+    ) -> Result<Json<types::QueueStats>, ApiError<types::Error>> {
+        crate::runs::queue_stats(state(&rqctx), caller).await.map(Json::from).map_err(failure)
     }
     async fn list_reviews(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListReviewsQuery,
-    ) -> Result<types::ReviewList, ApiError<types::Error>> {
-        crate::reviews::list(state(&rqctx), caller, query).await.map_err(failure)
+    ) -> Result<Json<types::ReviewList>, ApiError<types::Error>> {
+        crate::reviews::list(state(&rqctx), caller, query).await.map(Json::from).map_err(failure)
     }
     async fn create_review(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         body: types::CreateReviewRequest,
-    ) -> Result<types::Review, ApiError<types::Error>> {
-        crate::reviews::create(state(&rqctx), caller, body).await.map_err(failure)
+    ) -> Result<Json<types::Review>, ApiError<types::Error>> {
+        crate::reviews::create(state(&rqctx), caller, body).await.map(Json::from).map_err(failure)
     }
     async fn delete_review(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::DeleteReviewPath,
-    ) -> Result<types::Deleted, ApiError<types::Error>> {
-        crate::reviews::delete(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Deleted>, ApiError<types::Error>> {
+        crate::reviews::delete(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn list_calibrations(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListCalibrationsQuery,
-    ) -> Result<types::CalibrationList, ApiError<types::Error>> {
-        crate::reviews::calibration::list(state(&rqctx), caller, query).await.map_err(failure)
+    ) -> Result<Json<types::CalibrationList>, ApiError<types::Error>> {
+        crate::reviews::calibration::list(state(&rqctx), caller, query).await.map(Json::from).map_err(failure)
     }
     async fn create_calibration(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         body: types::CreateCalibrationRequest,
-    ) -> Result<types::Calibration, ApiError<types::Error>> {
-        crate::reviews::calibration::create(state(&rqctx), caller, body).await.map_err(failure)
+    ) -> Result<Json<types::Calibration>, ApiError<types::Error>> {
+        crate::reviews::calibration::create(state(&rqctx), caller, body).await.map(Json::from).map_err(failure)
     }
     async fn get_calibration(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetCalibrationPath,
-    ) -> Result<types::Calibration, ApiError<types::Error>> {
-        crate::reviews::calibration::get(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Calibration>, ApiError<types::Error>> {
+        crate::reviews::calibration::get(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn close_calibration(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::CloseCalibrationPath,
-    ) -> Result<types::Calibration, ApiError<types::Error>> {
-        crate::reviews::calibration::close(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Calibration>, ApiError<types::Error>> {
+        crate::reviews::calibration::close(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
     async fn list_reviewers(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListReviewersQuery,
-    ) -> Result<types::ReviewerList, ApiError<types::Error>> {
-        crate::reviews::reviewers::list(state(&rqctx), caller, query).await.map_err(failure)
+    ) -> Result<Json<types::ReviewerList>, ApiError<types::Error>> {
+        crate::reviews::reviewers::list(state(&rqctx), caller, query).await.map(Json::from).map_err(failure)
     }
     async fn get_test_result_by_call(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetTestResultByCallPath,
-    ) -> Result<types::TestResult, ApiError<types::Error>> {
+    ) -> Result<Json<types::TestResult>, ApiError<types::Error>> {
         crate::runs::get_test_result_by_call(state(&rqctx), caller, path).await.map_err(failure)
     }
     async fn get_test_result(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetTestResultPath,
-    ) -> Result<types::TestResult, ApiError<types::Error>> {
+    ) -> Result<Json<types::TestResult>, ApiError<types::Error>> {
         crate::runs::get_test_result(state(&rqctx), caller, path).await.map_err(failure)
     }
     async fn list_test_results(
@@ -628,21 +610,21 @@ impl SparringApi for ServerImpl {
         caller: Caller,
         path: params::ListTestResultsPath,
         query: params::ListTestResultsQuery,
-    ) -> Result<types::TestResultList, ApiError<types::Error>> {
-        crate::runs::list_test_results(state(&rqctx), caller, path, query).await.map_err(failure)
+    ) -> Result<Json<types::TestResultList>, ApiError<types::Error>> {
+        crate::runs::list_test_results(state(&rqctx), caller, path, query).await.map(Json::from).map_err(failure)
     }
     async fn list_transactions(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         query: params::ListTransactionsQuery,
-    ) -> Result<types::TransactionList, ApiError<types::Error>> {
-        crate::credits::list(state(&rqctx), caller, query).await.map_err(failure)
+    ) -> Result<Json<types::TransactionList>, ApiError<types::Error>> {
+        crate::credits::list(state(&rqctx), caller, query).await.map(Json::from).map_err(failure)
     }
     async fn get_transaction(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::GetTransactionPath,
-    ) -> Result<types::Transaction, ApiError<types::Error>> {
-        crate::credits::get(state(&rqctx), caller, path).await.map_err(failure)
+    ) -> Result<Json<types::Transaction>, ApiError<types::Error>> {
+        crate::credits::get(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
 }

@@ -42,6 +42,7 @@ pub mod store;
 pub mod tests;
 pub mod users;
 pub mod validate;
+pub mod written;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use rusqlite::{params, OptionalExtension as _};
 use serde_json::{json, Map, Value};
-use sparring_server::{params as p, types, Caller};
+use sparring_server::{params as p, types, Caller, Json};
 
 use crate::access::{self, Need};
 use crate::activity::{self, Record};
@@ -591,36 +591,60 @@ pub(crate) fn stored_result(
     value: &str,
     need: Need,
 ) -> Result<types::TestResult> {
-    let found: Option<(String, String)> = tx
-        .prepare_cached(&format!("SELECT project_id, document FROM test_results WHERE {column} = ?1"))?
-        .query_row(params![value], |r| Ok((r.get(0)?, r.get(1)?)))
+    let (_, document) = stored_document(tx, user_id, column, value, need)?;
+    decode_result(&document)
+}
+
+/// [`stored_result`]'s id and JSON document, not decoded.
+fn stored_document(
+    tx: &rusqlite::Transaction<'_>,
+    user_id: &str,
+    column: &str,
+    value: &str,
+    need: Need,
+) -> Result<(String, String)> {
+    let found: Option<(String, String, String)> = tx
+        .prepare_cached(&format!("SELECT project_id, id, document FROM test_results WHERE {column} = ?1"))?
+        .query_row(params![value], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
     let what = if column == "id" { "test result" } else { "test result for call" };
-    let Some((project_id, document)) = found else {
+    let Some((project_id, id, document)) = found else {
         return Err(Failure::not_found(what, value));
     };
     let role = access::role_in(tx, user_id, &project_id)?.ok_or_else(|| Failure::not_found(what, value))?;
     access::check(role, need)?;
-    serde_json::from_str(&document).map_err(|e| Failure::Store(conversion(0, e).into()))
+    Ok((id, document))
 }
 
-/// A test result as the caller may see it (blind, see `reviews::blind`).
+fn decode_result(document: &str) -> Result<types::TestResult> {
+    serde_json::from_str(document).map_err(|e| Failure::Store(conversion(0, e).into()))
+}
+
+/// A test result as the caller may see it: the stored document as it is
+/// (encoded from a `TestResult` when the run ended), or, for a result the
+/// caller labels blind (see `reviews::blind`), decoded and hidden.
 fn readable_result(
     tx: &rusqlite::Transaction<'_>,
     user_id: &str,
     column: &str,
     value: &str,
-) -> Result<types::TestResult> {
-    let mut result = stored_result(tx, user_id, column, value, Need::Read)?;
-    crate::reviews::blind::apply(tx, user_id, &mut result)?;
-    Ok(result)
+) -> Result<Json<types::TestResult>> {
+    let (id, document) = stored_document(tx, user_id, column, value, Need::Read)?;
+    match crate::reviews::blind::blinding_calibration(tx, user_id, &id)? {
+        None => Ok(Json::written(document)),
+        Some(calibration_id) => {
+            let mut result = decode_result(&document)?;
+            crate::reviews::blind::hide(&mut result, calibration_id);
+            Ok(result.into())
+        }
+    }
 }
 
 pub async fn get_test_result(
     state: &AppState,
     caller: Caller,
     path: p::GetTestResultPath,
-) -> Result<types::TestResult> {
+) -> Result<Json<types::TestResult>> {
     state.store.read(move |tx| readable_result(tx, &caller.user_id, "id", &path.id)).await
 }
 
@@ -628,7 +652,7 @@ pub async fn get_test_result_by_call(
     state: &AppState,
     caller: Caller,
     path: p::GetTestResultByCallPath,
-) -> Result<types::TestResult> {
+) -> Result<Json<types::TestResult>> {
     state.store.read(move |tx| readable_result(tx, &caller.user_id, "call_id", &path.call_id)).await
 }
 

@@ -23,14 +23,14 @@ use std::collections::BTreeSet;
 use rusqlite::{params, OptionalExtension as _};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use sparring_server::{params as p, types, BodyFields, Caller};
+use sparring_server::{params as p, types, BodyFields, Caller, Json};
 
 use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
 use crate::pagination::PageRequest;
-use crate::{evaluators, ids, validate, AppState};
+use crate::{evaluators, ids, validate, written, AppState};
 
 pub const DEFAULT_ITERATIONS: u32 = 1;
 pub const MAX_ITERATIONS: u32 = 100;
@@ -218,6 +218,30 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Test> {
     })
 }
 
+/// Column `i` of a row as text, borrowed.
+fn text<'r>(row: &'r rusqlite::Row<'_>, i: usize) -> rusqlite::Result<&'r str> {
+    row.get_ref(i)?.as_str().map_err(|e| conversion(i, e))
+}
+
+/// A test from a row of [`COLUMNS`] written as JSON without decoding its
+/// document (see `written`), with its id. The same JSON value as
+/// [`from_row`]'s test (`tests/written.rs` checks it).
+fn written_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String)> {
+    let id = text(row, 0)?.to_owned();
+    let document = text(row, 5)?;
+    let mut o = written::Object::with_capacity(document.len() + 512);
+    o.string("id", &id)
+        .string("project_id", text(row, 1)?)
+        .string("name", text(row, 2)?)
+        .string("channel_id", text(row, 3)?)
+        .string("scenario_id", text(row, 4)?)
+        .raw("persona_ids", text(row, 8)?)
+        .members_of(document)
+        .time("created_at", text(row, 6)?)
+        .time("updated_at", text(row, 7)?);
+    Ok((id, o.finish()))
+}
+
 pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Test> {
     tx.prepare_cached(&format!("SELECT {COLUMNS} FROM tests t WHERE t.id = ?1"))?
         .query_row(params![id], from_row)
@@ -240,7 +264,7 @@ fn shown(t: &types::Test) -> Map<String, Value> {
     m
 }
 
-pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) -> Result<types::TestList> {
+pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) -> Result<Json<types::TestList>> {
     let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
@@ -281,10 +305,13 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
             sql.push_str(" ORDER BY t.id DESC LIMIT ?");
             let limit = page.fetch_limit();
             args.push(&limit);
-            let rows =
-                tx.prepare_cached(&sql)?.query_map(&args[..], from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |t| t.id.clone());
-            Ok(types::TestList { tests: page.items, next_cursor: page.next_cursor })
+            let rows = tx
+                .prepare_cached(&sql)?
+                .query_map(&args[..], written_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = page.finish(rows, |(id, _)| id.clone());
+            let tests = page.items.iter().map(|(_, json)| json.as_str());
+            Ok(Json::written(written::page("tests", tests, page.next_cursor.as_deref())))
         })
         .await
 }
@@ -337,7 +364,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
         .await
 }
 
-pub async fn get(state: &AppState, caller: Caller, path: p::GetTestPath) -> Result<types::Test> {
+pub async fn get(state: &AppState, caller: Caller, path: p::GetTestPath) -> Result<Json<types::Test>> {
     state
         .store
         .read(move |tx| {
@@ -349,7 +376,9 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetTestPath) -> Resu
                      LEFT JOIN project_members m ON m.project_id = t.project_id AND m.user_id = ?2
                      WHERE t.id = ?1"
                 ))?
-                .query_row(params![path.id, caller.user_id], |r| Ok((from_row(r)?, r.get::<_, Option<String>>(9)?)))
+                .query_row(params![path.id, caller.user_id], |r| {
+                    Ok((written_from_row(r)?.1, r.get::<_, Option<String>>(9)?))
+                })
                 .optional()?;
             // Outsiders get the same 404 as for a test that does not exist.
             match found {
@@ -358,7 +387,7 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetTestPath) -> Resu
                         access::Role::parse(&role).ok_or_else(|| Failure::not_found("test", &path.id))?,
                         Need::Read,
                     )?;
-                    Ok(test)
+                    Ok(Json::written(test))
                 }
                 _ => Err(Failure::not_found("test", &path.id)),
             }

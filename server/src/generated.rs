@@ -3,7 +3,8 @@
 // Do not edit by hand: change the spec and run `cargo xtask regen`.
 
 use crate::{
-    ApiContext, ApiError, BodyFields, BridgedRoute, Caller, ErrorCode, Input, JsonBody, Nothing, OptionalJsonBody,
+    ApiContext, ApiError, BodyFields, BridgedRoute, Caller, ErrorCode, Input, Json, JsonBody, Nothing,
+    OptionalJsonBody, Reply,
 };
 use dropshot::endpoint;
 /// blake3 of the spec this file was generated from.
@@ -6501,7 +6502,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListActivityQuery,
-    ) -> impl std::future::Future<Output = Result<types::ActivityList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ActivityList>, ApiError<types::Error>>> + Send;
     /// List activity
     ///
     /// Lists activity records the caller may read (their own and their projects'), newest first.
@@ -6512,7 +6513,7 @@ pub trait SparringApi {
     async fn list_activity_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListActivityQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ActivityList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ActivityList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
@@ -6525,7 +6526,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_activity(rqctx, input.caller, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6537,7 +6538,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::ListResourceActivityPath,
         query: params::ListResourceActivityQuery,
-    ) -> impl std::future::Future<Output = Result<types::ActivityList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ActivityList>, ApiError<types::Error>>> + Send;
     /// List a resource's activity
     ///
     /// Lists the activity records about one resource, newest first unless `order=asc`.
@@ -6552,7 +6553,7 @@ pub trait SparringApi {
             dropshot::Query<params::ListResourceActivityQuery>,
             Nothing,
         >,
-    ) -> Result<dropshot::HttpResponseOk<types::ActivityList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ActivityList, 200>, dropshot::HttpError> {
         let route = input.path.into_inner();
         if route.id != "resource" {
             return Err(ApiError::<types::Error>::not_found("no route matches this path").into());
@@ -6571,7 +6572,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_resource_activity(rqctx, input.caller, path, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6582,7 +6583,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetActivityPath,
-    ) -> impl std::future::Future<Output = Result<types::Activity, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Activity>, ApiError<types::Error>>> + Send;
     /// Get an activity record
     ///
     /// Returns one activity record.
@@ -6593,10 +6594,10 @@ pub trait SparringApi {
     async fn get_activity_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetActivityPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Activity>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Activity, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_activity(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6607,7 +6608,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListApiKeysQuery,
-    ) -> impl std::future::Future<Output = Result<types::ApiKeyList, ApiError<types::ApiKeyError>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ApiKeyList>, ApiError<types::ApiKeyError>>> + Send;
     /// List API keys
     ///
     /// Lists the current user's API keys, newest first. Secrets are never included.
@@ -6618,7 +6619,7 @@ pub trait SparringApi {
     async fn list_api_keys_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListApiKeysQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ApiKeyList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ApiKeyList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
@@ -6631,7 +6632,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_api_keys(rqctx, input.caller, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6642,7 +6643,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         body: types::CreateApiKeyRequest,
-    ) -> impl std::future::Future<Output = Result<types::ApiKeySecret, ApiError<types::ApiKeyError>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ApiKeySecret>, ApiError<types::ApiKeyError>>> + Send;
     /// Create an API key
     ///
     /// Creates an API key for the current user and returns its secret, once. A user has at most 25 active keys.
@@ -6653,10 +6654,10 @@ pub trait SparringApi {
     async fn create_api_key_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreateApiKeyRequest>>,
-    ) -> Result<dropshot::HttpResponseCreated<types::ApiKeySecret>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ApiKeySecret, 201>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_api_key(rqctx, input.caller, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseCreated(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6667,7 +6668,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::RevokeApiKeyPath,
-    ) -> impl std::future::Future<Output = Result<types::ApiKeySuccessMessage, ApiError<types::ApiKeyError>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ApiKeySuccessMessage>, ApiError<types::ApiKeyError>>> + Send;
     /// Revoke an API key
     ///
     /// Revokes one of the current user's API keys; it stops authenticating at once. Revoking a revoked key succeeds and says so.
@@ -6678,10 +6679,10 @@ pub trait SparringApi {
     async fn revoke_api_key_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::RevokeApiKeyPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ApiKeySuccessMessage>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ApiKeySuccessMessage, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::revoke_api_key(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6693,7 +6694,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::RotateApiKeyPath,
         body: Option<types::RotateApiKeyRequest>,
-    ) -> impl std::future::Future<Output = Result<types::ApiKeySecret, ApiError<types::ApiKeyError>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ApiKeySecret>, ApiError<types::ApiKeyError>>> + Send;
     /// Rotate an API key
     ///
     /// Replaces an active key's secret and returns the new one, once; the old secret stops working at once.
@@ -6704,11 +6705,11 @@ pub trait SparringApi {
     async fn rotate_api_key_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::RotateApiKeyPath>, Nothing, OptionalJsonBody<types::RotateApiKeyRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::ApiKeySecret>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ApiKeySecret, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::rotate_api_key(rqctx, input.caller, path, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6719,7 +6720,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListBatchRunsQuery,
-    ) -> impl std::future::Future<Output = Result<types::BatchRunList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::BatchRunList>, ApiError<types::Error>>> + Send;
     /// List batch runs
     ///
     /// Lists the batch runs of the caller's projects, newest first.
@@ -6730,7 +6731,7 @@ pub trait SparringApi {
     async fn list_batch_runs_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListBatchRunsQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::BatchRunList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::BatchRunList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
@@ -6743,7 +6744,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_batch_runs(rqctx, input.caller, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6755,7 +6756,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::ListBatchRunRunsPath,
         query: params::ListBatchRunRunsQuery,
-    ) -> impl std::future::Future<Output = Result<types::RunList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::RunList>, ApiError<types::Error>>> + Send;
     /// List the runs of a batch run
     ///
     /// Lists the runs (single conversations) inside a batch run.
@@ -6770,7 +6771,7 @@ pub trait SparringApi {
             dropshot::Query<params::ListBatchRunRunsQuery>,
             Nothing,
         >,
-    ) -> Result<dropshot::HttpResponseOk<types::RunList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::RunList, 200>, dropshot::HttpError> {
         let route = input.path.into_inner();
         let path = params::ListBatchRunRunsPath { batch_id: route.id };
         let query = input.query.into_inner();
@@ -6785,7 +6786,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_batch_run_runs(rqctx, input.caller, path, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6796,7 +6797,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetBatchRunPath,
-    ) -> impl std::future::Future<Output = Result<types::BatchRun, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::BatchRun>, ApiError<types::Error>>> + Send;
     /// Get a batch run
     ///
     /// Returns a batch run with its counts and, once finished, its verdict.
@@ -6807,10 +6808,10 @@ pub trait SparringApi {
     async fn get_batch_run_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetBatchRunPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::BatchRun>, dropshot::HttpError> {
+    ) -> Result<Reply<types::BatchRun, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_batch_run(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6821,7 +6822,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::CancelBatchRunPath,
-    ) -> impl std::future::Future<Output = Result<types::BatchRun, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::BatchRun>, ApiError<types::Error>>> + Send;
     /// Cancel a batch run
     ///
     /// Cancels the queued runs at once and stops the running ones at their next turn; unused credits are refunded when the last run stops. Cancelling a batch run that already ended returns it unchanged.
@@ -6832,10 +6833,10 @@ pub trait SparringApi {
     async fn cancel_batch_run_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::CancelBatchRunPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::BatchRun>, dropshot::HttpError> {
+    ) -> Result<Reply<types::BatchRun, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::cancel_batch_run(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6846,7 +6847,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListBatchesQuery,
-    ) -> impl std::future::Future<Output = Result<types::BatchList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::BatchList>, ApiError<types::Error>>> + Send;
     /// List batches
     ///
     /// Lists the batches in the caller's projects, newest first.
@@ -6857,7 +6858,7 @@ pub trait SparringApi {
     async fn list_batches_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListBatchesQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::BatchList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::BatchList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
@@ -6870,7 +6871,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_batches(rqctx, input.caller, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6881,7 +6882,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         body: types::CreateBatchRequest,
-    ) -> impl std::future::Future<Output = Result<types::Batch, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Batch>, ApiError<types::Error>>> + Send;
     /// Create a batch
     ///
     /// Creates a batch (a suite of tests) in a project. Requires the owner or editor role.
@@ -6892,10 +6893,10 @@ pub trait SparringApi {
     async fn create_batch_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreateBatchRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Batch>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Batch, 200>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_batch(rqctx, input.caller, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6906,7 +6907,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetBatchPath,
-    ) -> impl std::future::Future<Output = Result<types::Batch, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Batch>, ApiError<types::Error>>> + Send;
     /// Get a batch
     ///
     /// Returns a batch with a summary of its most recent run.
@@ -6917,10 +6918,10 @@ pub trait SparringApi {
     async fn get_batch_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetBatchPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Batch>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Batch, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_batch(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6932,7 +6933,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::ReplaceBatchPath,
         body: types::ReplaceBatchRequest,
-    ) -> impl std::future::Future<Output = Result<types::Batch, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Batch>, ApiError<types::Error>>> + Send;
     /// Replace a batch
     ///
     /// Replaces the editable part of a batch; runs already started are not affected. Requires the owner or editor role.
@@ -6943,11 +6944,11 @@ pub trait SparringApi {
     async fn replace_batch_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::ReplaceBatchPath>, Nothing, JsonBody<types::ReplaceBatchRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Batch>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Batch, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::replace_batch(rqctx, input.caller, path, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6958,7 +6959,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::DeleteBatchPath,
-    ) -> impl std::future::Future<Output = Result<types::Deleted, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Deleted>, ApiError<types::Error>>> + Send;
     /// Delete a batch
     ///
     /// Deletes a batch; its tests and past batch runs are kept. Requires the owner or editor role; fails with 409 while one of its runs is active.
@@ -6969,10 +6970,10 @@ pub trait SparringApi {
     async fn delete_batch_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::DeleteBatchPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Deleted, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::delete_batch(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -6984,7 +6985,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::RunBatchPath,
         body: types::RunBatchRequest,
-    ) -> impl std::future::Future<Output = Result<types::BatchRun, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::BatchRun>, ApiError<types::Error>>> + Send;
     /// Run a batch
     ///
     /// Reserves credits, queues one run per test, persona and iteration, and returns the new batch run. Credits for the worst case (every conversation lasting its longest) are reserved at once and the unused part is refunded when the batch run ends; when they do not cover it the answer is 402 `insufficient_credits` and nothing is queued.
@@ -6995,11 +6996,11 @@ pub trait SparringApi {
     async fn run_batch_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::RunBatchPath>, Nothing, JsonBody<types::RunBatchRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::BatchRun>, dropshot::HttpError> {
+    ) -> Result<Reply<types::BatchRun, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::run_batch(rqctx, input.caller, path, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7010,7 +7011,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListChannelsQuery,
-    ) -> impl std::future::Future<Output = Result<types::ChannelList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ChannelList>, ApiError<types::Error>>> + Send;
     /// List channels
     ///
     /// Lists the channels in the caller's projects, newest first.
@@ -7021,7 +7022,7 @@ pub trait SparringApi {
     async fn list_channels_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListChannelsQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ChannelList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ChannelList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
@@ -7034,7 +7035,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_channels(rqctx, input.caller, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7045,7 +7046,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         body: types::CreateChannelRequest,
-    ) -> impl std::future::Future<Output = Result<types::Channel, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Channel>, ApiError<types::Error>>> + Send;
     /// Create a channel
     ///
     /// Creates a channel (how the agent under test is reached) in a project. Header values are write-only. Requires the owner or editor role.
@@ -7056,10 +7057,10 @@ pub trait SparringApi {
     async fn create_channel_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreateChannelRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Channel>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Channel, 200>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_channel(rqctx, input.caller, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7070,7 +7071,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetChannelPath,
-    ) -> impl std::future::Future<Output = Result<types::Channel, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Channel>, ApiError<types::Error>>> + Send;
     /// Get a channel
     ///
     /// Returns a channel; header values are never returned, only their names.
@@ -7081,10 +7082,10 @@ pub trait SparringApi {
     async fn get_channel_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetChannelPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Channel>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Channel, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_channel(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7095,7 +7096,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::DeleteChannelPath,
-    ) -> impl std::future::Future<Output = Result<types::Deleted, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Deleted>, ApiError<types::Error>>> + Send;
     /// Delete a channel
     ///
     /// Deletes a channel. Requires the owner or editor role; fails with 409 while a test still uses it.
@@ -7106,10 +7107,10 @@ pub trait SparringApi {
     async fn delete_channel_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::DeleteChannelPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Deleted, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::delete_channel(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7122,7 +7123,7 @@ pub trait SparringApi {
         path: params::UpdateChannelPath,
         body: types::UpdateChannelRequest,
         fields: BodyFields,
-    ) -> impl std::future::Future<Output = Result<types::Channel, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Channel>, ApiError<types::Error>>> + Send;
     /// Update a channel
     ///
     /// Changes the given fields of a channel; absent fields are unchanged, `null` clears. Requires the owner or editor role.
@@ -7133,11 +7134,11 @@ pub trait SparringApi {
     async fn update_channel_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::UpdateChannelPath>, Nothing, JsonBody<types::UpdateChannelRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Channel>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Channel, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let (body, fields) = input.body.into_parts();
         match Self::update_channel(rqctx, input.caller, path, body, fields).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7149,7 +7150,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::RunChannelPath,
         body: types::RunChannelRequest,
-    ) -> impl std::future::Future<Output = Result<types::BatchRun, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::BatchRun>, ApiError<types::Error>>> + Send;
     /// Run a channel's tests
     ///
     /// Queues a batch run of the channel's tests, or of the ones named, and returns it. Credits for the worst case (every conversation lasting its longest) are reserved at once and the unused part is refunded when the batch run ends; when they do not cover it the answer is 402 `insufficient_credits` and nothing is queued.
@@ -7160,11 +7161,11 @@ pub trait SparringApi {
     async fn run_channel_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::RunChannelPath>, Nothing, JsonBody<types::RunChannelRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::BatchRun>, dropshot::HttpError> {
+    ) -> Result<Reply<types::BatchRun, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::run_channel(rqctx, input.caller, path, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7175,7 +7176,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListIntegrationsQuery,
-    ) -> impl std::future::Future<Output = Result<types::IntegrationList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::IntegrationList>, ApiError<types::Error>>> + Send;
     /// List integrations
     ///
     /// Lists the integrations in the caller's projects, newest first. Credentials are never included.
@@ -7186,7 +7187,7 @@ pub trait SparringApi {
     async fn list_integrations_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListIntegrationsQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::IntegrationList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::IntegrationList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
@@ -7199,7 +7200,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_integrations(rqctx, input.caller, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7210,7 +7211,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         body: types::CreateIntegrationRequest,
-    ) -> impl std::future::Future<Output = Result<types::Integration, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Integration>, ApiError<types::Error>>> + Send;
     /// Create an integration
     ///
     /// Creates an integration in a project. Credentials are stored encrypted and never returned.
@@ -7221,10 +7222,10 @@ pub trait SparringApi {
     async fn create_integration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreateIntegrationRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Integration>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Integration, 200>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_integration(rqctx, input.caller, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7235,7 +7236,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetIntegrationPath,
-    ) -> impl std::future::Future<Output = Result<types::Integration, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Integration>, ApiError<types::Error>>> + Send;
     /// Get an integration
     ///
     /// Returns an integration; credentials are never returned.
@@ -7246,10 +7247,10 @@ pub trait SparringApi {
     async fn get_integration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetIntegrationPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Integration>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Integration, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_integration(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7260,7 +7261,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::DeleteIntegrationPath,
-    ) -> impl std::future::Future<Output = Result<types::Deleted, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Deleted>, ApiError<types::Error>>> + Send;
     /// Delete an integration
     ///
     /// Deletes an integration. Fails with 409 while channels or evaluators still use it.
@@ -7271,10 +7272,10 @@ pub trait SparringApi {
     async fn delete_integration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::DeleteIntegrationPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Deleted, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::delete_integration(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7287,7 +7288,7 @@ pub trait SparringApi {
         path: params::UpdateIntegrationPath,
         body: types::UpdateIntegrationRequest,
         fields: BodyFields,
-    ) -> impl std::future::Future<Output = Result<types::Integration, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Integration>, ApiError<types::Error>>> + Send;
     /// Update an integration
     ///
     /// Changes the given fields of an integration; absent fields are unchanged.
@@ -7298,11 +7299,11 @@ pub trait SparringApi {
     async fn update_integration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::UpdateIntegrationPath>, Nothing, JsonBody<types::UpdateIntegrationRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Integration>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Integration, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let (body, fields) = input.body.into_parts();
         match Self::update_integration(rqctx, input.caller, path, body, fields).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7314,7 +7315,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::ListIntegrationPhoneNumbersPath,
         query: params::ListIntegrationPhoneNumbersQuery,
-    ) -> impl std::future::Future<Output = Result<types::PhoneNumberList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::PhoneNumberList>, ApiError<types::Error>>> + Send;
     /// List an integration's phone numbers
     ///
     /// Lists the phone numbers registered with an integration.
@@ -7329,7 +7330,7 @@ pub trait SparringApi {
             dropshot::Query<params::ListIntegrationPhoneNumbersQuery>,
             Nothing,
         >,
-    ) -> Result<dropshot::HttpResponseOk<types::PhoneNumberList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::PhoneNumberList, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -7343,7 +7344,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_integration_phone_numbers(rqctx, input.caller, path, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7354,7 +7355,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListPersonasQuery,
-    ) -> impl std::future::Future<Output = Result<types::PersonaList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::PersonaList>, ApiError<types::Error>>> + Send;
     /// List personas
     ///
     /// Lists the personas in the caller's projects, newest first.
@@ -7365,7 +7366,7 @@ pub trait SparringApi {
     async fn list_personas_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListPersonasQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::PersonaList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::PersonaList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
@@ -7378,7 +7379,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_personas(rqctx, input.caller, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7389,7 +7390,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         body: types::CreatePersonaRequest,
-    ) -> impl std::future::Future<Output = Result<types::Persona, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Persona>, ApiError<types::Error>>> + Send;
     /// Create a persona
     ///
     /// Creates a persona (a caller character) in a project.
@@ -7400,10 +7401,10 @@ pub trait SparringApi {
     async fn create_persona_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreatePersonaRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Persona>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Persona, 200>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_persona(rqctx, input.caller, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7414,7 +7415,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetPersonaPath,
-    ) -> impl std::future::Future<Output = Result<types::Persona, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Persona>, ApiError<types::Error>>> + Send;
     /// Get a persona
     ///
     /// Returns a persona.
@@ -7425,10 +7426,10 @@ pub trait SparringApi {
     async fn get_persona_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetPersonaPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Persona>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Persona, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_persona(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7439,7 +7440,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::DeletePersonaPath,
-    ) -> impl std::future::Future<Output = Result<types::Deleted, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Deleted>, ApiError<types::Error>>> + Send;
     /// Delete a persona
     ///
     /// Deletes a persona. Fails with 409 while a test or scenario still uses it.
@@ -7450,10 +7451,10 @@ pub trait SparringApi {
     async fn delete_persona_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::DeletePersonaPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Deleted, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::delete_persona(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7466,7 +7467,7 @@ pub trait SparringApi {
         path: params::UpdatePersonaPath,
         body: types::UpdatePersonaRequest,
         fields: BodyFields,
-    ) -> impl std::future::Future<Output = Result<types::Persona, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Persona>, ApiError<types::Error>>> + Send;
     /// Update a persona
     ///
     /// Changes the given fields of a persona; absent fields are unchanged, `null` clears. Requires the owner or editor role.
@@ -7477,11 +7478,11 @@ pub trait SparringApi {
     async fn update_persona_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::UpdatePersonaPath>, Nothing, JsonBody<types::UpdatePersonaRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Persona>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Persona, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let (body, fields) = input.body.into_parts();
         match Self::update_persona(rqctx, input.caller, path, body, fields).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7492,7 +7493,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListProjectsQuery,
-    ) -> impl std::future::Future<Output = Result<types::ProjectList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ProjectList>, ApiError<types::Error>>> + Send;
     /// List projects
     ///
     /// Lists the projects the caller belongs to, with the caller's role in each.
@@ -7503,7 +7504,7 @@ pub trait SparringApi {
     async fn list_projects_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListProjectsQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ProjectList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ProjectList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
@@ -7516,7 +7517,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_projects(rqctx, input.caller, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7527,7 +7528,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         body: types::CreateProjectRequest,
-    ) -> impl std::future::Future<Output = Result<types::Project, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Project>, ApiError<types::Error>>> + Send;
     /// Create a project
     ///
     /// Creates a project; the caller becomes its owner.
@@ -7538,10 +7539,10 @@ pub trait SparringApi {
     async fn create_project_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreateProjectRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Project>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Project, 200>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_project(rqctx, input.caller, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7552,7 +7553,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetProjectPath,
-    ) -> impl std::future::Future<Output = Result<types::Project, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Project>, ApiError<types::Error>>> + Send;
     /// Get a project
     ///
     /// Returns a project with the caller's role in it.
@@ -7563,10 +7564,10 @@ pub trait SparringApi {
     async fn get_project_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetProjectPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Project>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Project, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_project(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7578,7 +7579,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::ReplaceProjectPath,
         body: types::ReplaceProjectRequest,
-    ) -> impl std::future::Future<Output = Result<types::Project, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Project>, ApiError<types::Error>>> + Send;
     /// Replace a project
     ///
     /// Replaces the editable part of a project. Requires the owner or editor role.
@@ -7589,11 +7590,11 @@ pub trait SparringApi {
     async fn replace_project_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::ReplaceProjectPath>, Nothing, JsonBody<types::ReplaceProjectRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Project>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Project, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::replace_project(rqctx, input.caller, path, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7604,7 +7605,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::DeleteProjectPath,
-    ) -> impl std::future::Future<Output = Result<types::Deleted, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Deleted>, ApiError<types::Error>>> + Send;
     /// Delete a project
     ///
     /// Deletes a project and everything in it. Requires the owner role; fails with 409 while a batch run is active.
@@ -7615,10 +7616,10 @@ pub trait SparringApi {
     async fn delete_project_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::DeleteProjectPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Deleted, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::delete_project(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7630,7 +7631,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::ListProjectMembersPath,
         query: params::ListProjectMembersQuery,
-    ) -> impl std::future::Future<Output = Result<types::ProjectMemberList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ProjectMemberList>, ApiError<types::Error>>> + Send;
     /// List a project's members
     ///
     /// Lists the members of a project with their roles, newest first. Any member may read it.
@@ -7645,7 +7646,7 @@ pub trait SparringApi {
             dropshot::Query<params::ListProjectMembersQuery>,
             Nothing,
         >,
-    ) -> Result<dropshot::HttpResponseOk<types::ProjectMemberList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ProjectMemberList, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -7659,7 +7660,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_project_members(rqctx, input.caller, path, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7671,7 +7672,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::AddProjectMemberPath,
         body: types::AddProjectMemberRequest,
-    ) -> impl std::future::Future<Output = Result<types::ProjectMember, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ProjectMember>, ApiError<types::Error>>> + Send;
     /// Add a project member
     ///
     /// Adds an existing user, named by exactly one of `email` and `user_id`, to a project with a role. Requires the owner role.
@@ -7682,11 +7683,11 @@ pub trait SparringApi {
     async fn add_project_member_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::AddProjectMemberPath>, Nothing, JsonBody<types::AddProjectMemberRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::ProjectMember>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ProjectMember, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::add_project_member(rqctx, input.caller, path, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7697,7 +7698,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::RemoveProjectMemberPath,
-    ) -> impl std::future::Future<Output = Result<types::Deleted, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Deleted>, ApiError<types::Error>>> + Send;
     /// Remove a project member
     ///
     /// Removes a member from a project. Requires the owner role, except that a member may remove themselves; a project always keeps at least one owner.
@@ -7708,10 +7709,10 @@ pub trait SparringApi {
     async fn remove_project_member_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::RemoveProjectMemberPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Deleted, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::remove_project_member(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7724,7 +7725,7 @@ pub trait SparringApi {
         path: params::UpdateProjectMemberPath,
         body: types::UpdateProjectMemberRequest,
         fields: BodyFields,
-    ) -> impl std::future::Future<Output = Result<types::ProjectMember, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ProjectMember>, ApiError<types::Error>>> + Send;
     /// Change a member's role
     ///
     /// Changes a member's role. Requires the owner role; a project always keeps at least one owner.
@@ -7739,11 +7740,11 @@ pub trait SparringApi {
             Nothing,
             JsonBody<types::UpdateProjectMemberRequest>,
         >,
-    ) -> Result<dropshot::HttpResponseOk<types::ProjectMember>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ProjectMember, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let (body, fields) = input.body.into_parts();
         match Self::update_project_member(rqctx, input.caller, path, body, fields).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7755,7 +7756,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::ListWebhookDeliveriesPath,
         query: params::ListWebhookDeliveriesQuery,
-    ) -> impl std::future::Future<Output = Result<types::WebhookDeliveryList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::WebhookDeliveryList>, ApiError<types::Error>>> + Send;
     /// List webhook deliveries
     ///
     /// Lists the events sent to the project's webhook URL and their attempts, newest first. Owners and editors only.
@@ -7770,7 +7771,7 @@ pub trait SparringApi {
             dropshot::Query<params::ListWebhookDeliveriesQuery>,
             Nothing,
         >,
-    ) -> Result<dropshot::HttpResponseOk<types::WebhookDeliveryList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::WebhookDeliveryList, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -7784,7 +7785,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_webhook_deliveries(rqctx, input.caller, path, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7794,7 +7795,7 @@ pub trait SparringApi {
     fn get_queue_stats(
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
-    ) -> impl std::future::Future<Output = Result<types::QueueStats, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::QueueStats>, ApiError<types::Error>>> + Send;
     /// Get queue statistics
     ///
     /// Returns the state of the run queue and the caller's own share of it.
@@ -7805,9 +7806,9 @@ pub trait SparringApi {
     async fn get_queue_stats_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::QueueStats>, dropshot::HttpError> {
+    ) -> Result<Reply<types::QueueStats, 200>, dropshot::HttpError> {
         match Self::get_queue_stats(rqctx, input.caller).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7818,7 +7819,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListReviewsQuery,
-    ) -> impl std::future::Future<Output = Result<types::ReviewList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ReviewList>, ApiError<types::Error>>> + Send;
     /// List reviews
     ///
     /// Lists reviews of test results in the caller's projects, newest first.
@@ -7829,7 +7830,7 @@ pub trait SparringApi {
     async fn list_reviews_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListReviewsQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ReviewList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ReviewList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
@@ -7842,7 +7843,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_reviews(rqctx, input.caller, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7853,7 +7854,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         body: types::CreateReviewRequest,
-    ) -> impl std::future::Future<Output = Result<types::Review, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Review>, ApiError<types::Error>>> + Send;
     /// Review a test result
     ///
     /// Creates or replaces the caller's review of a test result (one review per reviewer per result). Reviewers, editors and owners of the result's project may review. When the result is in an open calibration the caller is assigned to, the review counts toward it (`calibration_id` is set by the server), and the calibration completes when every assigned reviewer has labelled every result.
@@ -7864,10 +7865,10 @@ pub trait SparringApi {
     async fn create_review_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreateReviewRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Review>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Review, 200>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_review(rqctx, input.caller, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7878,7 +7879,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListCalibrationsQuery,
-    ) -> impl std::future::Future<Output = Result<types::CalibrationList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::CalibrationList>, ApiError<types::Error>>> + Send;
     /// Start a calibration review
     ///
     /// Implements `create_calibration` (POST /reviews/calibration); dropshot calls it through `create_calibration_endpoint`.
@@ -7886,7 +7887,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         body: types::CreateCalibrationRequest,
-    ) -> impl std::future::Future<Output = Result<types::Calibration, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Calibration>, ApiError<types::Error>>> + Send;
     /// Start a calibration review
     ///
     /// Starts a calibration review in a project: a set of test results, given by id or drawn as a seeded random sample from a batch run or a test, that the given reviewers label blind. Editors and owners may start one; every reviewer must be a member with the reviewer, editor or owner role.
@@ -7901,14 +7902,14 @@ pub trait SparringApi {
             Nothing,
             JsonBody<types::CreateCalibrationRequest>,
         >,
-    ) -> Result<dropshot::HttpResponseOk<types::Calibration>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Calibration, 200>, dropshot::HttpError> {
         let route = input.path.into_inner();
         if route.id != "calibration" {
             return Err(ApiError::<types::Error>::not_found("no route matches this path").into());
         }
         let body = input.body.into_inner();
         match Self::create_calibration(rqctx, input.caller, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7919,7 +7920,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetCalibrationPath,
-    ) -> impl std::future::Future<Output = Result<types::Calibration, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Calibration>, ApiError<types::Error>>> + Send;
     /// Get a calibration review
     ///
     /// Returns a calibration review with its progress, agreement metrics and disagreements.
@@ -7930,14 +7931,14 @@ pub trait SparringApi {
     async fn get_calibration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetCalibrationRoute>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Calibration>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Calibration, 200>, dropshot::HttpError> {
         let route = input.path.into_inner();
         if route.id != "calibration" {
             return Err(ApiError::<types::Error>::not_found("no route matches this path").into());
         }
         let path = params::GetCalibrationPath { id: route.id2 };
         match Self::get_calibration(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7948,7 +7949,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::CloseCalibrationPath,
-    ) -> impl std::future::Future<Output = Result<types::Calibration, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Calibration>, ApiError<types::Error>>> + Send;
     /// Close a calibration review
     ///
     /// Completes a calibration review before every label is in; its metrics are computed from the labels given. Editors and owners may close one. Closing a complete calibration returns it unchanged.
@@ -7959,14 +7960,14 @@ pub trait SparringApi {
     async fn close_calibration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::CloseCalibrationRoute>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Calibration>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Calibration, 200>, dropshot::HttpError> {
         let route = input.path.into_inner();
         if route.id != "calibration" {
             return Err(ApiError::<types::Error>::not_found("no route matches this path").into());
         }
         let path = params::CloseCalibrationPath { id: route.id2 };
         match Self::close_calibration(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -7977,7 +7978,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListReviewersQuery,
-    ) -> impl std::future::Future<Output = Result<types::ReviewerList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ReviewerList>, ApiError<types::Error>>> + Send;
     /// Delete a review
     ///
     /// Implements `delete_review` (DELETE /reviews/{id}); dropshot calls it through `delete_review_endpoint`.
@@ -7985,7 +7986,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::DeleteReviewPath,
-    ) -> impl std::future::Future<Output = Result<types::Deleted, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Deleted>, ApiError<types::Error>>> + Send;
     /// Delete a review
     ///
     /// Deletes one of the caller's own reviews (reviewer role or higher). Someone else's review is 403 (404 when the caller labels its result blind in an open calibration, where it is not theirs to know of); one outside the caller's projects is not found. A review that counts toward a complete calibration is final (409 `review_locked`).
@@ -7996,10 +7997,10 @@ pub trait SparringApi {
     async fn delete_review_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::DeleteReviewPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Deleted, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::delete_review(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8010,7 +8011,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListScenariosQuery,
-    ) -> impl std::future::Future<Output = Result<types::ScenarioList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::ScenarioList>, ApiError<types::Error>>> + Send;
     /// List scenarios
     ///
     /// Lists the scenarios in the caller's projects (their current versions), newest first.
@@ -8021,7 +8022,7 @@ pub trait SparringApi {
     async fn list_scenarios_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListScenariosQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ScenarioList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::ScenarioList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
@@ -8034,7 +8035,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_scenarios(rqctx, input.caller, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8045,7 +8046,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         body: types::CreateScenarioRequest,
-    ) -> impl std::future::Future<Output = Result<types::Scenario, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Scenario>, ApiError<types::Error>>> + Send;
     /// Create a scenario
     ///
     /// Creates a scenario in a project, at version 1. Requires the owner or editor role.
@@ -8056,10 +8057,10 @@ pub trait SparringApi {
     async fn create_scenario_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreateScenarioRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Scenario>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Scenario, 200>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_scenario(rqctx, input.caller, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8070,7 +8071,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetScenarioPath,
-    ) -> impl std::future::Future<Output = Result<types::Scenario, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Scenario>, ApiError<types::Error>>> + Send;
     /// Get a scenario
     ///
     /// Returns the current version of a scenario.
@@ -8081,10 +8082,10 @@ pub trait SparringApi {
     async fn get_scenario_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetScenarioPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Scenario>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Scenario, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_scenario(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8096,7 +8097,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::ReplaceScenarioPath,
         body: types::ReplaceScenarioRequest,
-    ) -> impl std::future::Future<Output = Result<types::Scenario, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Scenario>, ApiError<types::Error>>> + Send;
     /// Replace a scenario
     ///
     /// Replaces the editable part of a scenario and increments its version; earlier results keep the version they ran.
@@ -8107,11 +8108,11 @@ pub trait SparringApi {
     async fn replace_scenario_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::ReplaceScenarioPath>, Nothing, JsonBody<types::ReplaceScenarioRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Scenario>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Scenario, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::replace_scenario(rqctx, input.caller, path, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8122,7 +8123,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::DeleteScenarioPath,
-    ) -> impl std::future::Future<Output = Result<types::Deleted, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Deleted>, ApiError<types::Error>>> + Send;
     /// Delete a scenario
     ///
     /// Deletes a scenario; results keep the version they ran. Requires the owner or editor role; fails with 409 while a test still uses it.
@@ -8133,10 +8134,10 @@ pub trait SparringApi {
     async fn delete_scenario_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::DeleteScenarioPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Deleted, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::delete_scenario(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8147,7 +8148,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetTestResultByCallPath,
-    ) -> impl std::future::Future<Output = Result<types::TestResult, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::TestResult>, ApiError<types::Error>>> + Send;
     /// Get a test result by call id
     ///
     /// Returns the record of the conversation with the given call id (ours or the telephony provider's).
@@ -8158,14 +8159,14 @@ pub trait SparringApi {
     async fn get_test_result_by_call_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetTestResultByCallRoute>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::TestResult>, dropshot::HttpError> {
+    ) -> Result<Reply<types::TestResult, 200>, dropshot::HttpError> {
         let route = input.path.into_inner();
         if route.id != "by-call" {
             return Err(ApiError::<types::Error>::not_found("no route matches this path").into());
         }
         let path = params::GetTestResultByCallPath { call_id: route.call_id };
         match Self::get_test_result_by_call(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8176,7 +8177,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetTestResultPath,
-    ) -> impl std::future::Future<Output = Result<types::TestResult, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::TestResult>, ApiError<types::Error>>> + Send;
     /// Get a test result
     ///
     /// Returns the full record of one conversation.
@@ -8187,10 +8188,10 @@ pub trait SparringApi {
     async fn get_test_result_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetTestResultPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::TestResult>, dropshot::HttpError> {
+    ) -> Result<Reply<types::TestResult, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_test_result(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8201,7 +8202,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListTestsQuery,
-    ) -> impl std::future::Future<Output = Result<types::TestList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::TestList>, ApiError<types::Error>>> + Send;
     /// List tests
     ///
     /// Lists the tests in the caller's projects, newest first.
@@ -8212,7 +8213,7 @@ pub trait SparringApi {
     async fn list_tests_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListTestsQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::TestList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::TestList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
@@ -8225,7 +8226,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_tests(rqctx, input.caller, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8236,7 +8237,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         body: types::CreateTestRequest,
-    ) -> impl std::future::Future<Output = Result<types::Test, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Test>, ApiError<types::Error>>> + Send;
     /// Create a test
     ///
     /// Creates a test that plays a scenario with personas against a channel.
@@ -8247,10 +8248,10 @@ pub trait SparringApi {
     async fn create_test_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, Nothing, JsonBody<types::CreateTestRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Test>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Test, 200>, dropshot::HttpError> {
         let body = input.body.into_inner();
         match Self::create_test(rqctx, input.caller, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8261,7 +8262,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetTestPath,
-    ) -> impl std::future::Future<Output = Result<types::Test, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Test>, ApiError<types::Error>>> + Send;
     /// Get a test
     ///
     /// Returns a test.
@@ -8272,10 +8273,10 @@ pub trait SparringApi {
     async fn get_test_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetTestPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Test>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Test, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_test(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8286,7 +8287,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::DeleteTestPath,
-    ) -> impl std::future::Future<Output = Result<types::Deleted, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Deleted>, ApiError<types::Error>>> + Send;
     /// Delete a test
     ///
     /// Deletes a test; its results are kept. Fails with 409 while one of its runs is active.
@@ -8297,10 +8298,10 @@ pub trait SparringApi {
     async fn delete_test_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::DeleteTestPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Deleted>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Deleted, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::delete_test(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8313,7 +8314,7 @@ pub trait SparringApi {
         path: params::UpdateTestPath,
         body: types::UpdateTestRequest,
         fields: BodyFields,
-    ) -> impl std::future::Future<Output = Result<types::Test, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Test>, ApiError<types::Error>>> + Send;
     /// Update a test
     ///
     /// Changes the given fields of a test; absent fields are unchanged. Runs already queued are not affected. Requires the owner or editor role.
@@ -8324,11 +8325,11 @@ pub trait SparringApi {
     async fn update_test_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::UpdateTestPath>, Nothing, JsonBody<types::UpdateTestRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::Test>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Test, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let (body, fields) = input.body.into_parts();
         match Self::update_test(rqctx, input.caller, path, body, fields).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8340,7 +8341,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::ListTestResultsPath,
         query: params::ListTestResultsQuery,
-    ) -> impl std::future::Future<Output = Result<types::TestResultList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::TestResultList>, ApiError<types::Error>>> + Send;
     /// List a test's results
     ///
     /// Lists the results of a test's conversations, newest first.
@@ -8355,7 +8356,7 @@ pub trait SparringApi {
             dropshot::Query<params::ListTestResultsQuery>,
             Nothing,
         >,
-    ) -> Result<dropshot::HttpResponseOk<types::TestResultList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::TestResultList, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -8369,7 +8370,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_test_results(rqctx, input.caller, path, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8381,7 +8382,7 @@ pub trait SparringApi {
         caller: Caller,
         path: params::RunTestPath,
         body: types::RunTestRequest,
-    ) -> impl std::future::Future<Output = Result<types::BatchRun, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::BatchRun>, ApiError<types::Error>>> + Send;
     /// Run a test
     ///
     /// Reserves credits, queues one run per persona and iteration of the test, and returns the new batch run. Credits for the worst case (every conversation lasting its longest) are reserved at once and the unused part is refunded when the batch run ends; when they do not cover it the answer is 402 `insufficient_credits` and nothing is queued.
@@ -8392,11 +8393,11 @@ pub trait SparringApi {
     async fn run_test_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::RunTestPath>, Nothing, JsonBody<types::RunTestRequest>>,
-    ) -> Result<dropshot::HttpResponseOk<types::BatchRun>, dropshot::HttpError> {
+    ) -> Result<Reply<types::BatchRun, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let body = input.body.into_inner();
         match Self::run_test(rqctx, input.caller, path, body).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8407,7 +8408,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         query: params::ListTransactionsQuery,
-    ) -> impl std::future::Future<Output = Result<types::TransactionList, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::TransactionList>, ApiError<types::Error>>> + Send;
     /// List transactions
     ///
     /// Lists the caller's credit ledger, newest first.
@@ -8418,7 +8419,7 @@ pub trait SparringApi {
     async fn list_transactions_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListTransactionsQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::TransactionList>, dropshot::HttpError> {
+    ) -> Result<Reply<types::TransactionList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
             let v = i64::from(v);
@@ -8431,7 +8432,7 @@ pub trait SparringApi {
             }
         }
         match Self::list_transactions(rqctx, input.caller, query).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8442,7 +8443,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         caller: Caller,
         path: params::GetTransactionPath,
-    ) -> impl std::future::Future<Output = Result<types::Transaction, ApiError<types::Error>>> + Send;
+    ) -> impl std::future::Future<Output = Result<Json<types::Transaction>, ApiError<types::Error>>> + Send;
     /// Get a transaction
     ///
     /// Returns one entry of the caller's credit ledger.
@@ -8453,10 +8454,10 @@ pub trait SparringApi {
     async fn get_transaction_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<dropshot::Path<params::GetTransactionPath>, Nothing, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::Transaction>, dropshot::HttpError> {
+    ) -> Result<Reply<types::Transaction, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         match Self::get_transaction(rqctx, input.caller, path).await {
-            Ok(value) => Ok(dropshot::HttpResponseOk(value)),
+            Ok(value) => Ok(Reply(value)),
             Err(error) => Err(error.into()),
         }
     }
@@ -8483,7 +8484,7 @@ pub trait SparringApi {
                 }
             }
             return match Self::list_calibrations(rqctx, input.caller, query).await {
-                Ok(value) => dropshot::HttpResponse::to_result(dropshot::HttpResponseOk(value)),
+                Ok(value) => dropshot::HttpResponse::to_result(Reply::<types::CalibrationList, 200>(value)),
                 Err(error) => Err(error.into()),
             };
         }
@@ -8500,7 +8501,7 @@ pub trait SparringApi {
                 }
             }
             return match Self::list_reviewers(rqctx, input.caller, query).await {
-                Ok(value) => dropshot::HttpResponse::to_result(dropshot::HttpResponseOk(value)),
+                Ok(value) => dropshot::HttpResponse::to_result(Reply::<types::ReviewerList, 200>(value)),
                 Err(error) => Err(error.into()),
             };
         }
@@ -8524,7 +8525,7 @@ pub trait SharedRouteDocs {
     async fn list_calibrations_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListCalibrationsQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::CalibrationList>, dropshot::HttpError>;
+    ) -> Result<Reply<types::CalibrationList, 200>, dropshot::HttpError>;
     /// List reviewers
     ///
     /// Lists the members who may review in the caller's projects, with their review statistics.
@@ -8535,5 +8536,5 @@ pub trait SharedRouteDocs {
     async fn list_reviewers_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<Nothing, dropshot::Query<params::ListReviewersQuery>, Nothing>,
-    ) -> Result<dropshot::HttpResponseOk<types::ReviewerList>, dropshot::HttpError>;
+    ) -> Result<Reply<types::ReviewerList, 200>, dropshot::HttpError>;
 }

@@ -23,6 +23,7 @@ mod error;
 #[allow(clippy::all, unused_imports, dead_code, missing_docs)]
 mod generated;
 mod input;
+mod reply;
 
 pub use bridge::{shared_query, BridgedRoute};
 pub use error::{ApiError, ErrorCode};
@@ -30,3 +31,4 @@ pub use generated::*;
 pub use input::{
     unauthorized, ApiContext, Authenticator, BodyFields, Caller, Credential, Input, JsonBody, Nothing, OptionalJsonBody,
 };
+pub use reply::{Json, Reply};

@@ -422,12 +422,13 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         let (status, success_ref) = success.with_context(|| format!("{id}: no success response"))?;
         let success_ty = type_path(&success_ref)?;
         let error_ty = type_path(&error_schema.with_context(|| format!("{id}: no error response"))?)?;
-        let wrapper = match status {
-            200 => quote!(dropshot::HttpResponseOk),
-            201 => quote!(dropshot::HttpResponseCreated),
-            202 => quote!(dropshot::HttpResponseAccepted),
-            other => bail!("{id}: success status {other} is not supported"),
-        };
+        if !matches!(status, 200 | 201 | 202) {
+            bail!("{id}: success status {status} is not supported");
+        }
+        // `Reply` documents what dropshot's `HttpResponseOk` (`Created`,
+        // `Accepted`) would, and also carries bodies already written as JSON.
+        let status_lit = proc_macro2::Literal::u16_unsuffixed(status);
+        let reply_ty = quote!(Reply<#success_ty, #status_lit>);
 
         // The implementation's method.
         let path_extractor = if route.is_bridged() {
@@ -469,7 +470,7 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                 rqctx: dropshot::RequestContext<Self::Context>,
                 caller: Caller,
                 #(#impl_args),*
-            ) -> impl std::future::Future<Output = Result<#success_ty, ApiError<#error_ty>>> + Send;
+            ) -> impl std::future::Future<Output = Result<Json<#success_ty>, ApiError<#error_ty>>> + Send;
         });
 
         // The endpoint.
@@ -586,7 +587,7 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                     #build_path
                     #build_query
                     return match Self::#method_ident(rqctx, input.caller, #(#call_args),*).await {
-                        Ok(value) => dropshot::HttpResponse::to_result(#wrapper(value)),
+                        Ok(value) => dropshot::HttpResponse::to_result(Reply::<#success_ty, #status_lit>(value)),
                         Err(error) => Err(error.into()),
                     };
                 },
@@ -601,7 +602,7 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                 async fn #endpoint_ident(
                     rqctx: dropshot::RequestContext<Self::Context>,
                     input: Input<#doc_path_extractor, #query_extractor, Nothing>,
-                ) -> Result<#wrapper<#success_ty>, dropshot::HttpError>;
+                ) -> Result<#reply_ty, dropshot::HttpError>;
             });
             continue;
         }
@@ -611,12 +612,12 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
             async fn #endpoint_ident(
                 rqctx: dropshot::RequestContext<Self::Context>,
                 input: Input<#path_extractor, #query_extractor, #body_extractor>,
-            ) -> Result<#wrapper<#success_ty>, dropshot::HttpError> {
+            ) -> Result<#reply_ty, dropshot::HttpError> {
                 #unpack_path
                 #unpack_query
                 #unpack_body
                 match Self::#method_ident(rqctx, input.caller, #(#call_args),*).await {
-                    Ok(value) => Ok(#wrapper(value)),
+                    Ok(value) => Ok(Reply(value)),
                     Err(error) => Err(error.into()),
                 }
             }

@@ -82,6 +82,7 @@ fn document(c: &Conversation<'_>) -> anyhow::Result<types::TestResult> {
         "channel_id": p.channel_id,
         "iteration": iteration,
         "status": if passed { "passed" } else { "failed" },
+        "blinded": null,
         "score": score,
         "failure_reason": if passed { None } else { Some("confirms: the agent never said \"confirmed\"") },
         "ended_reason": "caller_done",
@@ -298,5 +299,14 @@ pub fn insert(data_dir: &Path, seeded: &Seeded, scale: &Scale) -> anyhow::Result
             Ok::<_, StoreError>(())
         })?;
     }
+    drop(store);
+    // Everything into the database file and the WAL emptied, as a server
+    // that has been running for a while would have it: otherwise the run's
+    // server starts on a 64 MiB WAL, reads through it, and its first write
+    // triggers a checkpoint of all of it in the middle of a measurement.
+    let conn = rusqlite::Connection::open(data_dir.join(sparring_impl::DATABASE_FILE))?;
+    let (busy, _, _): (i64, i64, i64) =
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    anyhow::ensure!(busy == 0, "could not checkpoint the seeded database: it is still in use");
     Ok(Some(ids))
 }
