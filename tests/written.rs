@@ -99,8 +99,9 @@ async fn written_reads_equal_typed_ones() {
     let patched = s.expect(Method::PATCH, &format!("/v1/tests/{id}"), &t.editor, Some(json!({"tags": []})), 200).await;
     assert_eq!(typed_body::<types::Test>(s.get(&format!("/v1/tests/{id}"), &t.viewer).await).await, patched);
 
-    // Results: `list` answers through the generated type; `get` and
-    // `by-call` serve the stored document.
+    // Results: `list`, `get` and `by-call` serve the stored document (which
+    // the engine encoded from the generated type); each is what the type
+    // reads and writes back, and all three agree.
     let run = s.expect(Method::POST, &format!("/v1/tests/{id}/run"), &t.editor, Some(json!({})), 200).await;
     let done = wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
     assert_eq!(done["counts"]["total"], 4, "{done:#}");

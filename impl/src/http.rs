@@ -611,7 +611,7 @@ impl SparringApi for ServerImpl {
         path: params::ListTestResultsPath,
         query: params::ListTestResultsQuery,
     ) -> Result<Json<types::TestResultList>, ApiError<types::Error>> {
-        crate::runs::list_test_results(state(&rqctx), caller, path, query).await.map(Json::from).map_err(failure)
+        crate::runs::list_test_results(state(&rqctx), caller, path, query).await.map_err(failure)
     }
     async fn list_transactions(
         rqctx: RequestContext<ApiContext>,

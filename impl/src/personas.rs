@@ -482,7 +482,8 @@ pub(crate) mod tests {
                 )?;
                 for i in 0..tests {
                     tx.execute(
-                        "INSERT INTO tests VALUES (?1, 'prj_1', ?2, 'chn_1', 'scn_1', '{}', 't', 't')",
+                        "INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at, updated_at)
+                         VALUES (?1, 'prj_1', ?2, 'chn_1', 'scn_1', '{}', 't', 't')",
                         params![format!("tst_{i:02}"), format!("flow {i}")],
                     )?;
                     // The same persona twice in one test is named once.

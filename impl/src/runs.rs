@@ -22,7 +22,7 @@ use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
 use crate::pagination::PageRequest;
-use crate::{credits, ids, AppState};
+use crate::{credits, ids, written, AppState};
 
 /// Most runs one request may queue.
 pub const MAX_RUNS_PER_REQUEST: usize = 10_000;
@@ -576,11 +576,6 @@ pub async fn list_runs(
         .await
 }
 
-fn result_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::TestResult> {
-    let document: String = row.get(0)?;
-    serde_json::from_str(&document).map_err(|e| conversion(0, e))
-}
-
 /// A test result as stored (automated verdicts included), by id or by call
 /// id, if the caller's role in its project meets `need`: outsiders get the
 /// same 404 as for a result that does not exist, too small a role 403.
@@ -661,7 +656,7 @@ pub async fn list_test_results(
     caller: Caller,
     path: p::ListTestResultsPath,
     query: p::ListTestResultsQuery,
-) -> Result<types::TestResultList> {
+) -> Result<Json<types::TestResultList>> {
     let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
     let status = query.status.map(|s| s.to_string());
     state
@@ -674,23 +669,30 @@ pub async fn list_test_results(
                      WHERE test_id = ?1 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR id < ?3)
                      ORDER BY id DESC LIMIT ?4",
                 )?
-                .query_map(params![path.id, status, page.after, page.fetch_limit()], result_from_row)?
+                .query_map(params![path.id, status, page.after, page.fetch_limit()], |r| {
+                    Ok((r.get::<_, String>(1)?, r.get::<_, String>(0)?))
+                })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |r| r.id.clone());
-            // Blind results: hidden one by one, and left out of a list
-            // filtered by status (matching the filter would reveal it).
+            let page = page.finish(rows, |(id, _)| id.clone());
+            // The stored documents as they are, but for blind results:
+            // hidden one by one, and left out of a list filtered by status
+            // (matching the filter would reveal it).
             let mut blind = crate::reviews::blind::blind_map(tx, &caller.user_id)?;
             let mut test_results = Vec::with_capacity(page.items.len());
-            for mut result in page.items {
-                if let Some(calibration_id) = blind.remove(&result.id) {
-                    if status.is_some() {
-                        continue;
+            for (id, document) in page.items {
+                match blind.remove(&id) {
+                    None => test_results.push(document),
+                    Some(_) if status.is_some() => {}
+                    Some(calibration_id) => {
+                        let mut result = decode_result(&document)?;
+                        crate::reviews::blind::hide(&mut result, calibration_id);
+                        test_results
+                            .push(serde_json::to_string(&result).map_err(|e| Failure::Store(conversion(0, e).into()))?);
                     }
-                    crate::reviews::blind::hide(&mut result, calibration_id);
                 }
-                test_results.push(result);
             }
-            Ok(types::TestResultList { test_results, next_cursor: page.next_cursor })
+            let items = test_results.iter().map(String::as_str);
+            Ok(Json::written(written::page("test_results", items, page.next_cursor.as_deref())))
         })
         .await
 }

@@ -43,11 +43,16 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 /// The migrations, in order. Append only: a released file never changes.
-const MIGRATIONS: &[(&str, &str)] = &[
-    ("0001_foundation", include_str!("../migrations/0001_foundation.sql")),
-    ("0002_projects_and_testing_model", include_str!("../migrations/0002_projects_and_testing_model.sql")),
-    ("0003_engine", include_str!("../migrations/0003_engine.sql")),
-    ("0004_reviews", include_str!("../migrations/0004_reviews.sql")),
+/// A migration: its SQL, then, for what SQL cannot compute, a Rust step in
+/// the same transaction (written against the schema of its own version).
+type Migration = (&'static str, &'static str, Option<fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>>);
+
+const MIGRATIONS: &[Migration] = &[
+    ("0001_foundation", include_str!("../migrations/0001_foundation.sql"), None),
+    ("0002_projects_and_testing_model", include_str!("../migrations/0002_projects_and_testing_model.sql"), None),
+    ("0003_engine", include_str!("../migrations/0003_engine.sql"), None),
+    ("0004_reviews", include_str!("../migrations/0004_reviews.sql"), None),
+    ("0005_read_paths", include_str!("../migrations/0005_read_paths.sql"), Some(crate::tests::serve_all)),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -348,9 +353,12 @@ fn migrate(conn: &mut Connection, path: &Path) -> StoreResult<()> {
     if version > MIGRATIONS.len() {
         return Err(StoreError::TooNew { path: path.to_path_buf(), found: version, known: MIGRATIONS.len() });
     }
-    for (i, (_name, sql)) in MIGRATIONS.iter().enumerate().skip(version) {
+    for (i, (_name, sql, step)) in MIGRATIONS.iter().enumerate().skip(version) {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         tx.execute_batch(sql)?;
+        if let Some(step) = step {
+            step(&tx)?;
+        }
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
         tx.commit()?;
     }
@@ -360,6 +368,51 @@ fn migrate(conn: &mut Connection, path: &Path) -> StoreResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Migration 0005 gives the tests that were already there their
+    /// `served` JSON: the same text a write of the test stores today.
+    #[test]
+    fn tests_written_before_0005_are_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            for (i, (name, sql, _)) in MIGRATIONS.iter().enumerate().take(4) {
+                assert!(!name.starts_with("0005"));
+                let tx = conn.transaction().unwrap();
+                tx.execute_batch(sql).unwrap();
+                tx.pragma_update(None, "user_version", (i + 1) as i64).unwrap();
+                tx.commit().unwrap();
+            }
+            conn.execute_batch(
+                r#"INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't');
+                   INSERT INTO personas VALUES ('per_1', 'prj_1', 'Dana', '{}', 't', 't');
+                   INSERT INTO personas VALUES ('per_2', 'prj_1', 'Lee', '{}', 't', 't');
+                   INSERT INTO channels VALUES ('chn_1', 'prj_1', 'web', 'http', 'https://a.example', NULL, '[]',
+                                                NULL, 1000, 600, 't', 't');
+                   INSERT INTO scenarios VALUES ('scn_1', 'prj_1', 's', 'scripted', 'per_1', 1, '{}', 't', 't');
+                   INSERT INTO tests VALUES ('tst_1', 'prj_1', 'a "test"', 'chn_1', 'scn_1',
+                       '{"description":"d","iterations":2,"evaluators":[{"type":"contains","name":"c","text":"x","case_sensitive":false,"critical":true}],"pass_threshold":0.5,"tags":["t"]}',
+                       '2026-11-23T10:00:00.123000Z', '2026-11-23T10:00:01.000000Z');
+                   INSERT INTO test_personas VALUES ('tst_1', 0, 'per_2'), ('tst_1', 1, 'per_1');"#,
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let (served, typed) = store
+            .read_blocking::<_, crate::failure::Failure, _>(|tx| {
+                let served: String = tx.query_row("SELECT served FROM tests WHERE id = 'tst_1'", [], |r| r.get(0))?;
+                Ok((served, crate::tests::load(tx, "tst_1")?))
+            })
+            .unwrap();
+        assert_eq!(served, serde_json::to_string(&typed).unwrap());
+        let v: serde_json::Value = serde_json::from_str(&served).unwrap();
+        assert_eq!(v["persona_ids"], serde_json::json!(["per_2", "per_1"]));
+        assert_eq!(v["name"], "a \"test\"");
+        assert_eq!(v["created_at"], "2026-11-23T10:00:00.123Z");
+        assert_eq!(v["updated_at"], "2026-11-23T10:00:01Z");
+        assert_eq!(v["evaluators"][0]["text"], "x");
+    }
 
     #[tokio::test]
     async fn migrates_once_and_reads_what_was_written() {

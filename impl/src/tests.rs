@@ -11,7 +11,9 @@
 //! from under the test.
 //!
 //! A test keeps `name`, `channel_id` and `scenario_id` in columns, its
-//! personas in order in `test_personas`, the rest in `document`. `PATCH`
+//! personas in order in `test_personas`, the rest in `document`, and the
+//! whole of it as the API shows it in `served`, rewritten by every write
+//! (see [`serve`]): reads answer with that text as it is. `PATCH`
 //! merges: absent fields are unchanged, a given list replaces the stored one
 //! (`persona_ids: []` falls back to the scenario's default persona).
 //!
@@ -218,28 +220,24 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Test> {
     })
 }
 
-/// Column `i` of a row as text, borrowed.
-fn text<'r>(row: &'r rusqlite::Row<'_>, i: usize) -> rusqlite::Result<&'r str> {
-    row.get_ref(i)?.as_str().map_err(|e| conversion(i, e))
+/// Stores `test` as the API shows it, for the reads (`served`). Every
+/// write of a test ends with it, in its transaction.
+fn serve(tx: &rusqlite::Transaction<'_>, test: &types::Test) -> Result<()> {
+    let json = serde_json::to_string(test).map_err(|e| Failure::from(conversion(0, e)))?;
+    tx.prepare_cached("UPDATE tests SET served = ?2 WHERE id = ?1")?.execute(params![test.id, json])?;
+    Ok(())
 }
 
-/// A test from a row of [`COLUMNS`] written as JSON without decoding its
-/// document (see `written`), with its id. The same JSON value as
-/// [`from_row`]'s test (`tests/written.rs` checks it).
-fn written_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String)> {
-    let id = text(row, 0)?.to_owned();
-    let document = text(row, 5)?;
-    let mut o = written::Object::with_capacity(document.len() + 512);
-    o.string("id", &id)
-        .string("project_id", text(row, 1)?)
-        .string("name", text(row, 2)?)
-        .string("channel_id", text(row, 3)?)
-        .string("scenario_id", text(row, 4)?)
-        .raw("persona_ids", text(row, 8)?)
-        .members_of(document)
-        .time("created_at", text(row, 6)?)
-        .time("updated_at", text(row, 7)?);
-    Ok((id, o.finish()))
+/// Migration 0005's step: `served` for every test there is.
+pub(crate) fn serve_all(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    let ids: Vec<String> =
+        tx.prepare("SELECT id FROM tests")?.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+    for id in ids {
+        load(tx, &id)
+            .and_then(|test| serve(tx, &test))
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(format!("test `{id}` as served: {e:?}").into()))?;
+    }
+    Ok(())
 }
 
 pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Test> {
@@ -272,7 +270,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
             // With a project: that project's tests, newest first, straight
             // from its index (no sort, and the page stops at the limit).
             // Without: the tests of every project the caller is in.
-            let mut sql = format!("SELECT {COLUMNS} FROM tests t WHERE ");
+            let mut sql = String::from("SELECT t.id, t.served FROM tests t WHERE ");
             let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
             match &query.project_id {
                 Some(project_id) => {
@@ -307,7 +305,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
             args.push(&limit);
             let rows = tx
                 .prepare_cached(&sql)?
-                .query_map(&args[..], written_from_row)?
+                .query_map(&args[..], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |(id, _)| id.clone());
             let tests = page.items.iter().map(|(_, json)| json.as_str());
@@ -347,6 +345,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
             write_personas(tx, &id, &personas)?;
             write_judges(tx, &id, &judges)?;
             let test = load(tx, &id)?;
+            serve(tx, &test)?;
             activity::record(
                 tx,
                 &Actor::Caller(caller),
@@ -371,13 +370,13 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetTestPath) -> Resu
             // The test and the caller's role in its project in one query
             // (what `access::require_resource` and `load` do in two).
             let found = tx
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS}, m.role FROM tests t
+                .prepare_cached(
+                    "SELECT t.served, m.role FROM tests t
                      LEFT JOIN project_members m ON m.project_id = t.project_id AND m.user_id = ?2
-                     WHERE t.id = ?1"
-                ))?
+                     WHERE t.id = ?1",
+                )?
                 .query_row(params![path.id, caller.user_id], |r| {
-                    Ok((written_from_row(r)?.1, r.get::<_, Option<String>>(9)?))
+                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
                 })
                 .optional()?;
             // Outsiders get the same 404 as for a test that does not exist.
@@ -602,7 +601,9 @@ pub async fn update(
                     changes: Value::Object(changes),
                 },
             )?;
-            load(tx, &path.id)
+            let test = load(tx, &path.id)?;
+            serve(tx, &test)?;
+            Ok(test)
         })
         .await
 }

@@ -13,6 +13,9 @@
 //!   or invalid credential is a 401 whatever else is wrong with the request.
 //! - [`ApiContext`]: the server context: an [`Authenticator`] and the
 //!   implementation's state.
+//! - [`Reply`] and [`Json`]: what every endpoint returns: a success body
+//!   that is a value of the spec's type or that value already written as
+//!   JSON, documented as the type either way.
 //! - [`BridgedRoute`]: how a documented path that dropshot's router cannot
 //!   hold is served (see `xtask/src/routes.rs`).
 //!
