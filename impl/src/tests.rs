@@ -22,6 +22,8 @@
 
 use std::collections::BTreeSet;
 
+use chrono::SubsecRound as _;
+
 use rusqlite::{params, OptionalExtension as _};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -163,6 +165,10 @@ fn check_someone_calls(tx: &rusqlite::Transaction<'_>, persona_ids: &[String], s
 
 fn write_personas(tx: &rusqlite::Transaction<'_>, test_id: &str, persona_ids: &[String]) -> Result<()> {
     tx.prepare_cached("DELETE FROM test_personas WHERE test_id = ?1")?.execute(params![test_id])?;
+    insert_personas(tx, test_id, persona_ids)
+}
+
+fn insert_personas(tx: &rusqlite::Transaction<'_>, test_id: &str, persona_ids: &[String]) -> Result<()> {
     let mut insert =
         tx.prepare_cached("INSERT INTO test_personas (test_id, position, persona_id) VALUES (?1, ?2, ?3)")?;
     for (position, id) in persona_ids.iter().enumerate() {
@@ -173,6 +179,10 @@ fn write_personas(tx: &rusqlite::Transaction<'_>, test_id: &str, persona_ids: &[
 
 fn write_judges(tx: &rusqlite::Transaction<'_>, test_id: &str, judges: &[(String, String)]) -> Result<()> {
     tx.prepare_cached("DELETE FROM test_judges WHERE test_id = ?1")?.execute(params![test_id])?;
+    insert_judges(tx, test_id, judges)
+}
+
+fn insert_judges(tx: &rusqlite::Transaction<'_>, test_id: &str, judges: &[(String, String)]) -> Result<()> {
     let ids: BTreeSet<&str> = judges.iter().map(|(_, id)| id.as_str()).collect();
     let mut insert = tx.prepare_cached("INSERT INTO test_judges (test_id, integration_id) VALUES (?1, ?2)")?;
     for id in ids {
@@ -325,38 +335,69 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
         tags: tags(&body.tags)?,
     };
     let personas = persona_ids(&body.persona_ids)?;
-    let id = ids::new_id("tst");
-    let (project_id, channel_id, scenario_id) = (body.project_id, body.channel_id, body.scenario_id);
+    // Everything that does not need the database is done here, on the
+    // request's thread: the writer thread runs every write, one at a time,
+    // so its share of a create is what bounds how many it can take.
+    let now = ids::now().trunc_subsecs(6);
+    let test = types::Test {
+        id: ids::new_id("tst"),
+        project_id: body.project_id,
+        name: name.clone(),
+        channel_id: body.channel_id,
+        scenario_id: body.scenario_id,
+        persona_ids: personas,
+        description: doc.description.clone(),
+        iterations: std::num::NonZeroU32::new(doc.iterations)
+            .ok_or_else(|| Failure::invalid("iterations", "must be at least 1"))?,
+        evaluators: doc.evaluators.clone(),
+        pass_threshold: doc.pass_threshold,
+        tags: doc.tags.clone(),
+        created_at: now,
+        updated_at: now,
+    };
+    let document = encode(&doc)?;
+    let served = serde_json::to_string(&test).map_err(|e| Failure::from(conversion(0, e)))?;
+    let changes = Value::Object(shown(&test)).to_string();
+    let created_at = ids::format_time(&now);
     state
         .store
         .write(move |tx| {
-            access::require(tx, &caller.user_id, &project_id, Need::Edit)?;
-            check_channel(tx, &channel_id, &project_id)?;
-            check_scenario(tx, &scenario_id, &project_id)?;
-            check_personas(tx, &personas, &project_id)?;
-            check_someone_calls(tx, &personas, &scenario_id)?;
-            check_judges(tx, &judges, &project_id)?;
-            let now = ids::format_time(&ids::now());
+            let t = &test;
+            access::require(tx, &caller.user_id, &t.project_id, Need::Edit)?;
+            check_channel(tx, &t.channel_id, &t.project_id)?;
+            check_scenario(tx, &t.scenario_id, &t.project_id)?;
+            check_personas(tx, &t.persona_ids, &t.project_id)?;
+            check_someone_calls(tx, &t.persona_ids, &t.scenario_id)?;
+            check_judges(tx, &judges, &t.project_id)?;
             tx.prepare_cached(
-                "INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+                "INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at, updated_at,
+                                    served)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8)",
             )?
-            .execute(params![id, project_id, name, channel_id, scenario_id, encode(&doc)?, now])?;
-            write_personas(tx, &id, &personas)?;
-            write_judges(tx, &id, &judges)?;
-            let test = load(tx, &id)?;
-            serve(tx, &test)?;
-            activity::record(
+            .execute(params![
+                t.id,
+                t.project_id,
+                t.name,
+                t.channel_id,
+                t.scenario_id,
+                document,
+                created_at,
+                served
+            ])?;
+            insert_personas(tx, &t.id, &t.persona_ids)?;
+            insert_judges(tx, &t.id, &judges)?;
+            activity::record_json(
                 tx,
                 &Actor::Caller(caller),
                 Record {
                     action: "test.create",
                     resource_type: "test",
-                    resource_id: &id,
-                    project_id: Some(&project_id),
+                    resource_id: &t.id,
+                    project_id: Some(&t.project_id),
                     summary: format!("created test \"{name}\""),
-                    changes: Value::Object(shown(&test)),
+                    changes: Value::Null,
                 },
+                &changes,
             )?;
             Ok(test)
         })
