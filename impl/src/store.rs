@@ -37,6 +37,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -117,15 +118,19 @@ impl Store {
         let writer = Arc::new(Mutex::new(writer));
         let (jobs, queue) = mpsc::channel();
         let (wrote, written) = mpsc::sync_channel(1);
+        let restart = Arc::new(AtomicBool::new(false));
         let thread = |name: &str| std::thread::Builder::new().name(name.into());
         let started = |e: std::io::Error| StoreError::Task(format!("starting a database thread: {e}"));
         {
             let writer = writer.clone();
-            thread("sparring-writer").spawn(move || write_groups(&writer, &queue, &wrote)).map_err(started)?;
+            let restart = restart.clone();
+            thread("sparring-writer")
+                .spawn(move || write_groups(&writer, &queue, &wrote, &restart))
+                .map_err(started)?;
         }
         {
             let path = path.to_path_buf();
-            thread("sparring-checkpoint").spawn(move || checkpoints(&path, &written)).map_err(started)?;
+            thread("sparring-checkpoint").spawn(move || checkpoints(&path, &written, &restart)).map_err(started)?;
         }
         Ok(Store { inner: Arc::new(Inner { path: path.to_path_buf(), writer, jobs, readers: Mutex::new(Vec::new()) }) })
     }
@@ -217,7 +222,12 @@ impl Store {
 /// The writer thread: takes what is waiting (at most [`MAX_GROUP`]) and
 /// commits it as one group, until the store is dropped. Tells the
 /// checkpointer after each group.
-fn write_groups(writer: &Mutex<Connection>, queue: &mpsc::Receiver<Job>, wrote: &mpsc::SyncSender<()>) {
+fn write_groups(
+    writer: &Mutex<Connection>,
+    queue: &mpsc::Receiver<Job>,
+    wrote: &mpsc::SyncSender<()>,
+    restart: &AtomicBool,
+) {
     while let Ok(first) = queue.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -228,6 +238,12 @@ fn write_groups(writer: &Mutex<Connection>, queue: &mpsc::Receiver<Job>, wrote: 
         }
         let mut conn = writer.lock().unwrap_or_else(|p| p.into_inner());
         commit_group(&mut conn, group);
+        // Between groups the writer holds no lock: the one moment a
+        // checkpoint can copy every frame and start the WAL over (see
+        // `checkpoints`). Writes queue meanwhile and form the next group.
+        if restart.swap(false, Ordering::Relaxed) {
+            let _ = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()));
+        }
         drop(conn);
         // Full means the checkpointer already has news.
         let _ = wrote.try_send(());
@@ -235,13 +251,30 @@ fn write_groups(writer: &Mutex<Connection>, queue: &mpsc::Receiver<Job>, wrote: 
 }
 
 /// How often the WAL is checkpointed while writes come in.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
+
+/// WAL frames (pages) beyond which a checkpoint also restarts the WAL.
+const RESTART_FRAMES: i64 = 4096;
 
 /// The checkpointer thread: after writes, at most every
 /// [`CHECKPOINT_EVERY`], copies what the WAL holds into the database file
 /// (`PASSIVE`: it never waits for, nor blocks, the writer or a reader).
-/// Stops with the writer.
-fn checkpoints(path: &Path, written: &mpsc::Receiver<()>) {
+///
+/// A passive checkpoint alone never shrinks the WAL under sustained writes:
+/// SQLite starts the WAL over only when a write begins with every frame
+/// copied back, and by the time a checkpoint ends new frames have come. The
+/// WAL then grows without bound (to 945 MB in a minute of `POST /v1/tests`
+/// in `cargo xtask bench api`), and every read looks each page up in a WAL
+/// index that grows with it. Nor can this thread take the write lock for a
+/// `RESTART` checkpoint: the writer takes it again the moment it commits,
+/// and a busy handler that polls loses that race every time. So once the
+/// WAL holds more than [`RESTART_FRAMES`], this thread asks the writer, which
+/// runs a `RESTART` checkpoint between two groups: it copies the few frames
+/// written since the passive one (which did the bulk of the copying without
+/// blocking anyone), waits for readers to leave the old frames (short
+/// reads), and the next write starts the WAL over (`journal_size_limit` then
+/// trims the file). Stops with the writer.
+fn checkpoints(path: &Path, written: &mpsc::Receiver<()>, restart: &AtomicBool) {
     let conn = match Connection::open(path).map_err(StoreError::from).and_then(|c| configure(&c).map(|()| c)) {
         Ok(c) => c,
         // Without it the WAL is checkpointed when the last connection
@@ -252,7 +285,11 @@ fn checkpoints(path: &Path, written: &mpsc::Receiver<()>) {
         std::thread::sleep(CHECKPOINT_EVERY);
         // A failed checkpoint (a reader holding an old snapshot, the disk)
         // is simply tried again after the next writes.
-        let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        if let Ok(frames) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1)) {
+            if frames > RESTART_FRAMES {
+                restart.store(true, Ordering::Relaxed);
+            }
+        }
     }
 }
 

@@ -422,7 +422,7 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         let (status, success_ref) = success.with_context(|| format!("{id}: no success response"))?;
         let success_ty = type_path(&success_ref)?;
         let error_ty = type_path(&error_schema.with_context(|| format!("{id}: no error response"))?)?;
-        if !matches!(status, 200 | 201 | 202) {
+        if !(200..=202).contains(&status) {
             bail!("{id}: success status {status} is not supported");
         }
         // `Reply` documents what dropshot's `HttpResponseOk` (`Created`,
