@@ -19,18 +19,6 @@ pub struct Record<'a> {
 }
 
 pub fn record(tx: &rusqlite::Transaction<'_>, actor: &Actor, r: Record<'_>) -> Result<(), StoreError> {
-    let changes = r.changes.to_string();
-    record_json(tx, actor, r, &changes)
-}
-
-/// [`record`] with `changes` already encoded (`r.changes` is ignored), for
-/// a mutation that prepares its record before its transaction.
-pub fn record_json(
-    tx: &rusqlite::Transaction<'_>,
-    actor: &Actor,
-    r: Record<'_>,
-    changes: &str,
-) -> Result<(), StoreError> {
     // Every mutation runs this: prepared once per connection.
     tx.prepare_cached(
         "INSERT INTO activity (id, actor_user_id, credential, api_key_id, action, resource_type, resource_id,
@@ -47,7 +35,7 @@ pub fn record_json(
         r.resource_id,
         r.project_id,
         r.summary,
-        changes,
+        r.changes.to_string(),
         ids::format_time(&ids::now()),
     ])?;
     Ok(())

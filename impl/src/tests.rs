@@ -230,11 +230,16 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Test> {
     })
 }
 
+/// `test` as the API shows it: what `served` holds.
+fn served(test: &types::Test) -> Result<String> {
+    serde_json::to_string(test).map_err(|e| Failure::from(conversion(0, e)))
+}
+
 /// Stores `test` as the API shows it, for the reads (`served`). Every
-/// write of a test ends with it, in its transaction.
+/// write of a test ends with it, in its transaction (a create writes it
+/// with the row).
 fn serve(tx: &rusqlite::Transaction<'_>, test: &types::Test) -> Result<()> {
-    let json = serde_json::to_string(test).map_err(|e| Failure::from(conversion(0, e)))?;
-    tx.prepare_cached("UPDATE tests SET served = ?2 WHERE id = ?1")?.execute(params![test.id, json])?;
+    tx.prepare_cached("UPDATE tests SET served = ?2 WHERE id = ?1")?.execute(params![test.id, served(test)?])?;
     Ok(())
 }
 
@@ -347,8 +352,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
         scenario_id: body.scenario_id,
         persona_ids: personas,
         description: doc.description.clone(),
-        iterations: std::num::NonZeroU32::new(doc.iterations)
-            .ok_or_else(|| Failure::invalid("iterations", "must be at least 1"))?,
+        iterations: body.iterations,
         evaluators: doc.evaluators.clone(),
         pass_threshold: doc.pass_threshold,
         tags: doc.tags.clone(),
@@ -356,8 +360,8 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
         updated_at: now,
     };
     let document = encode(&doc)?;
-    let served = serde_json::to_string(&test).map_err(|e| Failure::from(conversion(0, e)))?;
-    let changes = Value::Object(shown(&test)).to_string();
+    let served_json = served(&test)?;
+    let changes = Value::Object(shown(&test));
     let created_at = ids::format_time(&now);
     state
         .store
@@ -382,11 +386,11 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
                 t.scenario_id,
                 document,
                 created_at,
-                served
+                served_json
             ])?;
             insert_personas(tx, &t.id, &t.persona_ids)?;
             insert_judges(tx, &t.id, &judges)?;
-            activity::record_json(
+            activity::record(
                 tx,
                 &Actor::Caller(caller),
                 Record {
@@ -395,9 +399,8 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
                     resource_id: &t.id,
                     project_id: Some(&t.project_id),
                     summary: format!("created test \"{name}\""),
-                    changes: Value::Null,
+                    changes,
                 },
-                &changes,
             )?;
             Ok(test)
         })

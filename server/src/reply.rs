@@ -29,25 +29,6 @@ impl<T> Json<T> {
     pub fn written(json: String) -> Self {
         Json(Repr::Written(json))
     }
-
-    /// The value, if the body is one.
-    pub fn value(&self) -> Option<&T> {
-        match &self.0 {
-            Repr::Value(v) => Some(v),
-            Repr::Written(_) => None,
-        }
-    }
-
-    /// The JSON text of the body, written if it was a value.
-    pub fn to_json(&self) -> serde_json::Result<String>
-    where
-        T: Serialize,
-    {
-        match &self.0 {
-            Repr::Value(v) => serde_json::to_string(v),
-            Repr::Written(s) => Ok(s.clone()),
-        }
-    }
 }
 
 impl<T> From<T> for Json<T> {
