@@ -12,7 +12,8 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -126,44 +127,113 @@ impl AppState {
     }
 }
 
+/// Key id → microseconds since the epoch of its newest use not yet written,
+/// or 0 once written. Hashed with foldhash: the ids are the server's own,
+/// not chosen by a caller.
+type Uses = HashMap<String, AtomicI64, foldhash::fast::RandomState>;
+
 /// `last_used_at` times not yet written, per key.
+///
+/// Every request with an API key notes its use, and a page of keys reads
+/// the note of each key it lists, so neither takes a lock that makes the
+/// other wait: a key already in the map is noted with an atomic store under
+/// the shared lock, and a listing takes the shared lock once for its page.
+/// Only a key's first use since the last flush, and the flush itself, take
+/// the exclusive lock.
 #[derive(Default)]
 pub struct LastUsed {
-    pending: Mutex<HashMap<String, DateTime<Utc>>>,
+    pending: RwLock<Uses>,
+}
+
+/// A view of the pending uses, for a page of keys (see
+/// [`LastUsed::reader`]).
+pub struct PendingUses<'a> {
+    pending: RwLockReadGuard<'a, Uses>,
+}
+
+impl PendingUses<'_> {
+    /// The newest use of `key_id` not yet written.
+    pub fn get(&self, key_id: &str) -> Option<DateTime<Utc>> {
+        let micros = self.pending.get(key_id)?.load(Ordering::Relaxed);
+        if micros == 0 {
+            return None;
+        }
+        DateTime::from_timestamp_micros(micros)
+    }
 }
 
 impl LastUsed {
     pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 
-    fn note(&self, key_id: &str) {
-        let now = crate::ids::now();
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        match pending.get_mut(key_id) {
-            Some(t) => *t = now,
-            None => {
-                pending.insert(key_id.to_string(), now);
-            }
+    fn read(&self) -> RwLockReadGuard<'_, Uses> {
+        self.pending.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Uses> {
+        self.pending.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes a use of `key_id` now. Times are kept to the microsecond, as
+    /// stored (`ids::format_time`).
+    pub fn note(&self, key_id: &str) {
+        let now = Utc::now().timestamp_micros();
+        if let Some(t) = self.read().get(key_id) {
+            t.fetch_max(now, Ordering::Relaxed);
+            return;
         }
+        self.write().entry(key_id.to_string()).or_default().fetch_max(now, Ordering::Relaxed);
     }
 
-    /// The newest use not yet written, to show in listings.
-    pub fn pending(&self, key_id: &str) -> Option<DateTime<Utc>> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner()).get(key_id).copied()
+    /// The pending uses, to show in a listing: hold it no longer than the
+    /// listing's read.
+    pub fn reader(&self) -> PendingUses<'_> {
+        PendingUses { pending: self.read() }
     }
 
-    /// Writes what is pending. A failed write keeps it for the next flush.
+    /// Writes what is pending. A failed write keeps it for the next flush;
+    /// a use noted while the write runs stays pending.
     pub async fn flush(&self, store: &Store) -> Result<(), crate::store::StoreError> {
-        let batch: Vec<(String, DateTime<Utc>)> = {
-            let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            pending.iter().map(|(k, v)| (k.clone(), *v)).collect()
+        let batch: Vec<(String, i64)> = {
+            let mut pending = self.write();
+            // Keys not used since the last flush leave the map.
+            pending.retain(|_, t| t.load(Ordering::Relaxed) != 0);
+            pending.iter().map(|(k, t)| (k.clone(), t.load(Ordering::Relaxed))).collect()
         };
-        api_keys::record_last_used(store, batch.clone()).await?;
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        for (k, v) in batch {
-            if pending.get(&k) == Some(&v) {
-                pending.remove(&k);
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let times = batch
+            .iter()
+            .filter_map(|(k, micros)| Some((k.clone(), DateTime::from_timestamp_micros(*micros)?)))
+            .collect();
+        api_keys::record_last_used(store, times).await?;
+        let pending = self.read();
+        for (k, micros) in batch {
+            if let Some(t) = pending.get(&k) {
+                // Unless a newer use came meanwhile.
+                let _ = t.compare_exchange(micros, 0, Ordering::Relaxed, Ordering::Relaxed);
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_use_noted_is_pending_until_written_and_never_goes_back() {
+        let last_used = LastUsed::default();
+        assert_eq!(last_used.reader().get("key_a"), None);
+        last_used.note("key_a");
+        let first = last_used.reader().get("key_a").expect("pending after a use");
+        assert!((Utc::now() - first).num_seconds().abs() < 5);
+        // An older time never replaces a newer one.
+        last_used.read().get("key_a").unwrap().fetch_max(0, Ordering::Relaxed);
+        assert_eq!(last_used.reader().get("key_a"), Some(first));
+        last_used.note("key_a");
+        assert!(last_used.reader().get("key_a").unwrap() >= first);
+        assert_eq!(last_used.reader().get("key_b"), None);
     }
 }

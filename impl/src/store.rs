@@ -209,9 +209,13 @@ impl Store {
             None => open_reader(&self.inner.path)?,
         };
         let result = (|| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred).map_err(StoreError::from)?;
+            let mut tx = conn.transaction_with_behavior(TransactionBehavior::Deferred).map_err(StoreError::from)?;
             let value = f(&tx)?;
-            tx.finish().map_err(StoreError::from)?;
+            // Ends the read with a prepared `COMMIT` (rusqlite's own parses
+            // its SQL every time); if that fails, dropping `tx` rolls back.
+            if tx.prepare_cached("COMMIT").and_then(|mut end| end.execute([])).is_ok() {
+                tx.set_drop_behavior(rusqlite::DropBehavior::Ignore);
+            }
             Ok(value)
         })();
         self.inner.readers.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
