@@ -9,8 +9,8 @@
 //! 4. Warm-up, then `rounds` rounds: in each, for every scenario, the
 //!    baseline and then the scenario, `duration` each. A ratio is taken
 //!    between the two runs next to each other, so a machine that slows down
-//!    for a while slows both. Every run of the server starts with the data
-//!    dir read once (see `warm_page_cache`).
+//!    for a while slows both. During every run of the server its data dir
+//!    is held in memory (see `Pinned`).
 //! 5. The table: medians over the rounds.
 
 use std::path::{Path, PathBuf};
@@ -84,26 +84,43 @@ fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads every file of the data dir once, so the run that follows finds
-/// the database in the page cache.
+/// The data dir's files mapped and locked in memory by this process while
+/// the server runs under load, so its reads find the database in the page
+/// cache.
 ///
-/// This VM's host takes back the guest's page cache within a minute (1.2 GB
-/// of cached database fell to 77 MB in 50 s, `pgsteal_file` in
-/// `/proc/vmstat` staying at 0: not the guest's own reclaim), which made
-/// reads late in a run fetch their pages from the disk (`GET
-/// /v1/test-results/{id}` on a cold cache: 3,300 req/s; warm: 27,700). A
-/// server with this database on a machine with this much free memory keeps
-/// it cached; the benchmark measures that server, so every run of the
-/// server starts on a warm cache.
-fn warm_page_cache(data_dir: &Path) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir(data_dir)? {
-        let path = entry?.path();
-        if path.is_file() {
-            std::io::copy(&mut std::fs::File::open(&path)?, &mut std::io::sink())
-                .with_context(|| format!("reading {}", path.display()))?;
+/// This VM runs DAMON proactive reclaim (`/sys/kernel/mm/damon/admin`: a
+/// `pageout` scheme for memory accessed at most once in 5 s for 30 s, up to
+/// 2 GB/s), so database pages a scenario does not touch are paged out while
+/// others run: 1.2 GB of cached database fell to 77 MB in 50 s idle, and
+/// `GET /v1/test-results/{id}` on a cold cache served 3,300 req/s against
+/// 27,700 warm, every miss a disk read on a runtime worker. Reading the
+/// files just before each run was not enough: result reads late in a run
+/// still fell to 0.19 of the baseline with a p99 of 205 ms. A server with
+/// this database on a machine with this much free memory keeps it cached;
+/// the benchmark measures that server. The pages are the page cache's, not
+/// the server's: its peak RSS does not include them.
+struct Pinned {
+    _maps: Vec<memmap2::Mmap>,
+}
+
+impl Pinned {
+    fn data_dir(data_dir: &Path) -> anyhow::Result<Pinned> {
+        let mut maps = Vec::new();
+        for entry in std::fs::read_dir(data_dir)? {
+            let path = entry?.path();
+            let file = std::fs::File::open(&path)?;
+            if !file.metadata()?.is_file() || file.metadata()?.len() == 0 {
+                continue;
+            }
+            // SAFETY: the mapping is only locked, never read through; a
+            // file the server shortens meanwhile (the WAL) is not touched.
+            let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
+                .with_context(|| format!("mapping {}", path.display()))?;
+            map.lock().with_context(|| format!("locking {} in memory (mlock)", path.display()))?;
+            maps.push(map);
         }
+        Ok(Pinned { _maps: maps })
     }
-    Ok(())
 }
 
 /// Seeds `seed_dir` from nothing (see `seed`); returns what it made.
@@ -246,7 +263,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     if o.warmup > 0 {
         wrk::run(baseline.addr, &baseline_script, load(o.warmup))?;
         for path in &scripts {
-            warm_page_cache(&data_dir)?;
+            let _pinned = Pinned::data_dir(&data_dir)?;
             wrk::run(sparring.addr, path, load(o.warmup))?;
         }
     }
@@ -259,9 +276,10 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
             let b = measured(&baseline, || wrk::run(baseline.addr, &baseline_script, load(o.duration)))?;
             baseline_peak = baseline_peak.max(baseline.peak_rss_kib()?);
             sparring.reset_peak()?;
-            warm_page_cache(&data_dir)?;
+            let pinned = Pinned::data_dir(&data_dir)?;
             let r = measured(&sparring, || wrk::run(sparring.addr, &scripts[i], load(o.duration)))
                 .with_context(|| format!("round {round}: {}", s.title))?;
+            drop(pinned);
             let peak_kib = sparring.peak_rss_kib()?;
             println!(
                 "  round {round} {:<40} {:>6.0} req/s (baseline {:>6.0}, ratio {:.2})  p50 {:.2} ms  p99 {:.2} ms  \
