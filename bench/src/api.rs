@@ -108,10 +108,11 @@ impl Pinned {
         let mut maps = Vec::new();
         for entry in std::fs::read_dir(data_dir)? {
             let path = entry?.path();
-            let file = std::fs::File::open(&path)?;
-            if !file.metadata()?.is_file() || file.metadata()?.len() == 0 {
+            let meta = std::fs::metadata(&path)?;
+            if !meta.is_file() || meta.len() == 0 {
                 continue;
             }
+            let file = std::fs::File::open(&path)?;
             // SAFETY: the mapping is only locked, never read through; a
             // file the server shortens meanwhile (the WAL) is not touched.
             let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }

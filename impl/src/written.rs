@@ -8,72 +8,33 @@
 //! `Evaluator` buffers every evaluator, chrono formats timestamps a character
 //! at a time), so they answer with the stored text, and a page of them is
 //! the texts put together ([`page`]). A page of API keys is written from its
-//! columns ([`Object`]). `tests/written.rs` checks that each says the same
-//! JSON value as the typed path.
+//! columns (`api_keys::written_key`, with [`push_string`] and [`push_time`]).
+//! `tests/written.rs` checks that each says the same JSON value as the typed
+//! path.
 
 use std::borrow::Cow;
-
-/// Writes one JSON object a member at a time.
-pub struct Object {
-    out: String,
-    empty: bool,
-}
-
-impl Object {
-    pub fn with_capacity(capacity: usize) -> Object {
-        let mut out = String::with_capacity(capacity);
-        out.push('{');
-        Object { out, empty: true }
-    }
-
-    fn key(&mut self, key: &str) {
-        if !self.empty {
-            self.out.push(',');
-        }
-        self.empty = false;
-        push_string(&mut self.out, key);
-        self.out.push(':');
-    }
-
-    /// `"key": "value"`, escaped.
-    pub fn string(&mut self, key: &str, value: &str) -> &mut Self {
-        self.key(key);
-        push_string(&mut self.out, value);
-        self
-    }
-
-    /// `"key": value` with `value` already JSON.
-    pub fn raw(&mut self, key: &str, json: &str) -> &mut Self {
-        self.key(key);
-        self.out.push_str(json);
-        self
-    }
-
-    pub fn finish(mut self) -> String {
-        self.out.push('}');
-        self.out
-    }
-}
 
 /// `{"<field>": [items…], "next_cursor": cursor | null}`: a page of a list,
 /// its items already JSON.
 pub fn page<'a>(field: &str, items: impl IntoIterator<Item = &'a str>, next_cursor: Option<&str>) -> String {
     let items: Vec<&str> = items.into_iter().collect();
-    let mut o = Object::with_capacity(items.iter().map(|i| i.len() + 1).sum::<usize>() + field.len() + 80);
-    o.key(field);
-    o.out.push('[');
+    let mut out = String::with_capacity(items.iter().map(|i| i.len() + 1).sum::<usize>() + field.len() + 80);
+    out.push('{');
+    push_string(&mut out, field);
+    out.push_str(":[");
     for (i, item) in items.into_iter().enumerate() {
         if i > 0 {
-            o.out.push(',');
+            out.push(',');
         }
-        o.out.push_str(item);
+        out.push_str(item);
     }
-    o.out.push(']');
+    out.push_str(r#"],"next_cursor":"#);
     match next_cursor {
-        Some(c) => o.string("next_cursor", c),
-        None => o.raw("next_cursor", "null"),
-    };
-    o.finish()
+        Some(c) => push_string(&mut out, c),
+        None => out.push_str("null"),
+    }
+    out.push('}');
+    out
 }
 
 /// A JSON string, escaped as serde_json escapes it (`"`, `\\` and the
@@ -154,13 +115,13 @@ mod tests {
     }
 
     #[test]
-    fn objects_and_pages_are_json() {
-        let mut o = Object::with_capacity(16);
-        o.string("a", "q\"uote\n\u{1}").raw("b", "[1,2]");
-        o.key("c");
-        push_time(&mut o.out, "2026-11-23T10:51:39.120000Z");
-        let v: serde_json::Value = serde_json::from_str(&o.finish()).unwrap();
-        assert_eq!(v, serde_json::json!({"a": "q\"uote\n\u{1}", "b": [1, 2], "c": "2026-11-23T10:51:39.120Z"}));
+    fn times_and_pages_are_json() {
+        let mut t = String::new();
+        push_time(&mut t, "2026-11-23T10:51:39.120000Z");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&t).unwrap(),
+            serde_json::json!("2026-11-23T10:51:39.120Z")
+        );
         let p = page("xs", [r#"{"x":1}"#, "2"], Some("abc"));
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(&p).unwrap(),
