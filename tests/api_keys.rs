@@ -230,3 +230,48 @@ async fn raw_keys_are_stored_nowhere_and_never_logged() {
         assert!(!log.contains(&secret[12..]), "a raw key is in the log");
     }
 }
+
+/// The first page of a user's keys is kept in memory between listings; every
+/// change to a key must show on the next listing, whoever made it.
+#[tokio::test]
+async fn a_listing_shows_every_change_at_once() {
+    let s = TestServer::start().await;
+    let key = s.key_for_user("lists@example.com").await;
+    let client = s.client(&key);
+    let listed =
+        |client: sparring_client::Client| async move { client.list_api_keys().send().await.unwrap().into_inner().keys };
+    assert_eq!(listed(client.clone()).await.len(), 1);
+
+    // Made through the API.
+    let made = client.create_api_key().body_map(|b| b.label("second".to_string())).send().await.unwrap().into_inner();
+    let keys = listed(client.clone()).await;
+    assert_eq!(keys.len(), 2);
+    assert_eq!((keys[0].id.as_str(), keys[0].label.as_str()), (made.id.as_str(), "second"));
+
+    // Made by another connection to the database, as `sparring admin
+    // create-key` does from its own process.
+    let outside = s.key_for_user("lists@example.com").await;
+    let keys = listed(client.clone()).await;
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    assert!(outside.starts_with(&keys[0].prefix), "{keys:?}");
+
+    // Rotated: same id, new prefix.
+    let rotated: serde_json::Value =
+        s.post_json(&format!("/v1/api-keys/{}/rotate", made.id), &key, "{}").await.json().await.unwrap();
+    let keys = listed(client.clone()).await;
+    let shown = keys.iter().find(|k| k.id == made.id).unwrap();
+    assert!(rotated["apiKey"].as_str().unwrap().starts_with(&shown.prefix), "{keys:?}");
+    assert_ne!(shown.prefix, made.prefix);
+
+    // Revoked.
+    client.revoke_api_key().id(&made.id).send().await.unwrap();
+    let keys = listed(client.clone()).await;
+    let shown = keys.iter().find(|k| k.id == made.id).unwrap();
+    assert!(shown.revoked && shown.revoked_at.is_some(), "{keys:?}");
+
+    // A page of another size is not the kept one.
+    let one = client.list_api_keys().limit(1).send().await.unwrap().into_inner();
+    assert_eq!(one.keys.len(), 1);
+    assert!(one.next_cursor.is_some());
+    assert_eq!(listed(client.clone()).await.len(), 3);
+}

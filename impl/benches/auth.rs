@@ -161,6 +161,7 @@ async fn fixture() -> Fixture {
         oidc: fresh_oidc(&jwks).await,
         last_used: LastUsed::default(),
         keys: KeyCache::default(),
+        key_pages: sparring_impl::api_keys::KeyPages::default(),
         oidc_users: Mutex::new(HashMap::new()),
         engine: Arc::new(Engine::new(EngineConfig::default())),
         log: log(),

@@ -175,7 +175,7 @@ impl LastUsed {
 
     /// Notes a use of `key_id` now. Times are kept to the microsecond, as
     /// stored (`ids::format_time`).
-    fn note(&self, key_id: &str) {
+    pub(crate) fn note(&self, key_id: &str) {
         let now = Utc::now().timestamp_micros();
         if let Some(t) = self.read().get(key_id) {
             t.fetch_max(now, Ordering::Relaxed);

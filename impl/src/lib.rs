@@ -92,6 +92,8 @@ pub struct AppState {
     pub last_used: LastUsed,
     /// API keys already found valid (see `key_cache`).
     pub keys: key_cache::KeyCache,
+    /// First pages of keys, while current (see `api_keys::list`).
+    pub key_pages: api_keys::KeyPages,
     /// (issuer, subject) → user id, for users already signed in. Public
     /// only so that `benches/auth.rs` can build an `AppState` without a
     /// server; nothing outside `auth` reads or writes it.
@@ -205,6 +207,7 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
         oidc,
         last_used: LastUsed::default(),
         keys: key_cache::KeyCache::default(),
+        key_pages: api_keys::KeyPages::default(),
         oidc_users: Mutex::new(HashMap::new()),
         engine: Arc::new(Engine::new(config.engine.clone())),
         log: log.clone(),

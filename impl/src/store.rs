@@ -54,6 +54,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0003_engine", include_str!("../migrations/0003_engine.sql"), None),
     ("0004_reviews", include_str!("../migrations/0004_reviews.sql"), None),
     ("0005_read_paths", include_str!("../migrations/0005_read_paths.sql"), Some(crate::tests::serve_all)),
+    ("0006_key_versions", include_str!("../migrations/0006_key_versions.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
