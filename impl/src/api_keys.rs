@@ -310,9 +310,10 @@ impl KeyPage {
     }
 }
 
-/// Users kept at most; past it [`KeyPages`] starts over (a bound on memory,
-/// a few KB per user).
-const MAX_KEPT_PAGES: usize = 4096;
+/// Users kept at most; past it [`KeyPages`] starts over. A bound on memory:
+/// a page of 25 keys is ~7 KB, and even pages of 200 (revoked keys
+/// included) would stay under 64 MB.
+const MAX_KEPT_PAGES: usize = 1024;
 
 /// The first page of keys of the users who listed theirs lately, each with
 /// the version it was read at (see [`list`]).
