@@ -222,22 +222,22 @@ pub async fn list(
 ) -> Result<String, ApiKeyError> {
     store
         .read(move |tx| {
-            let first = page.after.is_none();
-            if first {
-                let version: i64 = tx
-                    .prepare_cached("SELECT version FROM api_key_versions WHERE user_id = ?1")?
-                    .query_row(params![user_id], |r| r.get(0))
-                    .optional()?
-                    .unwrap_or(0);
-                if let Some(kept) = pages.get(&user_id).filter(|p| p.version == version && p.limit == page.limit) {
-                    return Ok(kept.write(&last_used.reader()));
-                }
-                let read = read_page(tx, &user_id, &page, version)?;
-                let json = read.write(&last_used.reader());
-                pages.keep(user_id, read);
-                return Ok(json);
+            if page.after.is_some() {
+                return Ok(read_page(tx, &user_id, &page, 0)?.write(&last_used.reader()));
             }
-            Ok(read_page(tx, &user_id, &page, 0)?.write(&last_used.reader()))
+            let version: i64 = tx
+                .prepare_cached("SELECT version FROM api_key_versions WHERE user_id = ?1")?
+                .query_row(params![user_id], |r| r.get(0))
+                .optional()?
+                .unwrap_or(0);
+            let kept = match pages.get(&user_id).filter(|p| p.version == version && p.limit == page.limit) {
+                Some(kept) => kept,
+                None => {
+                    let read = read_page(tx, &user_id, &page, version)?;
+                    pages.keep(user_id, read)
+                }
+            };
+            Ok(kept.write(&last_used.reader()))
         })
         .await
 }
@@ -282,31 +282,20 @@ impl KeyPage {
     /// `{"keys":[…],"next_cursor":…}`, each key with the later of its
     /// stored and its pending last use.
     fn write(&self, pending: &PendingUses<'_>) -> String {
-        let size = self.keys.iter().map(|k| k.json.len() + 40).sum::<usize>() + 64;
-        let mut out = String::with_capacity(size);
-        out.push_str(r#"{"keys":["#);
-        for (i, key) in self.keys.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
+        let size = self.keys.iter().map(|k| k.json.len() + 40).sum();
+        let write_key = |out: &mut String, key: &WrittenKey| {
             out.push_str(&key.json[..key.split]);
             // Stored times all have `ids::format_time`'s fixed width, so
             // the later of two is the greater string.
             let pending = pending.get(&key.id).map(|t| ids::format_time(&t));
             match (key.last_used.as_deref(), pending.as_deref()) {
-                (Some(a), Some(b)) => written::push_time(&mut out, a.max(b)),
-                (Some(t), None) | (None, Some(t)) => written::push_time(&mut out, t),
+                (Some(a), Some(b)) => written::push_time(out, a.max(b)),
+                (Some(t), None) | (None, Some(t)) => written::push_time(out, t),
                 (None, None) => out.push_str("null"),
             }
             out.push_str(&key.json[key.split..]);
-        }
-        out.push_str(r#"],"next_cursor":"#);
-        match &self.next_cursor {
-            Some(c) => written::push_string(&mut out, c),
-            None => out.push_str("null"),
-        }
-        out.push('}');
-        out
+        };
+        written::page_with("keys", &self.keys, size, write_key, self.next_cursor.as_deref())
     }
 }
 
@@ -327,12 +316,14 @@ impl KeyPages {
         self.first.read().unwrap_or_else(|p| p.into_inner()).get(user_id).cloned()
     }
 
-    fn keep(&self, user_id: String, page: KeyPage) {
+    fn keep(&self, user_id: String, page: KeyPage) -> Arc<KeyPage> {
+        let page = Arc::new(page);
         let mut first = self.first.write().unwrap_or_else(|p| p.into_inner());
         if first.len() >= MAX_KEPT_PAGES && !first.contains_key(&user_id) {
             first.clear();
         }
-        first.insert(user_id, Arc::new(page));
+        first.insert(user_id, page.clone());
+        page
     }
 }
 
@@ -512,6 +503,7 @@ mod tests {
         assert_eq!(decoded.len(), 32);
         assert!(!looks_like_key("spk_short"));
     }
+
     /// A kept page holds `last_used_at` as stored and adds the uses not yet
     /// written; once they are written (and no longer pending) the page must
     /// be read again, or the use would vanish from the listing.

@@ -18,7 +18,20 @@ use std::borrow::Cow;
 /// its items already JSON.
 pub fn page<'a>(field: &str, items: impl IntoIterator<Item = &'a str>, next_cursor: Option<&str>) -> String {
     let items: Vec<&str> = items.into_iter().collect();
-    let mut out = String::with_capacity(items.iter().map(|i| i.len() + 1).sum::<usize>() + field.len() + 80);
+    let size = items.iter().map(|i| i.len() + 1).sum();
+    page_with(field, items, size, |out, item| out.push_str(item), next_cursor)
+}
+
+/// [`page`], each item written into the page by `write` (`size`: about how
+/// many bytes the items take).
+pub fn page_with<T>(
+    field: &str,
+    items: impl IntoIterator<Item = T>,
+    size: usize,
+    mut write: impl FnMut(&mut String, T),
+    next_cursor: Option<&str>,
+) -> String {
+    let mut out = String::with_capacity(size + field.len() + 80);
     out.push('{');
     push_string(&mut out, field);
     out.push_str(":[");
@@ -26,7 +39,7 @@ pub fn page<'a>(field: &str, items: impl IntoIterator<Item = &'a str>, next_curs
         if i > 0 {
             out.push(',');
         }
-        out.push_str(item);
+        write(&mut out, item);
     }
     out.push_str(r#"],"next_cursor":"#);
     match next_cursor {
