@@ -15,7 +15,19 @@ pub struct Record<'a> {
     pub project_id: Option<&'a str>,
     pub summary: String,
     /// The fields that changed. Never a secret: mask before passing.
-    pub changes: serde_json::Value,
+    pub changes: Changes,
+}
+
+/// A record's changes, already written as JSON: a write that has them
+/// before its transaction writes them there, on the request's thread, and
+/// leaves the single writer thread only the insert.
+pub struct Changes(String);
+
+impl From<serde_json::Value> for Changes {
+    fn from(value: serde_json::Value) -> Changes {
+        // A `Value` always serializes (its keys are strings).
+        Changes(serde_json::to_string(&value).expect("a JSON value serializes"))
+    }
 }
 
 pub fn record(tx: &rusqlite::Transaction<'_>, actor: &Actor, r: Record<'_>) -> Result<(), StoreError> {
@@ -35,7 +47,7 @@ pub fn record(tx: &rusqlite::Transaction<'_>, actor: &Actor, r: Record<'_>) -> R
         r.resource_id,
         r.project_id,
         r.summary,
-        r.changes.to_string(),
+        r.changes.0,
         ids::format_time(&ids::now()),
     ])?;
     Ok(())

@@ -190,7 +190,7 @@ pub fn insert(
             resource_id: &key.id,
             project_id: None,
             summary: format!("created API key \"{}\" ({}…)", key.label, key.prefix),
-            changes: serde_json::json!({"label": key.label, "prefix": key.prefix}),
+            changes: serde_json::json!({"label": key.label, "prefix": key.prefix}).into(),
         },
     )?;
     Ok((key, raw))
@@ -397,7 +397,7 @@ pub async fn revoke(
                     resource_id: &key.id,
                     project_id: None,
                     summary: format!("revoked API key \"{}\" ({}…)", key.label, key.prefix),
-                    changes: serde_json::json!({"revoked": true}),
+                    changes: serde_json::json!({"revoked": true}).into(),
                 },
             )?;
             Ok(Revoked { key, already_revoked: false })
@@ -437,7 +437,7 @@ pub async fn rotate(
                     resource_id: &key.id,
                     project_id: None,
                     summary: format!("rotated API key \"{}\"", key.label),
-                    changes: serde_json::json!({"prefix": {"from": old_prefix, "to": key.prefix}}),
+                    changes: serde_json::json!({"prefix": {"from": old_prefix, "to": key.prefix}}).into(),
                 },
             )?;
             Ok((key, raw))

@@ -197,7 +197,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateBatchRe
                     resource_id: &id,
                     project_id: Some(&project_id),
                     summary: format!("created batch \"{}\" of {} tests", input.name, input.test_ids.len()),
-                    changes: Value::Object(input.shown()),
+                    changes: Value::Object(input.shown()).into(),
                 },
             )?;
             load(tx, &id)
@@ -258,7 +258,7 @@ pub async fn replace(
                     resource_id: &path.id,
                     project_id: Some(&project_id),
                     summary: format!("replaced batch \"{}\" ({} tests)", input.name, input.test_ids.len()),
-                    changes: Value::Object(changes),
+                    changes: Value::Object(changes).into(),
                 },
             )?;
             load(tx, &path.id)
@@ -288,7 +288,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteBatchPath) 
                     resource_id: &path.id,
                     project_id: Some(&project_id),
                     summary: format!("deleted batch \"{name}\""),
-                    changes: json!({"deleted": true}),
+                    changes: json!({"deleted": true}).into(),
                 },
             )?;
             Ok(types::Deleted { id: path.id, deleted: true })

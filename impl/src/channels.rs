@@ -360,7 +360,8 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateChannel
                         "headers": headers.masked(),
                         "turn_timeout_ms": turn_timeout_ms,
                         "max_call_duration_s": max_call_duration_s,
-                    }),
+                    })
+                    .into(),
                 },
             )?;
             load(tx, &id)
@@ -410,7 +411,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteChannelPath
                     resource_id: &path.id,
                     project_id: Some(&project_id),
                     summary: format!("deleted channel \"{name}\""),
-                    changes: json!({"deleted": true}),
+                    changes: json!({"deleted": true}).into(),
                 },
             )?;
             Ok(types::Deleted { id: path.id, deleted: true })
@@ -506,7 +507,7 @@ pub async fn update(
                         "updated channel \"{shown_name}\" ({})",
                         changes.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
                     ),
-                    changes: Value::Object(changes),
+                    changes: Value::Object(changes).into(),
                 },
             )?;
             load(tx, &path.id)

@@ -319,13 +319,13 @@ pub async fn create(
     check_numbers_allowed(provider, &numbers)?;
     let id = ids::new_id("int");
     let sealed = seal_credentials(state, &id, &body.credentials)?;
-    let changes = json!({
+    let changes = activity::Changes::from(json!({
         "provider": provider.to_string(),
         "name": name,
         "config": body.config,
         "credentials": masked(sealed.as_ref().map(|_| &body.credentials)),
         "phone_numbers": numbers_changes(&numbers),
-    });
+    }));
     let config = Value::Object(body.config).to_string();
     state
         .store
@@ -415,7 +415,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteIntegration
                     resource_id: &path.id,
                     project_id: Some(&project_id),
                     summary: format!("deleted integration \"{name}\""),
-                    changes: json!({"deleted": true}),
+                    changes: json!({"deleted": true}).into(),
                 },
             )?;
             Ok(types::Deleted { id: path.id, deleted: true })
@@ -505,7 +505,7 @@ pub async fn update(
                         "updated integration \"{shown_name}\" ({})",
                         changes.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
                     ),
-                    changes: Value::Object(changes),
+                    changes: Value::Object(changes).into(),
                 },
             )?;
             load(tx, &path.id)

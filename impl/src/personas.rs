@@ -240,7 +240,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreatePersona
                     resource_id: &id,
                     project_id: Some(&project_id),
                     summary: format!("created persona \"{name}\""),
-                    changes: shown(&name, &doc),
+                    changes: shown(&name, &doc).into(),
                 },
             )?;
             load(tx, &id)
@@ -305,7 +305,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeletePersonaPath
                     resource_id: &path.id,
                     project_id: Some(&project_id),
                     summary: format!("deleted persona \"{name}\""),
-                    changes: json!({"deleted": true}),
+                    changes: json!({"deleted": true}).into(),
                 },
             )?;
             Ok(types::Deleted { id: path.id, deleted: true })
@@ -446,7 +446,7 @@ pub async fn update(
                         "updated persona \"{name}\" ({})",
                         changes.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
                     ),
-                    changes: Value::Object(changes),
+                    changes: Value::Object(changes).into(),
                 },
             )?;
             load(tx, &path.id)

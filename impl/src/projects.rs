@@ -205,7 +205,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateProject
                     resource_id: &id,
                     project_id: Some(&id),
                     summary: format!("created project \"{}\"", input.name),
-                    changes: input.changes(),
+                    changes: input.changes().into(),
                 },
             )?;
             load(tx, &caller.user_id, &id)
@@ -273,7 +273,7 @@ pub async fn replace(
                     resource_id: &path.id,
                     project_id: Some(&path.id),
                     summary: format!("updated project \"{}\"", input.name),
-                    changes: input.changes(),
+                    changes: input.changes().into(),
                 },
             )?;
             load(tx, &caller.user_id, &path.id)
@@ -314,7 +314,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteProjectPath
                     resource_id: &path.id,
                     project_id: Some(&path.id),
                     summary: format!("deleted project \"{name}\" and everything in it"),
-                    changes: json!({"deleted": true}),
+                    changes: json!({"deleted": true}).into(),
                 },
             )?;
             Ok(types::Deleted { id: path.id, deleted: true })
@@ -422,7 +422,7 @@ pub async fn add_member(
                     resource_id: &user_id,
                     project_id: Some(&path.id),
                     summary: format!("added `{user_id}` as {}", role.as_str()),
-                    changes: json!({"user_id": user_id, "role": role.as_str()}),
+                    changes: json!({"user_id": user_id, "role": role.as_str()}).into(),
                 },
             )?;
             load_member(tx, &path.id, &user_id)
@@ -473,7 +473,7 @@ pub async fn update_member(
                         before.as_str(),
                         role.as_str()
                     ),
-                    changes: json!({"role": {"from": before.as_str(), "to": role.as_str()}}),
+                    changes: json!({"role": {"from": before.as_str(), "to": role.as_str()}}).into(),
                 },
             )?;
             load_member(tx, &path.id, &path.user_id)
@@ -513,7 +513,7 @@ pub async fn remove_member(
                     resource_id: &path.user_id,
                     project_id: Some(&path.id),
                     summary: format!("removed `{}` ({})", path.user_id, before.as_str()),
-                    changes: json!({"role": {"from": before.as_str(), "to": null}}),
+                    changes: json!({"role": {"from": before.as_str(), "to": null}}).into(),
                 },
             )?;
             Ok(types::Deleted { id: path.user_id, deleted: true })

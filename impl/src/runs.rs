@@ -211,7 +211,8 @@ async fn start(
                     project_id: Some(&source.project_id),
                     summary,
                     changes: json!({"batch_run_id": id, "status": status, "runs": n, "credits_needed": worst,
-                                    "metadata": metadata}),
+                                    "metadata": metadata})
+                    .into(),
                 },
             )?;
             let run = load_batch_run(tx, &id)?;
@@ -366,7 +367,7 @@ pub async fn cancel(state: &AppState, caller: Caller, path: p::CancelBatchRunPat
                         after.counts.cancelled - before.counts.cancelled,
                         running.len()
                     ),
-                    changes: json!({"status": {"from": before.status, "to": after.status}}),
+                    changes: json!({"status": {"from": before.status, "to": after.status}}).into(),
                 },
             )?;
             Ok((after, running))

@@ -351,7 +351,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateScenari
                     resource_id: &id,
                     project_id: Some(&project_id),
                     summary: format!("created {} scenario \"{}\"", input.mode, input.name),
-                    changes: Value::Object(changes),
+                    changes: Value::Object(changes).into(),
                 },
             )?;
             load(tx, &id)
@@ -435,7 +435,7 @@ pub async fn replace(
                     resource_id: &path.id,
                     project_id: Some(&project_id),
                     summary: format!("replaced scenario \"{}\" (version {version})", input.name),
-                    changes: Value::Object(changes),
+                    changes: Value::Object(changes).into(),
                 },
             )?;
             load(tx, &path.id)
@@ -481,7 +481,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteScenarioPat
                     resource_id: &path.id,
                     project_id: Some(&project_id),
                     summary: format!("deleted scenario \"{name}\""),
-                    changes: json!({"deleted": true}),
+                    changes: json!({"deleted": true}).into(),
                 },
             )?;
             Ok(types::Deleted { id: path.id, deleted: true })

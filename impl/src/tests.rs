@@ -361,7 +361,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
     };
     let document = encode(&doc)?;
     let served_json = served(&test)?;
-    let changes = Value::Object(shown(&test));
+    let changes = activity::Changes::from(Value::Object(shown(&test)));
     let created_at = ids::format_time(&now);
     state
         .store
@@ -477,7 +477,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteTestPath) -
                     resource_id: &path.id,
                     project_id: Some(&project_id),
                     summary: format!("deleted test \"{name}\""),
-                    changes: json!({"deleted": true}),
+                    changes: json!({"deleted": true}).into(),
                 },
             )?;
             Ok(types::Deleted { id: path.id, deleted: true })
@@ -642,7 +642,7 @@ pub async fn update(
                         after.name,
                         changes.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
                     ),
-                    changes: Value::Object(changes),
+                    changes: Value::Object(changes).into(),
                 },
             )?;
             let test = load(tx, &path.id)?;

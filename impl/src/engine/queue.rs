@@ -397,7 +397,8 @@ fn maybe_complete(tx: &rusqlite::Transaction<'_>, batch_run_id: &str) -> Result<
                 if verdict { "passed" } else { "did not pass" }
             ),
             changes: json!({"status": final_status, "passed": verdict, "credits_charged": charged,
-                            "credits_refunded": unused.max(0)}),
+                            "credits_refunded": unused.max(0)})
+            .into(),
         },
     )?;
     super::webhooks::enqueue(tx, &project_id, &run)?;

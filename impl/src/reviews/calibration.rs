@@ -211,7 +211,7 @@ pub async fn create(
                         "test_result_ids": results,
                         "reviewer_ids": body.reviewer_ids,
                         "sample": body.sample,
-                    }),
+                    }).into(),
                 },
             )?;
             view(tx, &caller.user_id, &id)
@@ -290,7 +290,7 @@ pub async fn close(state: &AppState, caller: Caller, path: p::CloseCalibrationPa
                         resource_id: &path.id,
                         project_id: Some(&project_id),
                         summary: format!("closed a calibration review with {done} of {total} labels given"),
-                        changes: json!({"status": "complete"}),
+                        changes: json!({"status": "complete"}).into(),
                     },
                 )?;
             }

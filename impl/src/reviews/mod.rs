@@ -195,7 +195,8 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateReviewR
                         "notes": notes,
                         "calibration_id": calibration_id,
                         "calibration_completed": completed,
-                    }),
+                    })
+                    .into(),
                 },
             )?;
             load(tx, &id)
@@ -243,7 +244,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteReviewPath)
                     resource_id: &path.id,
                     project_id: Some(&project_id),
                     summary: format!("deleted their review of test result {result_id}"),
-                    changes: json!({"deleted": true, "test_result_id": result_id}),
+                    changes: json!({"deleted": true, "test_result_id": result_id}).into(),
                 },
             )?;
             Ok(types::Deleted { id: path.id, deleted: true })
