@@ -29,8 +29,10 @@
 //! at once, which the runtime's worker count bounds.
 //!
 //! Checkpoints (copying the WAL back into the database file, with an fsync
-//! of it) run on a thread of their own, never in the writer's commit, so a
-//! write never waits behind one.
+//! of it) run passively on a thread of their own, never in the writer's
+//! commit. Only starting the WAL over needs the writer: between two groups,
+//! once that thread has copied nearly everything, so writes wait behind a
+//! few milliseconds of it (see `checkpoints`).
 //!
 //! The schema is the numbered files in `impl/migrations/`, applied in order
 //! on open and recorded in `PRAGMA user_version`.
