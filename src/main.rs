@@ -174,6 +174,17 @@ fn logger(format: LogFormat) -> slog::Logger {
     }
 }
 
+/// mimalloc rather than glibc's allocator: a page of tests (50 served
+/// documents, ~42 KB) allocates and frees strings of a few hundred bytes to
+/// tens of KB on two runtime threads, and glibc spent a tenth of such a
+/// request in `malloc`, `free` and `malloc_consolidate` (`perf record`). A/B
+/// on fresh copies of the benchmark's data: a page of tests 17–20k → 26k
+/// req/s, the 90/10 mix 20–21k → 24k (BENCHMARKS.md). Rust's allocations
+/// only: SQLite keeps the C allocator (replacing that too measured no
+/// better).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Every conversation in flight holds a socket (two for the demo's own
