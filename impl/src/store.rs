@@ -57,6 +57,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0004_reviews", include_str!("../migrations/0004_reviews.sql"), None),
     ("0005_read_paths", include_str!("../migrations/0005_read_paths.sql"), Some(crate::tests::serve_all)),
     ("0006_key_versions", include_str!("../migrations/0006_key_versions.sql"), None),
+    ("0007_test_listing", include_str!("../migrations/0007_test_listing.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
