@@ -277,45 +277,56 @@ fn shown(t: &types::Test) -> Map<String, Value> {
     m
 }
 
+/// The conditions a page of tests can be filtered by, in the order
+/// [`page_sql`] takes them: channel, scenario, tag, and the cursor.
+const PAGE_FILTERS: [&str; 4] = [
+    "t.channel_id = ?",
+    "t.scenario_id = ?",
+    "EXISTS (SELECT 1 FROM json_each(t.document, '$.tags') WHERE value = ?)",
+    "t.id < ?",
+];
+
+/// The SQL of a page of `GET /v1/tests`, newest first. Its parameters: the
+/// project (or, without one, the caller, for the tests of every project they
+/// are in), then the value of each filter given, then the limit.
+///
+/// With a project, its tests come straight from the covering index
+/// `tests_listing` (migration 0007): no sort, no read of the table, and the
+/// page stops at the limit. Only the filters given are in the SQL (one
+/// cached statement per combination), so the planner sees each one: it
+/// cannot use an index for `(? IS NULL OR …)` (see `store` on why plans do
+/// not look at bound values).
+fn page_sql(by_project: bool, given: [bool; 4]) -> String {
+    let mut sql = String::from("SELECT t.id, t.served FROM tests t WHERE ");
+    sql.push_str(if by_project {
+        "t.project_id = ?"
+    } else {
+        "t.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?)"
+    });
+    for (condition, _) in PAGE_FILTERS.iter().zip(given).filter(|(_, given)| *given) {
+        sql.push_str(" AND ");
+        sql.push_str(condition);
+    }
+    sql.push_str(" ORDER BY t.id DESC LIMIT ?");
+    sql
+}
+
 pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) -> Result<Json<types::TestList>> {
     let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {
-            // With a project: that project's tests, newest first, straight
-            // from its index (no sort, and the page stops at the limit).
-            // Without: the tests of every project the caller is in.
-            let mut sql = String::from("SELECT t.id, t.served FROM tests t WHERE ");
             let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
             match &query.project_id {
                 Some(project_id) => {
                     access::require(tx, &caller.user_id, project_id, Need::Read)?;
-                    sql.push_str("t.project_id = ?");
                     args.push(project_id);
                 }
-                None => {
-                    sql.push_str("t.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?)");
-                    args.push(&caller.user_id);
-                }
+                None => args.push(&caller.user_id),
             }
-            // Only the filters given are in the SQL (one cached statement
-            // per combination), so the planner sees each one: it cannot use
-            // an index for `(? IS NULL OR …)` (see `store` on why plans do
-            // not look at bound values).
-            let filters = [
-                ("t.channel_id = ?", &query.channel_id),
-                ("t.scenario_id = ?", &query.scenario_id),
-                ("EXISTS (SELECT 1 FROM json_each(t.document, '$.tags') WHERE value = ?)", &query.tag),
-                ("t.id < ?", &page.after),
-            ];
-            for (condition, value) in filters {
-                if let Some(value) = value {
-                    sql.push_str(" AND ");
-                    sql.push_str(condition);
-                    args.push(value);
-                }
-            }
-            sql.push_str(" ORDER BY t.id DESC LIMIT ?");
+            let filters = [&query.channel_id, &query.scenario_id, &query.tag, &page.after];
+            args.extend(filters.iter().filter_map(|v| v.as_ref().map(|v| v as &dyn rusqlite::ToSql)));
+            let sql = page_sql(query.project_id.is_some(), filters.map(Option::is_some));
             let limit = page.fetch_limit();
             args.push(&limit);
             let rows = tx
@@ -695,6 +706,26 @@ mod unit {
         ]))
         .unwrap();
         assert!(invalid(checked_evaluators(&twice)).starts_with("invalid_name: evaluators[1].name:"));
+    }
+
+    /// A page of a project's tests is read from `tests_listing` alone: no
+    /// lookup into the table per test and no sort (see `page_sql`). A
+    /// column added to the page's SELECT but not to the index, or a filter
+    /// that stops the index from serving the order, would show here.
+    #[test]
+    fn a_project_page_reads_only_the_listing_index() {
+        crate::personas::tests::with_users_of_a_persona(3, |tx| {
+            for (after, search) in [(false, "(project_id=?)"), (true, "(project_id=? AND id<?)")] {
+                let sql = page_sql(true, [false, false, false, after]);
+                let mut explain = tx.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+                let nulls = vec![rusqlite::types::Null; explain.parameter_count()];
+                let plan = explain
+                    .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                assert_eq!(plan, [format!("SEARCH t USING COVERING INDEX tests_listing {search}")], "{sql}");
+            }
+            Ok(())
+        });
     }
 
     #[test]
