@@ -412,8 +412,8 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>) {
 fn keep_page_memory() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        // The default `cache_size` (-2000: about 2 MB), in KiB as SQLite
-        // reads a negative count.
+        // 2 MiB, in KiB as SQLite reads a negative count: at least the
+        // default `cache_size` (-2000), so the bulk covers a whole cache.
         const BULK_KIB: std::ffi::c_int = -2048;
         // SAFETY: `SQLITE_CONFIG_PAGECACHE` takes exactly these three
         // arguments (no buffer of ours: SQLite allocates the bulk per
