@@ -60,7 +60,7 @@ impl Need {
 }
 
 /// The caller's role in a project, if they are a member.
-pub fn role_in(tx: &rusqlite::Transaction<'_>, user_id: &str, project_id: &str) -> Result<Option<Role>> {
+pub fn role_in(tx: &rusqlite::Connection, user_id: &str, project_id: &str) -> Result<Option<Role>> {
     let role: Option<String> = tx
         .prepare_cached("SELECT role FROM project_members WHERE project_id = ?1 AND user_id = ?2")?
         .query_row(params![project_id, user_id], |r| r.get(0))
@@ -70,7 +70,7 @@ pub fn role_in(tx: &rusqlite::Transaction<'_>, user_id: &str, project_id: &str) 
 
 /// The caller's role in `project_id`, if it is at least what `need` needs:
 /// 404 for a non-member (or no such project), 403 for too small a role.
-pub fn require(tx: &rusqlite::Transaction<'_>, user_id: &str, project_id: &str, need: Need) -> Result<Role> {
+pub fn require(tx: &rusqlite::Connection, user_id: &str, project_id: &str, need: Need) -> Result<Role> {
     let role = role_in(tx, user_id, project_id)?.ok_or_else(|| Failure::not_found("project", project_id))?;
     check(role, need)?;
     Ok(role)
@@ -91,7 +91,7 @@ pub fn check(role: Role, need: Need) -> Result<()> {
 /// project and the caller's role there, if `need` is met. A resource in a
 /// project the caller is not in is "not found", as if it did not exist.
 pub fn require_resource(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &rusqlite::Connection,
     user_id: &str,
     table: &'static str,
     what: &str,

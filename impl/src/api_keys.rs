@@ -243,7 +243,7 @@ pub async fn list(
 }
 
 fn read_page(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &rusqlite::Connection,
     user_id: &str,
     page: &PageRequest,
     version: i64,

@@ -124,7 +124,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Batch> {
     })
 }
 
-fn with_tests(tx: &rusqlite::Transaction<'_>, mut batch: types::Batch) -> Result<types::Batch> {
+fn with_tests(tx: &rusqlite::Connection, mut batch: types::Batch) -> Result<types::Batch> {
     batch.test_ids = tx
         .prepare_cached("SELECT test_id FROM batch_tests WHERE batch_id = ?1 ORDER BY position")?
         .query_map(params![batch.id], |r| r.get(0))?
@@ -133,7 +133,7 @@ fn with_tests(tx: &rusqlite::Transaction<'_>, mut batch: types::Batch) -> Result
     Ok(batch)
 }
 
-pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Batch> {
+pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Batch> {
     let batch = tx
         .prepare_cached(&format!("SELECT {COLUMNS} FROM batches b WHERE b.id = ?1"))?
         .query_row(params![id], from_row)

@@ -275,7 +275,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Channel> {
     })
 }
 
-pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Channel> {
+pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Channel> {
     tx.prepare_cached(&format!("SELECT {COLUMNS} FROM channels c WHERE c.id = ?1"))?
         .query_row(params![id], from_row)
         .optional()?

@@ -219,7 +219,7 @@ fn number_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, types::Pho
     ))
 }
 
-fn with_numbers(tx: &rusqlite::Transaction<'_>, mut integration: types::Integration) -> Result<types::Integration> {
+fn with_numbers(tx: &rusqlite::Connection, mut integration: types::Integration) -> Result<types::Integration> {
     integration.phone_numbers = tx
         .prepare_cached(
             "SELECT position, number, label, direction FROM integration_phone_numbers
@@ -231,7 +231,7 @@ fn with_numbers(tx: &rusqlite::Transaction<'_>, mut integration: types::Integrat
     Ok(integration)
 }
 
-pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Integration> {
+pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Integration> {
     let found = tx
         .prepare_cached(&format!("SELECT {COLUMNS} FROM integrations i WHERE i.id = ?1"))?
         .query_row(params![id], from_row)

@@ -163,7 +163,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Persona> {
     })
 }
 
-pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Persona> {
+pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Persona> {
     tx.prepare_cached(&format!("SELECT {COLUMNS} FROM personas t WHERE t.id = ?1"))?
         .query_row(params![id], from_row)
         .optional()?

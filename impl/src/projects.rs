@@ -133,7 +133,7 @@ fn role_of(role: types::ProjectRole) -> Role {
 }
 
 /// The project as `user_id` sees it (their role included).
-fn load(tx: &rusqlite::Transaction<'_>, user_id: &str, project_id: &str) -> Result<types::Project> {
+fn load(tx: &rusqlite::Connection, user_id: &str, project_id: &str) -> Result<types::Project> {
     tx.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM projects p JOIN project_members m ON m.project_id = p.id AND m.user_id = ?2 WHERE p.id = ?1"
     ))?

@@ -593,7 +593,7 @@ pub(crate) fn stored_result(
 
 /// [`stored_result`]'s id and JSON document, not decoded.
 fn stored_document(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &rusqlite::Connection,
     user_id: &str,
     column: &str,
     value: &str,
@@ -620,7 +620,7 @@ fn decode_result(document: &str) -> Result<types::TestResult> {
 /// (encoded from a `TestResult` when the run ended), or, for a result the
 /// caller labels blind (see `reviews::blind`), decoded and hidden.
 fn readable_result(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &rusqlite::Connection,
     user_id: &str,
     column: &str,
     value: &str,

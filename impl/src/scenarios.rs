@@ -269,7 +269,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Scenario> {
     })
 }
 
-pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Scenario> {
+pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Scenario> {
     tx.prepare_cached(&format!("SELECT {COLUMNS} FROM scenarios s WHERE s.id = ?1"))?
         .query_row(params![id], from_row)
         .optional()?

@@ -197,34 +197,36 @@ impl Store {
     pub async fn read<T, E, F>(&self, f: F) -> Result<T, E>
     where
         E: From<StoreError>,
-        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E>,
+        F: FnOnce(&Connection) -> Result<T, E>,
     {
         self.read_blocking(f)
     }
 
     /// [`Store::read`], for callers off the async runtime.
+    ///
+    /// The transaction is begun and ended by statements prepared once per
+    /// connection: rusqlite's `Transaction` parses its `BEGIN` at every
+    /// use, which was 4 % of the instructions of a page of keys (callgrind,
+    /// BENCHMARKS.md). So `f` gets the connection, inside the transaction.
     pub fn read_blocking<T, E, F>(&self, f: F) -> Result<T, E>
     where
         E: From<StoreError>,
-        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E>,
+        F: FnOnce(&Connection) -> Result<T, E>,
     {
         let pooled = self.inner.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let mut conn = match pooled {
+        let conn = match pooled {
             Some(c) => c,
             None => open_reader(&self.inner.path)?,
         };
-        let result = (|| {
-            let mut tx = conn.transaction_with_behavior(TransactionBehavior::Deferred).map_err(StoreError::from)?;
-            let value = f(&tx)?;
-            // Ends the read with a prepared `COMMIT` (rusqlite's own parses
-            // its SQL every time); if that fails, dropping `tx` rolls back.
-            if tx.prepare_cached("COMMIT").and_then(|mut end| end.execute([])).is_ok() {
-                tx.set_drop_behavior(rusqlite::DropBehavior::Ignore);
-            }
-            Ok(value)
-        })();
-        self.inner.readers.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
-        result
+        let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([])).map(drop);
+        run("BEGIN DEFERRED").map_err(StoreError::from)?;
+        let value = f(&conn);
+        // A read changes nothing; `COMMIT` only ends it. Should neither end
+        // it, the connection is dropped rather than pooled: closing it does.
+        if run("COMMIT").is_ok() || run("ROLLBACK").is_ok() {
+            self.inner.readers.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
+        }
+        value
     }
 }
 
@@ -565,6 +567,32 @@ mod tests {
         // The WAL went past the threshold, then began again from its start,
         // while nothing but writes happened.
         assert!(most > RESTART_FRAMES);
+    }
+
+    /// A read is one snapshot: a write committed while it runs is not
+    /// seen by its later statements, and the next read sees it. The
+    /// connection is pooled again once the read has ended, and used next.
+    #[test]
+    fn a_read_sees_one_snapshot_and_the_next_read_sees_what_came_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db.sqlite")).unwrap();
+        let add = |id: &str| {
+            let sql = format!("INSERT INTO users (id, name, created_at) VALUES ('{id}', 'a', 'now')");
+            store.write_blocking::<_, StoreError, _>(|tx| Ok(tx.execute(&sql, []).map(drop)?)).unwrap();
+        };
+        let count = |c: &Connection| c.query_row("SELECT count(*) FROM users", [], |r| r.get::<_, i64>(0));
+        add("usr_1");
+        let (before, after) = store
+            .read_blocking::<_, StoreError, _>(|c| {
+                let before = count(c)?;
+                add("usr_2");
+                Ok((before, count(c)?))
+            })
+            .unwrap();
+        assert_eq!((before, after), (1, 1));
+        assert_eq!(store.inner.readers.lock().unwrap().len(), 1);
+        assert_eq!(store.read_blocking::<_, StoreError, _>(|c| Ok(count(c)?)).unwrap(), 2);
+        assert_eq!(store.inner.readers.lock().unwrap().len(), 1);
     }
 
     #[tokio::test]

@@ -255,7 +255,7 @@ pub(crate) fn serve_all(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> 
     Ok(())
 }
 
-pub(crate) fn load(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<types::Test> {
+pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Test> {
     tx.prepare_cached(&format!("SELECT {COLUMNS} FROM tests t WHERE t.id = ?1"))?
         .query_row(params![id], from_row)
         .optional()?

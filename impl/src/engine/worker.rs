@@ -219,7 +219,7 @@ struct Loaded {
 /// Why a run could not start, in words for its `error`.
 struct Unrunnable(String);
 
-fn load(state: &AppState, tx: &rusqlite::Transaction<'_>, run: &Claimed) -> Result<Result<Loaded, Unrunnable>> {
+fn load(state: &AppState, tx: &rusqlite::Connection, run: &Claimed) -> Result<Result<Loaded, Unrunnable>> {
     let test = match crate::tests::load(tx, &run.test_id) {
         Ok(t) => t,
         Err(Failure::NotFound(_)) => return Ok(Err(Unrunnable("the test was deleted before the run started".into()))),

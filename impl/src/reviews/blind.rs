@@ -37,7 +37,7 @@ pub fn blind_results(user: &str) -> String {
 }
 
 /// The open calibration in which `user_id` labels `result_id` blind, if any.
-pub fn blinding_calibration(tx: &rusqlite::Transaction<'_>, user_id: &str, result_id: &str) -> Result<Option<String>> {
+pub fn blinding_calibration(tx: &rusqlite::Connection, user_id: &str, result_id: &str) -> Result<Option<String>> {
     Ok(tx
         .prepare_cached(&format!(
             "SELECT calibration_id FROM ({}) WHERE test_result_id = ?1 LIMIT 1",
@@ -49,7 +49,7 @@ pub fn blinding_calibration(tx: &rusqlite::Transaction<'_>, user_id: &str, resul
 
 /// Every result `user_id` labels blind right now, with its calibration: one
 /// query for a whole page of a list (empty for almost everyone).
-pub fn blind_map(tx: &rusqlite::Transaction<'_>, user_id: &str) -> Result<HashMap<String, String>> {
+pub fn blind_map(tx: &rusqlite::Connection, user_id: &str) -> Result<HashMap<String, String>> {
     Ok(tx
         .prepare_cached(&blind_pairs("?1"))?
         .query_map(params![user_id], |r| Ok((r.get(0)?, r.get(1)?)))?

@@ -358,7 +358,7 @@ fn hidden_metrics(reason: &str) -> types::CalibrationMetrics {
 }
 
 /// The calibration `id` as `user_id` may see it.
-pub(crate) fn view(tx: &rusqlite::Transaction<'_>, user_id: &str, id: &str) -> Result<types::Calibration> {
+pub(crate) fn view(tx: &rusqlite::Connection, user_id: &str, id: &str) -> Result<types::Calibration> {
     type Row = (String, String, Option<String>, String, Option<String>);
     let (project_id, status, sample, created_at, closed_at): Row = tx
         .prepare_cached("SELECT project_id, status, sample, created_at, closed_at FROM calibrations WHERE id = ?1")?
@@ -424,7 +424,7 @@ type Measured =
 
 /// The metrics of the labels so far: overall, then per evaluator in the
 /// order the results name them.
-fn measure(tx: &rusqlite::Transaction<'_>, result_ids: &[String], labels: &[Label]) -> Result<Measured> {
+fn measure(tx: &rusqlite::Connection, result_ids: &[String], labels: &[Label]) -> Result<Measured> {
     let mut by_result: HashMap<&str, Vec<&Label>> = HashMap::new();
     for label in labels {
         by_result.entry(label.result_id.as_str()).or_default().push(label);
