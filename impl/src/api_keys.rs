@@ -283,11 +283,11 @@ impl KeyPage {
     /// stored and its pending last use.
     fn write(&self, pending: &PendingUses<'_>) -> String {
         let size = self.keys.iter().map(|k| k.json.len() + 40).sum();
-        let write_key = |out: &mut String, key: &WrittenKey| {
+        let write_key = |out: &mut String, (key, pending): (&WrittenKey, Option<DateTime<Utc>>)| {
             out.push_str(&key.json[..key.split]);
             // Stored times all have `ids::format_time`'s fixed width, so
             // the later of two is the greater string.
-            let pending = pending.get(&key.id).map(|t| ids::format_time(&t));
+            let pending = pending.map(|t| ids::format_time(&t));
             match (key.last_used.as_deref(), pending.as_deref()) {
                 (Some(a), Some(b)) => written::push_time(out, a.max(b)),
                 (Some(t), None) | (None, Some(t)) => written::push_time(out, t),
@@ -295,7 +295,8 @@ impl KeyPage {
             }
             out.push_str(&key.json[key.split..]);
         };
-        written::page_with("keys", &self.keys, size, write_key, self.next_cursor.as_deref())
+        let pending = pending.of(&self.keys, |k| &k.id);
+        written::page_with("keys", self.keys.iter().zip(pending), size, write_key, self.next_cursor.as_deref())
     }
 }
 
