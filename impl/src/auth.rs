@@ -154,11 +154,7 @@ pub struct PendingUses<'a> {
 impl PendingUses<'_> {
     /// The newest use of `key_id` not yet written.
     pub fn get(&self, key_id: &str) -> Option<DateTime<Utc>> {
-        let micros = self.pending.get(key_id)?.load(Ordering::Relaxed);
-        if micros == 0 {
-            return None;
-        }
-        DateTime::from_timestamp_micros(micros)
+        self.pending.get(key_id).and_then(pending_time)
     }
 
     /// The newest use not yet written of each item's key (`id`), in the
@@ -168,19 +164,24 @@ impl PendingUses<'_> {
     /// instead of hashing every key of the page (25 hashed lookups were 5 %
     /// of the instructions of a page of keys, callgrind, BENCHMARKS.md).
     pub fn of<T>(&self, items: &[T], id: impl Fn(&T) -> &str) -> Vec<Option<DateTime<Utc>>> {
-        let mut micros = vec![0; items.len()];
-        if self.pending.len() < items.len() {
-            for (key_id, t) in self.pending.iter() {
-                if let Some(i) = items.iter().position(|item| id(item) == key_id) {
-                    micros[i] = t.load(Ordering::Relaxed);
-                }
-            }
-        } else {
-            for (m, item) in micros.iter_mut().zip(items) {
-                *m = self.pending.get(id(item)).map_or(0, |t| t.load(Ordering::Relaxed));
+        if self.pending.len() >= items.len() {
+            return items.iter().map(|item| self.get(id(item))).collect();
+        }
+        let mut times = vec![None; items.len()];
+        for (key_id, t) in self.pending.iter() {
+            if let Some(i) = items.iter().position(|item| id(item) == key_id) {
+                times[i] = pending_time(t);
             }
         }
-        micros.into_iter().map(|m| if m == 0 { None } else { DateTime::from_timestamp_micros(m) }).collect()
+        times
+    }
+}
+
+/// A pending use's time; none once it is written (0).
+fn pending_time(micros: &AtomicI64) -> Option<DateTime<Utc>> {
+    match micros.load(Ordering::Relaxed) {
+        0 => None,
+        m => DateTime::from_timestamp_micros(m),
     }
 }
 

@@ -218,7 +218,7 @@ impl Store {
             Some(c) => c,
             None => open_reader(&self.inner.path)?,
         };
-        let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([])).map(drop);
+        let run = |sql: &str| execute_cached(&conn, sql);
         run("BEGIN DEFERRED").map_err(StoreError::from)?;
         let value = f(&conn);
         // A read changes nothing; `COMMIT` only ends it. Should neither end
@@ -364,8 +364,7 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>) {
         };
         let mut ran: Vec<Ran> = Vec::new();
         let mut lost: Option<String> = None;
-        // Prepared once per connection, not parsed at every write.
-        let run = |sql: &str| tx.prepare_cached(sql).and_then(|mut s| s.execute([])).map(drop);
+        let run = |sql: &str| execute_cached(&tx, sql);
         for job in jobs.by_ref() {
             if let Err(e) = run("SAVEPOINT job") {
                 let e = e.to_string();
@@ -399,6 +398,13 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>) {
             (r.answer)(commit.as_ref().map(|_| ()).map_err(String::as_str));
         }
     }
+}
+
+/// Runs a statement that takes no parameters and returns no rows (`BEGIN`,
+/// `COMMIT`, savepoints), prepared once per connection rather than parsed
+/// at every use as `execute_batch` does.
+fn execute_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql).and_then(|mut s| s.execute([])).map(drop)
 }
 
 /// Lets every connection keep the memory of its page cache when SQLite
