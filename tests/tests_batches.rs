@@ -179,6 +179,60 @@ async fn roles_decide_who_reads_and_changes_tests() {
     s.expect(Method::PATCH, &path, &t.owner, Some(json!({"name": "x"})), 404).await;
 }
 
+/// `GET /v1/tests/{id}` answers from memory once a test was read (see
+/// `test_cache`): every change that bears on the answer is seen by the very
+/// next request, whoever read the test before.
+#[tokio::test]
+async fn a_test_read_before_a_change_is_read_after_it_as_changed() {
+    let s = TestServer::start().await;
+    let t = s.team("read after change").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let tst = id(&create(&s, "/v1/tests", &t.owner, x.test("checkout")).await);
+    let path = format!("/v1/tests/{tst}");
+    let members = format!("/v1/projects/{}/members", t.project_id);
+    let listed = s.expect(Method::GET, &members, &t.owner, None, 200).await;
+    let user_id = |role: &str| {
+        listed["members"].as_array().unwrap().iter().find(|m| m["role"] == role).unwrap()["user_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (viewer_id, editor_id) = (user_id("viewer"), user_id("editor"));
+
+    // Read twice by each: what the members read is not the outsider's.
+    for (role, key) in t.all() {
+        let status = if role == "outsider" { 404 } else { 200 };
+        for _ in 0..2 {
+            s.expect(Method::GET, &path, key, None, status).await;
+        }
+    }
+    // Renamed, its personas replaced (rows of a table of their own).
+    let patch = json!({"name": "checkout v2", "persona_ids": [x.personas[1]]});
+    s.expect(Method::PATCH, &path, &t.editor, Some(patch), 200).await;
+    let got = s.expect(Method::GET, &path, &t.viewer, None, 200).await;
+    assert_eq!((&got["name"], &got["persona_ids"]), (&json!("checkout v2"), &json!([x.personas[1]])));
+    // A member removed reads nothing at once; added back, reads again.
+    s.expect(Method::DELETE, &format!("{members}/{viewer_id}"), &t.owner, None, 200).await;
+    s.expect(Method::GET, &path, &t.viewer, None, 404).await;
+    s.expect(Method::GET, &path, &t.owner, None, 200).await;
+    s.expect(Method::POST, &members, &t.owner, Some(json!({"user_id": viewer_id, "role": "viewer"})), 200).await;
+    s.expect(Method::GET, &path, &t.viewer, None, 200).await;
+    // A member whose role changed keeps reading (every role reads).
+    s.expect(Method::PATCH, &format!("{members}/{editor_id}"), &t.owner, Some(json!({"role": "viewer"})), 200).await;
+    assert_eq!(s.expect(Method::GET, &path, &t.editor, None, 200).await["name"], "checkout v2");
+    // A test made after the reads is read too; deleted, it is gone.
+    let other = format!("/v1/tests/{}", id(&create(&s, "/v1/tests", &t.owner, x.test("refund")).await));
+    assert_eq!(s.expect(Method::GET, &other, &t.viewer, None, 200).await["name"], "refund");
+    s.expect(Method::DELETE, &other, &t.owner, None, 200).await;
+    s.expect(Method::GET, &other, &t.viewer, None, 404).await;
+    // The project deleted: its tests are gone for everyone.
+    s.expect(Method::GET, &path, &t.owner, None, 200).await;
+    s.expect(Method::DELETE, &format!("/v1/projects/{}", t.project_id), &t.owner, None, 200).await;
+    for (_, key) in t.all() {
+        s.expect(Method::GET, &path, key, None, 404).await;
+    }
+}
+
 #[tokio::test]
 async fn roles_decide_who_reads_and_changes_batches() {
     let s = TestServer::start().await;

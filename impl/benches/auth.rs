@@ -155,6 +155,7 @@ async fn fixture() -> Fixture {
     let jwks = dir.path().join("jwks.json");
     write_jwks(&jwks);
     let state = AppState {
+        test_cache: sparring_impl::test_cache::TestCache::watching(&store),
         store,
         secrets: Secrets::load_or_create(&dir.path().join(sparring_impl::secrets::KEY_FILE))
             .expect("creating the secret key"),

@@ -39,6 +39,7 @@ pub mod runs;
 pub mod scenarios;
 pub mod secrets;
 pub mod store;
+pub mod test_cache;
 pub mod tests;
 pub mod users;
 pub mod validate;
@@ -94,6 +95,10 @@ pub struct AppState {
     pub keys: key_cache::KeyCache,
     /// First pages of keys, while current (see `api_keys::list`).
     pub key_pages: api_keys::KeyPages,
+    /// Tests and members' roles, for `GET /v1/tests/{id}` (see
+    /// `test_cache`); made with [`test_cache::TestCache::watching`] on
+    /// `store`.
+    pub test_cache: Arc<test_cache::TestCache>,
     /// (issuer, subject) → user id, for users already signed in. Public
     /// only so that `benches/auth.rs` can build an `AppState` without a
     /// server; nothing outside `auth` reads or writes it.
@@ -201,8 +206,10 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     store.write(move |tx| credits::set_starting_credits(tx, starting_credits).map_err(store::StoreError::from)).await?;
     let first_start_key = users::bootstrap_admin(&store).await?.map(RawKey::expose);
     let oidc = Oidc::new(config.oidc.clone(), &log).await?;
+    let test_cache = test_cache::TestCache::watching(&store);
     let state = Arc::new(AppState {
         store,
+        test_cache,
         secrets,
         oidc,
         last_used: LastUsed::default(),

@@ -43,6 +43,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
+pub use rusqlite::hooks::Action;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 /// The migrations, in order. Append only: a released file never changes.
@@ -85,6 +86,9 @@ struct Inner {
     /// To the writer thread; it stops when the last `Store` is dropped.
     jobs: mpsc::Sender<Job>,
     readers: Mutex<Vec<Connection>>,
+    /// Caches kept in front of the store (see [`Store::watch`]); the
+    /// writer's update hook marks them.
+    watches: Arc<Watches>,
 }
 
 /// A write waiting for the writer thread: runs in a savepoint of the
@@ -120,6 +124,11 @@ impl Store {
         // After a burst of writes, the WAL file shrinks back to this.
         writer.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
         migrate(&mut writer, path)?;
+        let watches = Arc::new(Watches::default());
+        {
+            let watches = watches.clone();
+            writer.update_hook(Some(move |action, _: &str, table: &str, _| watches.saw(table, action)))?;
+        }
         let writer = Arc::new(Mutex::new(writer));
         let (jobs, queue) = mpsc::channel();
         let (wrote, written) = mpsc::sync_channel(1);
@@ -129,15 +138,39 @@ impl Store {
         {
             let writer = writer.clone();
             let restart = restart.clone();
+            let watches = watches.clone();
             thread("sparring-writer")
-                .spawn(move || write_groups(&writer, &queue, &wrote, &restart))
+                .spawn(move || write_groups(&writer, &queue, &wrote, &restart, &watches))
                 .map_err(started)?;
         }
         {
             let path = path.to_path_buf();
             thread("sparring-checkpoint").spawn(move || checkpoints(&path, &written, &restart)).map_err(started)?;
         }
-        Ok(Store { inner: Arc::new(Inner { path: path.to_path_buf(), writer, jobs, readers: Mutex::new(Vec::new()) }) })
+        Ok(Store {
+            inner: Arc::new(Inner { path: path.to_path_buf(), writer, jobs, readers: Mutex::new(Vec::new()), watches }),
+        })
+    }
+
+    /// Keeps a cache in front of the store correct: `stale` runs after
+    /// every transaction that changed a row of one of `on`'s tables in one
+    /// of the ways listed (triggers and cascades included: SQLite's update
+    /// hook sees them), and before any write of it is answered, so a
+    /// caller that saw its write acknowledged never reads the cache from
+    /// before it. Also after a transaction that failed or rolled such a
+    /// change back (harmless: the cache is only emptied).
+    ///
+    /// Only writes through this store are seen, and only to rowid tables
+    /// (the hook is not called for `WITHOUT ROWID` ones), nor rows an
+    /// `INSERT OR REPLACE` deletes: a cache may depend only on what the
+    /// server alone writes, the way it writes it. `sparring admin
+    /// create-key`, run beside a server, writes `users` and `api_keys`.
+    pub fn watch(&self, on: &'static [(&'static str, &'static [Action])], stale: impl Fn() + Send + Sync + 'static) {
+        self.inner.watches.list.write().unwrap_or_else(|p| p.into_inner()).push(Watch {
+            on,
+            changed: AtomicBool::new(false),
+            stale: Box::new(stale),
+        });
     }
 
     pub fn path(&self) -> &Path {
@@ -187,9 +220,9 @@ impl Store {
         // is still usable (the transaction rolled back on drop).
         let mut conn = self.inner.writer.lock().unwrap_or_else(|p| p.into_inner());
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(StoreError::from)?;
-        let value = f(&tx)?;
-        tx.commit().map_err(StoreError::from)?;
-        Ok(value)
+        let value = f(&tx).and_then(|v| tx.commit().map(|()| v).map_err(|e| E::from(StoreError::from(e))));
+        self.inner.watches.ended();
+        value
     }
 
     /// Runs `f` on a reader connection, in a read transaction (a
@@ -238,6 +271,7 @@ fn write_groups(
     queue: &mpsc::Receiver<Job>,
     wrote: &mpsc::SyncSender<()>,
     restart: &AtomicBool,
+    watches: &Watches,
 ) {
     while let Ok(first) = queue.recv() {
         let mut group = vec![first];
@@ -248,7 +282,7 @@ fn write_groups(
             }
         }
         let mut conn = writer.lock().unwrap_or_else(|p| p.into_inner());
-        commit_group(&mut conn, group);
+        commit_group(&mut conn, group, watches);
         // Between groups the writer holds no lock: the one moment a
         // checkpoint can copy every frame and start the WAL over (see
         // `checkpoints`). Writes queue meanwhile and form the next group.
@@ -349,7 +383,7 @@ fn passive(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
 /// answers them. If SQLite loses the transaction halfway (it rolls back the
 /// whole transaction on an I/O error or a full disk), the jobs run so far
 /// fail and the rest go on in a new transaction.
-fn commit_group(conn: &mut Connection, group: Vec<Job>) {
+fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
     let mut jobs = group.into_iter().peekable();
     while jobs.peek().is_some() {
         let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
@@ -394,8 +428,47 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>) {
             }
             None => tx.commit().map_err(|e| e.to_string()),
         };
+        watches.ended();
         for r in ran {
             (r.answer)(commit.as_ref().map(|_| ()).map_err(String::as_str));
+        }
+    }
+}
+
+/// The caches watching the store's writes (see [`Store::watch`]).
+#[derive(Default)]
+struct Watches {
+    list: std::sync::RwLock<Vec<Watch>>,
+}
+
+struct Watch {
+    on: &'static [(&'static str, &'static [Action])],
+    /// Set by the update hook during a transaction, taken when it ends.
+    changed: AtomicBool,
+    stale: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Watches {
+    fn list(&self) -> std::sync::RwLockReadGuard<'_, Vec<Watch>> {
+        self.list.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From the writer's update hook: a row of `table` was changed.
+    fn saw(&self, table: &str, action: Action) {
+        for w in self.list().iter() {
+            if w.on.iter().any(|(t, actions)| *t == table && actions.contains(&action)) {
+                w.changed.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A transaction of the writer ended (committed, failed or rolled
+    /// back), before any of its writes is answered.
+    fn ended(&self) {
+        for w in self.list().iter() {
+            if w.changed.swap(false, Ordering::Relaxed) {
+                (w.stale)();
+            }
         }
     }
 }
@@ -710,5 +783,61 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    /// A watch is told of the changes it names, by either kind of write,
+    /// cascades included, before the write is answered; not of others.
+    #[tokio::test]
+    async fn a_watch_sees_the_changes_it_names_before_the_write_is_answered() {
+        use std::sync::atomic::AtomicUsize;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db.sqlite")).unwrap();
+        store
+            .write_blocking::<_, StoreError, _>(|tx| {
+                tx.execute_batch(
+                    "CREATE TABLE parent (id TEXT PRIMARY KEY);
+                     CREATE TABLE child (id TEXT PRIMARY KEY, parent TEXT REFERENCES parent (id) ON DELETE CASCADE);",
+                )?;
+                Ok(())
+            })
+            .unwrap();
+        let told = Arc::new(AtomicUsize::new(0));
+        {
+            let told = told.clone();
+            store.watch(&[("child", &[Action::SQLITE_UPDATE, Action::SQLITE_DELETE])], move || {
+                told.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        let write = |sql: &'static str| {
+            let store = store.clone();
+            async move { store.write(move |tx| tx.execute_batch(sql).map_err(StoreError::from)).await.unwrap() }
+        };
+        let told = || told.load(Ordering::SeqCst);
+        // Inserts are not watched; another table's update is not either.
+        write("INSERT INTO parent VALUES ('p'); INSERT INTO child VALUES ('c1', 'p'), ('c2', 'p');").await;
+        write("UPDATE parent SET id = id").await;
+        assert_eq!(told(), 0);
+        // Once per transaction, however many rows changed.
+        write("UPDATE child SET id = id").await;
+        assert_eq!(told(), 1);
+        store
+            .write_blocking(|tx| tx.execute_batch("UPDATE child SET id = id WHERE id = 'c1'").map_err(StoreError::from))
+            .unwrap();
+        assert_eq!(told(), 2);
+        // Rows deleted by a cascade from another table.
+        write("DELETE FROM parent").await;
+        assert_eq!(told(), 3);
+        // A write that failed and was rolled back still tells (harmless).
+        let failed: Result<(), StoreError> = store
+            .write(|tx| {
+                tx.execute_batch("INSERT INTO parent VALUES ('q'); INSERT INTO child VALUES ('c3', 'q');")?;
+                tx.execute_batch("DELETE FROM child")?;
+                Err(StoreError::Task("refused".into()))
+            })
+            .await;
+        assert!(failed.is_err());
+        assert_eq!(told(), 4);
+        write("INSERT INTO parent VALUES ('r')").await;
+        assert_eq!(told(), 4);
     }
 }

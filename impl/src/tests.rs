@@ -21,6 +21,7 @@
 //! Deleting a test a batch still includes is a 409 `in_use`.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use chrono::SubsecRound as _;
 
@@ -419,6 +420,12 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
 }
 
 pub async fn get(state: &AppState, caller: Caller, path: p::GetTestPath) -> Result<Json<types::Test>> {
+    if let Some(found) = state.test_cache.get(&path.id, &caller.user_id) {
+        access::check(found.role, Need::Read)?;
+        return Ok(Json::written(found.served.to_string()));
+    }
+    let cache = state.test_cache.clone();
+    let generation = cache.generation();
     state
         .store
         .read(move |tx| {
@@ -426,25 +433,23 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetTestPath) -> Resu
             // (what `access::require_resource` and `load` do in two).
             let found = tx
                 .prepare_cached(
-                    "SELECT t.served, m.role FROM tests t
+                    "SELECT t.served, t.project_id, m.role FROM tests t
                      LEFT JOIN project_members m ON m.project_id = t.project_id AND m.user_id = ?2
                      WHERE t.id = ?1",
                 )?
                 .query_row(params![path.id, caller.user_id], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))
                 })
                 .optional()?;
             // Outsiders get the same 404 as for a test that does not exist.
-            match found {
-                Some((test, Some(role))) => {
-                    access::check(
-                        access::Role::parse(&role).ok_or_else(|| Failure::not_found("test", &path.id))?,
-                        Need::Read,
-                    )?;
-                    Ok(Json::written(test))
-                }
-                _ => Err(Failure::not_found("test", &path.id)),
-            }
+            let Some((test, project_id, Some(role))) = found else {
+                return Err(Failure::not_found("test", &path.id));
+            };
+            let role = access::Role::parse(&role).ok_or_else(|| Failure::not_found("test", &path.id))?;
+            let served: Arc<str> = test.into();
+            cache.keep(generation, &path.id, &project_id, served.clone(), &caller.user_id, role);
+            access::check(role, Need::Read)?;
+            Ok(Json::written(served.to_string()))
         })
         .await
 }
