@@ -10,10 +10,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use slog::Drain as _;
-use sparring_impl::api_keys::ApiKeyLabel;
 use sparring_impl::oidc::IssuerConfig;
 
 #[derive(Parser)]
@@ -281,14 +279,7 @@ async fn shutdown_signal() {
 async fn admin(command: AdminCommand) -> anyhow::Result<()> {
     match command {
         AdminCommand::CreateKey { data_dir, user, label } => {
-            let label = ApiKeyLabel::parse(&label)?;
-            if !user.contains('@') {
-                anyhow::bail!("--user must be an email address");
-            }
-            let store = sparring_impl::open_store(&data_dir)?;
-            let raw =
-                sparring_impl::users::create_key_for_email(&store, user, label).await.context("creating the key")?;
-            println!("{}", raw.expose());
+            println!("{}", sparring_impl::admin::create_key(&data_dir, user, label).await?);
             Ok(())
         }
         AdminCommand::GrantCredits { data_dir, user, amount, description } => {

@@ -248,8 +248,8 @@ async fn a_listing_shows_every_change_at_once() {
     assert_eq!(keys.len(), 2);
     assert_eq!((keys[0].id.as_str(), keys[0].label.as_str()), (made.id.as_str(), "second"));
 
-    // Made by another connection to the database, as `sparring admin
-    // create-key` does from its own process.
+    // Made as `sparring admin create-key` makes it from its own process:
+    // through the server's admin socket, so the kept page is emptied.
     let outside = s.key_for_user("lists@example.com").await;
     let keys = listed(client.clone()).await;
     assert_eq!(keys.len(), 3, "{keys:?}");

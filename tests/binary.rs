@@ -101,6 +101,59 @@ async fn admin_create_key_prints_the_key_alone() {
     assert!(!server.proc.stdout().contains("spk_"), "{}", server.proc.stdout());
 }
 
+/// Beside a running server, `sparring admin create-key` makes the key
+/// through it (its admin socket): the key works, and a listing the server
+/// kept shows it at once. With the server gone, it writes directly again.
+#[tokio::test]
+async fn admin_create_key_beside_a_running_server_goes_through_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let args = ["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "first"];
+    let (status, stdout, stderr) = run(&args);
+    assert!(status.success(), "{status}: {stderr}");
+    let first = stdout.trim().to_string();
+
+    let mut server = serve(dir.path());
+    let socket = dir.path().join(sparring_impl::admin::SOCKET_FILE);
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    let client = http();
+    let listed = |key: String| {
+        let (client, url) = (client.clone(), server.url("/v1/api-keys"));
+        async move {
+            let resp = client.get(url).header("x-api-key", key).send().await.unwrap();
+            assert_eq!(resp.status().as_u16(), 200);
+            let list: Value = resp.json().await.unwrap();
+            list["keys"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| k["label"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(listed(first.clone()).await, ["first"]);
+    let args = ["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "second"];
+    let (status, stdout, stderr) = run(&args);
+    assert!(status.success(), "{status}: {stderr}");
+    let second = stdout.trim().to_string();
+    assert!(is_key(&second), "{stdout:?}");
+    assert_eq!(listed(first.clone()).await, ["second", "first"]);
+    assert_eq!(listed(second).await, ["second", "first"]);
+    // A bad request is refused by the command, naming what is wrong.
+    let (status, _, stderr) =
+        run(&["admin", "create-key", "--data-dir", data_dir, "--user", "not-an-email", "--label", "x"]);
+    assert!(!status.success() && stderr.contains("email"), "{stderr}");
+
+    assert!(server.proc.terminate().success());
+    assert!(!socket.exists(), "the socket outlived the server");
+    let args = ["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "third"];
+    let (status, _, stderr) = run(&args);
+    assert!(status.success(), "{status}: {stderr}");
+}
+
 #[tokio::test]
 async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
     let dir = tempfile::tempdir().unwrap();

@@ -156,13 +156,13 @@ async fn fixture() -> Fixture {
     write_jwks(&jwks);
     let state = AppState {
         test_cache: sparring_impl::test_cache::TestCache::watching(&store),
+        key_pages: sparring_impl::api_keys::KeyPages::watching(&store),
         store,
         secrets: Secrets::load_or_create(&dir.path().join(sparring_impl::secrets::KEY_FILE))
             .expect("creating the secret key"),
         oidc: fresh_oidc(&jwks).await,
         last_used: LastUsed::default(),
         keys: KeyCache::default(),
-        key_pages: sparring_impl::api_keys::KeyPages::default(),
         oidc_users: Mutex::new(HashMap::new()),
         engine: Arc::new(Engine::new(EngineConfig::default())),
         log: log(),

@@ -18,7 +18,7 @@ use crate::activity::{self, Record};
 use crate::auth::{Actor, LastUsed, PendingUses};
 use crate::key_cache::KeyCache;
 use crate::pagination::PageRequest;
-use crate::store::{Store, StoreError};
+use crate::store::{Action, Store, StoreError};
 use crate::{ids, written};
 
 pub const MAX_ACTIVE_KEYS: i64 = 25;
@@ -209,10 +209,11 @@ pub async fn create(
 /// as JSON (see `written`; listing keys is what dashboards poll).
 /// `last_used` has each key's newest use not yet stored.
 ///
-/// The first page is kept in `pages` and answered from there while the
-/// user's key version (`api_key_versions`, one indexed read in the same
-/// snapshot) has not moved: reading and writing 25 keys was three quarters
-/// of the request, the version is a fraction of that.
+/// The first page is kept in `pages` and answered from there, with no
+/// database read, until a change to any API key empties `pages` (see
+/// [`KeyPages`]): reading and writing 25 keys was three quarters of the
+/// request, and the read transaction that checked a kept page was still
+/// current a quarter of what remained.
 pub async fn list(
     store: &Store,
     pages: &KeyPages,
@@ -220,34 +221,24 @@ pub async fn list(
     page: PageRequest,
     last_used: &LastUsed,
 ) -> Result<String, ApiKeyError> {
+    if page.after.is_none() {
+        if let Some(kept) = pages.get(&user_id).filter(|p| p.limit == page.limit) {
+            return Ok(kept.write(&last_used.reader()));
+        }
+    }
+    let generation = pages.generation();
     store
         .read(move |tx| {
+            let read = read_page(tx, &user_id, &page)?;
             if page.after.is_some() {
-                return Ok(read_page(tx, &user_id, &page, 0)?.write(&last_used.reader()));
+                return Ok(read.write(&last_used.reader()));
             }
-            let version: i64 = tx
-                .prepare_cached("SELECT version FROM api_key_versions WHERE user_id = ?1")?
-                .query_row(params![user_id], |r| r.get(0))
-                .optional()?
-                .unwrap_or(0);
-            let kept = match pages.get(&user_id).filter(|p| p.version == version && p.limit == page.limit) {
-                Some(kept) => kept,
-                None => {
-                    let read = read_page(tx, &user_id, &page, version)?;
-                    pages.keep(user_id, read)
-                }
-            };
-            Ok(kept.write(&last_used.reader()))
+            Ok(pages.keep(generation, user_id, read).write(&last_used.reader()))
         })
         .await
 }
 
-fn read_page(
-    tx: &rusqlite::Connection,
-    user_id: &str,
-    page: &PageRequest,
-    version: i64,
-) -> Result<KeyPage, ApiKeyError> {
+fn read_page(tx: &rusqlite::Connection, user_id: &str, page: &PageRequest) -> Result<KeyPage, ApiKeyError> {
     let mut stmt = tx.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM api_keys WHERE user_id = ?1 AND (?2 IS NULL OR id < ?2) ORDER BY id DESC LIMIT ?3"
     ))?;
@@ -255,15 +246,13 @@ fn read_page(
         .query_map(params![user_id, page.after, page.fetch_limit()], written_key)?
         .collect::<Result<Vec<_>, _>>()?;
     let read = page.finish(rows, |k| k.id.clone());
-    Ok(KeyPage { version, limit: page.limit, keys: read.items, next_cursor: read.next_cursor })
+    Ok(KeyPage { limit: page.limit, keys: read.items, next_cursor: read.next_cursor })
 }
 
 /// A page of keys as read from the database: each key's JSON is written
 /// but for `last_used_at`, which moves with every use and is filled in by
 /// [`KeyPage::write`].
 pub struct KeyPage {
-    /// The user's `api_key_versions.version` when it was read.
-    version: i64,
     limit: usize,
     keys: Vec<WrittenKey>,
     next_cursor: Option<String>,
@@ -305,26 +294,66 @@ impl KeyPage {
 /// included) would stay under 64 MB.
 const MAX_KEPT_PAGES: usize = 1024;
 
-/// The first page of keys of the users who listed theirs lately, each with
-/// the version it was read at (see [`list`]).
+/// The first page of keys of the users who listed theirs lately (see
+/// [`list`]).
+///
+/// Emptied by the store after every transaction that inserts, updates or
+/// deletes a row of `api_keys` (`Store::watch`), before any write of it is
+/// answered: a key made, revoked, rotated or relabelled, and the periodic
+/// write of last uses. Keys are written only by the server while it runs:
+/// `sparring admin create-key` beside it goes through it (see `admin`). A
+/// read that raced with a change keeps its page only if nothing was emptied
+/// since it began (the generation).
 #[derive(Default)]
 pub struct KeyPages {
-    first: RwLock<HashMap<String, Arc<KeyPage>, foldhash::fast::RandomState>>,
+    first: RwLock<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    pages: HashMap<String, Arc<KeyPage>, foldhash::fast::RandomState>,
+    /// Bumped every time the pages are emptied.
+    generation: u64,
 }
 
 impl KeyPages {
-    fn get(&self, user_id: &str) -> Option<Arc<KeyPage>> {
-        self.first.read().unwrap_or_else(|p| p.into_inner()).get(user_id).cloned()
+    /// Pages kept correct by `store`'s writes.
+    pub fn watching(store: &Store) -> Arc<KeyPages> {
+        const WATCHED: &[(&str, &[Action])] =
+            &[("api_keys", &[Action::SQLITE_INSERT, Action::SQLITE_UPDATE, Action::SQLITE_DELETE])];
+        let pages = Arc::new(KeyPages::default());
+        let kept = pages.clone();
+        store.watch(WATCHED, move || kept.empty());
+        pages
     }
 
-    fn keep(&self, user_id: String, page: KeyPage) -> Arc<KeyPage> {
+    fn get(&self, user_id: &str) -> Option<Arc<KeyPage>> {
+        self.first.read().unwrap_or_else(|p| p.into_inner()).pages.get(user_id).cloned()
+    }
+
+    fn generation(&self) -> u64 {
+        self.first.read().unwrap_or_else(|p| p.into_inner()).generation
+    }
+
+    /// Keeps a page read by a read that began at `generation`, unless the
+    /// pages were emptied since; either way returns it.
+    fn keep(&self, generation: u64, user_id: String, page: KeyPage) -> Arc<KeyPage> {
         let page = Arc::new(page);
         let mut first = self.first.write().unwrap_or_else(|p| p.into_inner());
-        if first.len() >= MAX_KEPT_PAGES && !first.contains_key(&user_id) {
-            first.clear();
+        if first.generation != generation {
+            return page;
         }
-        first.insert(user_id, page.clone());
+        if first.pages.len() >= MAX_KEPT_PAGES && !first.pages.contains_key(&user_id) {
+            first.pages.clear();
+        }
+        first.pages.insert(user_id, page.clone());
         page
+    }
+
+    fn empty(&self) {
+        let mut first = self.first.write().unwrap_or_else(|p| p.into_inner());
+        first.generation += 1;
+        first.pages.clear();
     }
 }
 
@@ -520,7 +549,7 @@ mod tests {
             })
             .await
             .unwrap();
-        let (pages, last_used) = (KeyPages::default(), LastUsed::default());
+        let (pages, last_used) = (KeyPages::watching(&store), LastUsed::default());
         let listed = || async {
             let json = list(&store, &pages, user_id.clone(), PageRequest::parse(None, None).unwrap(), &last_used);
             let page: serde_json::Value = serde_json::from_str(&json.await.unwrap()).unwrap();

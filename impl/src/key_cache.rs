@@ -2,8 +2,8 @@
 //! hash and a map lookup instead of a database read.
 //!
 //! Only valid keys are kept: an unknown key is looked up in the database
-//! every time, so a key made by `sparring admin create-key` (another
-//! process) works at once. Revoking or rotating a key forgets it after the
+//! every time, so a key made while the server was down, or by another
+//! process, works at once. Revoking or rotating a key forgets it after the
 //! change commits and before the response is sent, so the old secret fails
 //! on the very next request. A lookup that raced with a revocation cannot
 //! put the key back: it notes the cache's generation before reading the

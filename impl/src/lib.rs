@@ -17,6 +17,7 @@
 
 pub mod access;
 pub mod activity;
+pub mod admin;
 pub mod api_keys;
 pub mod auth;
 pub mod batches;
@@ -94,7 +95,7 @@ pub struct AppState {
     /// API keys already found valid (see `key_cache`).
     pub keys: key_cache::KeyCache,
     /// First pages of keys, while current (see `api_keys::list`).
-    pub key_pages: api_keys::KeyPages,
+    pub key_pages: Arc<api_keys::KeyPages>,
     /// Tests and members' roles, for `GET /v1/tests/{id}` (see
     /// `test_cache`); made with [`test_cache::TestCache::watching`] on
     /// `store`.
@@ -124,6 +125,13 @@ pub struct DataDirLock {
 pub const LOCK_FILE: &str = "sparring.lock";
 
 pub fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<DataDirLock> {
+    try_lock_data_dir(data_dir)?.ok_or_else(|| {
+        anyhow::anyhow!("{} is in use by another sparring process (a running server?)", data_dir.display())
+    })
+}
+
+/// [`lock_data_dir`], or `None` if another process holds the lock.
+pub fn try_lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<Option<DataDirLock>> {
     std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
     let path = data_dir.join(LOCK_FILE);
     let file = std::fs::OpenOptions::new()
@@ -133,10 +141,8 @@ pub fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<DataDirLock> 
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
     match file.try_lock() {
-        Ok(()) => Ok(DataDirLock { _file: file }),
-        Err(std::fs::TryLockError::WouldBlock) => {
-            anyhow::bail!("{} is in use by another sparring process (a running server?)", data_dir.display())
-        }
+        Ok(()) => Ok(Some(DataDirLock { _file: file })),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
         Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
     }
 }
@@ -164,6 +170,9 @@ pub struct RunningServer {
     server: HttpServer<ApiContext>,
     state: Arc<AppState>,
     flusher: tokio::task::JoinHandle<()>,
+    /// Answers `sparring admin` commands run beside the server (see
+    /// `admin`), and its socket's path.
+    admin: Option<(tokio::task::JoinHandle<()>, PathBuf)>,
     /// On the first start of a fresh database: the admin's API key, to show
     /// once.
     pub first_start_key: Option<String>,
@@ -180,6 +189,10 @@ impl RunningServer {
         self.server.close().await.map_err(|e| anyhow::anyhow!(e))?;
         Engine::shutdown(&self.state).await?;
         self.flusher.abort();
+        if let Some((task, path)) = self.admin {
+            task.abort();
+            let _ = std::fs::remove_file(path);
+        }
         self.state.last_used.flush(&self.state.store).await?;
         Ok(())
     }
@@ -207,6 +220,7 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     let first_start_key = users::bootstrap_admin(&store).await?.map(RawKey::expose);
     let oidc = Oidc::new(config.oidc.clone(), &log).await?;
     let test_cache = test_cache::TestCache::watching(&store);
+    let key_pages = api_keys::KeyPages::watching(&store);
     let state = Arc::new(AppState {
         store,
         test_cache,
@@ -214,7 +228,7 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
         oidc,
         last_used: LastUsed::default(),
         keys: key_cache::KeyCache::default(),
-        key_pages: api_keys::KeyPages::default(),
+        key_pages,
         oidc_users: Mutex::new(HashMap::new()),
         engine: Arc::new(Engine::new(config.engine.clone())),
         log: log.clone(),
@@ -244,5 +258,15 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
 
     Engine::start(state.clone()).await?;
 
-    Ok(RunningServer { _lock: lock, server, state, flusher, first_start_key })
+    // Without the socket the server still serves; `sparring admin
+    // create-key` beside it then says it cannot reach it.
+    let admin = match admin::bind(&config.data_dir) {
+        Ok((listener, path)) => Some((tokio::spawn(admin::serve(listener, state.clone())), path)),
+        Err(e) => {
+            slog::warn!(log, "no admin socket: `sparring admin create-key` cannot reach this server"; "error" => format!("{e:#}"));
+            None
+        }
+    };
+
+    Ok(RunningServer { _lock: lock, server, state, flusher, admin, first_start_key })
 }

@@ -59,6 +59,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0005_read_paths", include_str!("../migrations/0005_read_paths.sql"), Some(crate::tests::serve_all)),
     ("0006_key_versions", include_str!("../migrations/0006_key_versions.sql"), None),
     ("0007_test_listing", include_str!("../migrations/0007_test_listing.sql"), None),
+    ("0008_no_key_versions", include_str!("../migrations/0008_no_key_versions.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -163,8 +164,10 @@ impl Store {
     /// Only writes through this store are seen, and only to rowid tables
     /// (the hook is not called for `WITHOUT ROWID` ones), nor rows an
     /// `INSERT OR REPLACE` deletes: a cache may depend only on what the
-    /// server alone writes, the way it writes it. `sparring admin
-    /// create-key`, run beside a server, writes `users` and `api_keys`.
+    /// server alone writes, the way it writes it. Of the commands run
+    /// beside a server, `sparring admin create-key` goes through it (see
+    /// `admin`) and `admin grant-credits` writes `users` and the credit
+    /// ledger directly.
     pub fn watch(&self, on: &'static [(&'static str, &'static [Action])], stale: impl Fn() + Send + Sync + 'static) {
         self.inner.watches.list.write().unwrap_or_else(|p| p.into_inner()).push(Watch {
             on,

@@ -4,8 +4,8 @@
 //!
 //! What is kept is exactly what the read would find: a test's stored
 //! `served` JSON and its project, and a member's role. Both change only by
-//! the server's own writes (`sparring admin create-key`, the one command
-//! run beside a server, writes neither), which the store reports
+//! the server's own writes (`sparring admin grant-credits`, run beside a
+//! server, writes neither), which the store reports
 //! ([`Store::watch`]): an update or deletion of a test, or any change to a
 //! membership (a project's deletion included), empties the cache after the
 //! change commits and before it is answered. So a removed member, a changed

@@ -89,11 +89,10 @@ impl TestServer {
         sparring_client::Client::with_api_key(&format!("{}/v1", self.base), key).unwrap()
     }
 
-    /// A key for another user, made the way an operator would.
+    /// A key for another user, made the way an operator would (`sparring
+    /// admin create-key`, through the server's admin socket).
     pub async fn key_for_user(&self, email: &str) -> String {
-        let store = sparring_impl::open_store(self.data_dir.path()).unwrap();
-        let label = sparring_impl::api_keys::ApiKeyLabel::parse("test").unwrap();
-        sparring_impl::users::create_key_for_email(&store, email.to_string(), label).await.unwrap().expose()
+        sparring_impl::admin::create_key(self.data_dir.path(), email.to_string(), "test".to_string()).await.unwrap()
     }
 
     pub async fn get(&self, path: &str, key: &str) -> reqwest::Response {

@@ -1,0 +1,138 @@
+//! Admin commands that change what a running server keeps in memory go
+//! through that server, so that it stays the only writer of it.
+//!
+//! The server listens on a Unix socket in its data dir ([`SOCKET_FILE`],
+//! mode 0600): whoever may open it may open the database beside it, so the
+//! socket asks for no credential. A command finds the server by the data
+//! dir's lock: held, it sends its request on the socket, one JSON line
+//! each way; free, it takes the lock itself and writes the database
+//! directly, and no server can start meanwhile.
+//!
+//! `sparring admin create-key` goes this way: the server keeps users' first
+//! pages of keys in memory, emptied by its own writes to `api_keys` (see
+//! `api_keys::KeyPages`), which a key written by another process would not
+//! empty. Nothing kept depends on what `admin grant-credits` writes, so it
+//! still writes directly.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::api_keys::ApiKeyLabel;
+use crate::AppState;
+
+/// The socket's name in the data dir.
+pub const SOCKET_FILE: &str = "admin.sock";
+
+/// A request longer than this is refused (a label and an email are short).
+const MAX_REQUEST: u64 = 64 * 1024;
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Request {
+    CreateKey { email: String, label: String },
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Response {
+    /// The raw key, shown once: not logged, not kept.
+    Key(String),
+    Error(String),
+}
+
+/// Binds the socket in `data_dir`, replacing one left by a server that
+/// died (the caller holds the data dir's lock, so no live server owns it).
+pub fn bind(data_dir: &Path) -> anyhow::Result<(UnixListener, PathBuf)> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = data_dir.join(SOCKET_FILE);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing the old {}", path.display()))
+        }
+        _ => {}
+    }
+    let listener = UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("restricting {}", path.display()))?;
+    Ok((listener, path))
+}
+
+/// Answers admin requests until the task is aborted.
+pub async fn serve(listener: UnixListener, state: Arc<AppState>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let state = state.clone();
+        tokio::spawn(async move {
+            if let Err(e) = answer(stream, &state).await {
+                slog::warn!(state.log, "admin request failed"; "error" => %e);
+            }
+        });
+    }
+}
+
+async fn answer(stream: UnixStream, state: &AppState) -> anyhow::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    BufReader::new(read.take(MAX_REQUEST)).read_line(&mut line).await?;
+    let response = match serde_json::from_str::<Request>(&line) {
+        Err(e) => Response::Error(format!("not an admin request: {e}")),
+        Ok(Request::CreateKey { email, label }) => match create_key_here(&state.store, email, &label).await {
+            Ok(key) => Response::Key(key),
+            Err(e) => Response::Error(format!("{e:#}")),
+        },
+    };
+    let mut out = serde_json::to_string(&response)?;
+    out.push('\n');
+    write.write_all(out.as_bytes()).await?;
+    Ok(())
+}
+
+async fn create_key_here(store: &crate::store::Store, email: String, label: &str) -> anyhow::Result<String> {
+    let label = ApiKeyLabel::parse(label)?;
+    if !email.contains('@') {
+        anyhow::bail!("--user must be an email address");
+    }
+    let raw = crate::users::create_key_for_email(store, email, label).await.context("creating the key")?;
+    Ok(raw.expose())
+}
+
+/// `sparring admin create-key`: a key for the user with this email (made
+/// if needed), through the server running on `data_dir` if there is one.
+/// Returns the raw key, to show once.
+pub async fn create_key(data_dir: &Path, email: String, label: String) -> anyhow::Result<String> {
+    // Refuse bad input before looking for a server.
+    ApiKeyLabel::parse(&label)?;
+    if !email.contains('@') {
+        anyhow::bail!("--user must be an email address");
+    }
+    match crate::try_lock_data_dir(data_dir)? {
+        Some(_lock) => {
+            let store = crate::open_store(data_dir)?;
+            create_key_here(&store, email, &label).await
+        }
+        None => ask(data_dir, &Request::CreateKey { email, label }).await,
+    }
+}
+
+/// Sends a request to the server holding `data_dir` and returns its key.
+async fn ask(data_dir: &Path, request: &Request) -> anyhow::Result<String> {
+    let path = data_dir.join(SOCKET_FILE);
+    let stream = UnixStream::connect(&path).await.with_context(|| {
+        format!("{} is in use by another sparring process, and {} does not answer", data_dir.display(), path.display())
+    })?;
+    let (read, mut write) = stream.into_split();
+    let mut out = serde_json::to_string(request)?;
+    out.push('\n');
+    write.write_all(out.as_bytes()).await?;
+    let mut line = String::new();
+    BufReader::new(read).read_line(&mut line).await.context("reading the server's answer")?;
+    match serde_json::from_str::<Response>(&line).with_context(|| format!("the server's answer: {line:?}"))? {
+        Response::Key(key) => Ok(key),
+        Response::Error(e) => anyhow::bail!("{e}"),
+    }
+}
