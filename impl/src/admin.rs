@@ -65,7 +65,15 @@ pub fn bind(data_dir: &Path) -> anyhow::Result<(UnixListener, PathBuf)> {
 /// Answers admin requests until the task is aborted.
 pub async fn serve(listener: UnixListener, state: Arc<AppState>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, say: wait rather than spin.
+                slog::warn!(state.log, "admin socket: accepting failed"; "error" => %e);
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let state = state.clone();
         tokio::spawn(async move {
             if let Err(e) = answer(stream, &state).await {
