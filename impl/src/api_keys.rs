@@ -212,8 +212,8 @@ pub async fn create(
 /// The first page is kept in `pages` and answered from there, with no
 /// database read, until a change to any API key empties `pages` (see
 /// [`KeyPages`]): reading and writing 25 keys was three quarters of the
-/// request, and the read transaction that checked a kept page was still
-/// current a quarter of what remained.
+/// request, and the read transaction that checked whether a kept page was
+/// still current was a quarter of what remained (BENCHMARKS.md).
 pub async fn list(
     store: &Store,
     pages: &KeyPages,
