@@ -101,23 +101,26 @@ async fn answer(stream: UnixStream, state: &AppState) -> anyhow::Result<()> {
 }
 
 async fn create_key_here(store: &crate::store::Store, email: String, label: &str) -> anyhow::Result<String> {
+    let label = checked(&email, label)?;
+    let raw = crate::users::create_key_for_email(store, email, label).await.context("creating the key")?;
+    Ok(raw.expose())
+}
+
+/// The label of a key to make, if it and the email are acceptable.
+fn checked(email: &str, label: &str) -> anyhow::Result<ApiKeyLabel> {
     let label = ApiKeyLabel::parse(label)?;
     if !email.contains('@') {
         anyhow::bail!("--user must be an email address");
     }
-    let raw = crate::users::create_key_for_email(store, email, label).await.context("creating the key")?;
-    Ok(raw.expose())
+    Ok(label)
 }
 
 /// `sparring admin create-key`: a key for the user with this email (made
 /// if needed), through the server running on `data_dir` if there is one.
 /// Returns the raw key, to show once.
 pub async fn create_key(data_dir: &Path, email: String, label: String) -> anyhow::Result<String> {
-    // Refuse bad input before looking for a server.
-    ApiKeyLabel::parse(&label)?;
-    if !email.contains('@') {
-        anyhow::bail!("--user must be an email address");
-    }
+    // Refuse bad input before looking for a server (which checks it too).
+    checked(&email, &label)?;
     match crate::try_lock_data_dir(data_dir)? {
         Some(_lock) => {
             let store = crate::open_store(data_dir)?;

@@ -7,7 +7,7 @@
 //! writes are serialized (see `store`), so concurrent creates cannot exceed it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
@@ -18,7 +18,7 @@ use crate::activity::{self, Record};
 use crate::auth::{Actor, LastUsed, PendingUses};
 use crate::key_cache::KeyCache;
 use crate::pagination::PageRequest;
-use crate::store::{Action, Store, StoreError};
+use crate::store::{Action, Store, StoreError, Watched};
 use crate::{ids, written};
 
 pub const MAX_ACTIVE_KEYS: i64 = 25;
@@ -303,57 +303,39 @@ const MAX_KEPT_PAGES: usize = 1024;
 /// write of last uses. Keys are written only by the server while it runs:
 /// `sparring admin create-key` beside it goes through it (see `admin`). A
 /// read that raced with a change keeps its page only if nothing was emptied
-/// since it began (the generation).
-#[derive(Default)]
+/// since it began (`store::Watched`).
 pub struct KeyPages {
-    first: RwLock<Kept>,
-}
-
-#[derive(Default)]
-struct Kept {
-    pages: HashMap<String, Arc<KeyPage>, foldhash::fast::RandomState>,
-    /// Bumped every time the pages are emptied.
-    generation: u64,
+    /// User id → the first page of their keys.
+    first: Arc<Watched<HashMap<String, Arc<KeyPage>, foldhash::fast::RandomState>>>,
 }
 
 impl KeyPages {
     /// Pages kept correct by `store`'s writes.
-    pub fn watching(store: &Store) -> Arc<KeyPages> {
+    pub fn watching(store: &Store) -> KeyPages {
         const WATCHED: &[(&str, &[Action])] =
             &[("api_keys", &[Action::SQLITE_INSERT, Action::SQLITE_UPDATE, Action::SQLITE_DELETE])];
-        let pages = Arc::new(KeyPages::default());
-        let kept = pages.clone();
-        store.watch(WATCHED, move || kept.empty());
-        pages
+        KeyPages { first: Watched::new(store, WATCHED) }
     }
 
     fn get(&self, user_id: &str) -> Option<Arc<KeyPage>> {
-        self.first.read().unwrap_or_else(|p| p.into_inner()).pages.get(user_id).cloned()
+        self.first.read(|first| first.get(user_id).cloned())
     }
 
     fn generation(&self) -> u64 {
-        self.first.read().unwrap_or_else(|p| p.into_inner()).generation
+        self.first.generation()
     }
 
     /// Keeps a page read by a read that began at `generation`, unless the
     /// pages were emptied since; either way returns it.
     fn keep(&self, generation: u64, user_id: String, page: KeyPage) -> Arc<KeyPage> {
         let page = Arc::new(page);
-        let mut first = self.first.write().unwrap_or_else(|p| p.into_inner());
-        if first.generation != generation {
-            return page;
-        }
-        if first.pages.len() >= MAX_KEPT_PAGES && !first.pages.contains_key(&user_id) {
-            first.pages.clear();
-        }
-        first.pages.insert(user_id, page.clone());
+        self.first.keep(generation, |first| {
+            if first.len() >= MAX_KEPT_PAGES && !first.contains_key(&user_id) {
+                first.clear();
+            }
+            first.insert(user_id, page.clone());
+        });
         page
-    }
-
-    fn empty(&self) {
-        let mut first = self.first.write().unwrap_or_else(|p| p.into_inner());
-        first.generation += 1;
-        first.pages.clear();
     }
 }
 

@@ -95,11 +95,11 @@ pub struct AppState {
     /// API keys already found valid (see `key_cache`).
     pub keys: key_cache::KeyCache,
     /// First pages of keys, while current (see `api_keys::list`).
-    pub key_pages: Arc<api_keys::KeyPages>,
+    pub key_pages: api_keys::KeyPages,
     /// Tests and members' roles, for `GET /v1/tests/{id}` (see
     /// `test_cache`); made with [`test_cache::TestCache::watching`] on
     /// `store`.
-    pub test_cache: Arc<test_cache::TestCache>,
+    pub test_cache: test_cache::TestCache,
     /// (issuer, subject) → user id, for users already signed in. Public
     /// only so that `benches/auth.rs` can build an `AppState` without a
     /// server; nothing outside `auth` reads or writes it.

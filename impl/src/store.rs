@@ -438,6 +438,58 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
     }
 }
 
+/// A value kept in memory in front of the store, set back to its default
+/// after every transaction that made one of the changes it watches (see
+/// [`Store::watch`]), before that write is answered.
+///
+/// A read of the database that raced with such a change must not put the
+/// old state back: take [`Watched::generation`] before reading and give it
+/// to [`Watched::keep`], which keeps what was read only if the value was
+/// not set back meanwhile.
+pub struct Watched<T> {
+    kept: std::sync::RwLock<(T, u64)>,
+}
+
+impl<T: Default + Send + Sync + 'static> Watched<T> {
+    /// A value set back by the changes `on` names in `store`.
+    pub fn new(store: &Store, on: &'static [(&'static str, &'static [Action])]) -> Arc<Watched<T>> {
+        let watched = Arc::new(Watched::default());
+        let kept = watched.clone();
+        store.watch(on, move || kept.reset());
+        watched
+    }
+
+    pub fn read<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        f(&self.kept.read().unwrap_or_else(|p| p.into_inner()).0)
+    }
+
+    /// To take before reading the database, and give to [`Watched::keep`].
+    pub fn generation(&self) -> u64 {
+        self.kept.read().unwrap_or_else(|p| p.into_inner()).1
+    }
+
+    /// Runs `f` on the value, unless it was set back since `generation`.
+    pub fn keep(&self, generation: u64, f: impl FnOnce(&mut T)) {
+        let mut kept = self.kept.write().unwrap_or_else(|p| p.into_inner());
+        if kept.1 == generation {
+            f(&mut kept.0);
+        }
+    }
+
+    /// Sets the value back to its default.
+    pub(crate) fn reset(&self) {
+        let mut kept = self.kept.write().unwrap_or_else(|p| p.into_inner());
+        *kept = (T::default(), kept.1 + 1);
+    }
+}
+
+impl<T: Default> Default for Watched<T> {
+    /// A value no store watches (for tests).
+    fn default() -> Self {
+        Watched { kept: std::sync::RwLock::new((T::default(), 0)) }
+    }
+}
+
 /// The caches watching the store's writes (see [`Store::watch`]).
 #[derive(Default)]
 struct Watches {

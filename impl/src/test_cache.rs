@@ -15,13 +15,13 @@
 //!
 //! A read that raced with a change cannot put the old state back: it notes
 //! the cache's generation before reading the database and keeps its answer
-//! only if nothing was emptied since (as `key_cache` does).
+//! only if nothing was emptied since (`store::Watched`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::access::Role;
-use crate::store::{Action, Store};
+use crate::store::{Action, Store, Watched};
 
 /// More bytes of tests than this and the tests start over (a bound on
 /// memory whatever the number of tests: 10,000 tests of `cargo xtask bench
@@ -38,13 +38,12 @@ const WATCHED: &[(&str, &[Action])] = &[
     ("project_members", &[Action::SQLITE_INSERT, Action::SQLITE_UPDATE, Action::SQLITE_DELETE]),
 ];
 
-#[derive(Default)]
 pub struct TestCache {
-    inner: Mutex<Inner>,
+    kept: Arc<Watched<Kept>>,
 }
 
 #[derive(Default)]
-struct Inner {
+struct Kept {
     /// Test id → (project id, served JSON).
     tests: HashMap<String, (String, Arc<str>)>,
     /// Bytes of ids and JSON in `tests`.
@@ -53,8 +52,6 @@ struct Inner {
     roles: HashMap<String, HashMap<String, Role>>,
     /// Entries in `roles`.
     role_count: usize,
-    /// Bumped every time the cache is emptied.
-    generation: u64,
 }
 
 /// A test as a caller may read it.
@@ -65,62 +62,45 @@ pub struct Found {
 
 impl TestCache {
     /// A cache kept correct by `store`'s writes.
-    pub fn watching(store: &Store) -> Arc<TestCache> {
-        let cache = Arc::new(TestCache::default());
-        let kept = cache.clone();
-        store.watch(WATCHED, move || kept.empty());
-        cache
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn watching(store: &Store) -> TestCache {
+        TestCache { kept: Watched::new(store, WATCHED) }
     }
 
     /// The test and the caller's role in its project, if both are kept.
     pub fn get(&self, test_id: &str, user_id: &str) -> Option<Found> {
-        let inner = self.lock();
-        let (project_id, served) = inner.tests.get(test_id)?;
-        let role = *inner.roles.get(user_id)?.get(project_id)?;
-        Some(Found { served: served.clone(), role })
+        self.kept.read(|kept| {
+            let (project_id, served) = kept.tests.get(test_id)?;
+            let role = *kept.roles.get(user_id)?.get(project_id)?;
+            Some(Found { served: served.clone(), role })
+        })
     }
 
     /// To take before reading the database, and give to [`TestCache::keep`].
     pub fn generation(&self) -> u64 {
-        self.lock().generation
+        self.kept.generation()
     }
 
     /// Keeps a test and a member's role found by a read that started at
     /// `generation`, unless the cache was emptied since (the read may
     /// predate the change that emptied it).
     pub fn keep(&self, generation: u64, test_id: &str, project_id: &str, served: Arc<str>, user_id: &str, role: Role) {
-        let mut inner = self.lock();
-        if inner.generation != generation {
-            return;
-        }
-        let size = test_id.len() + project_id.len() + served.len();
-        if inner.bytes + size > MAX_BYTES {
-            inner.tests.clear();
-            inner.bytes = 0;
-        }
-        if inner.role_count >= MAX_ROLES {
-            inner.roles.clear();
-            inner.role_count = 0;
-        }
-        if inner.tests.insert(test_id.to_string(), (project_id.to_string(), served)).is_none() {
-            inner.bytes += size;
-        }
-        if inner.roles.entry(user_id.to_string()).or_default().insert(project_id.to_string(), role).is_none() {
-            inner.role_count += 1;
-        }
-    }
-
-    fn empty(&self) {
-        let mut inner = self.lock();
-        inner.generation += 1;
-        inner.tests.clear();
-        inner.bytes = 0;
-        inner.roles.clear();
-        inner.role_count = 0;
+        self.kept.keep(generation, |kept| {
+            let size = test_id.len() + project_id.len() + served.len();
+            if kept.bytes + size > MAX_BYTES {
+                kept.tests.clear();
+                kept.bytes = 0;
+            }
+            if kept.role_count >= MAX_ROLES {
+                kept.roles.clear();
+                kept.role_count = 0;
+            }
+            if kept.tests.insert(test_id.to_string(), (project_id.to_string(), served)).is_none() {
+                kept.bytes += size;
+            }
+            if kept.roles.entry(user_id.to_string()).or_default().insert(project_id.to_string(), role).is_none() {
+                kept.role_count += 1;
+            }
+        });
     }
 }
 
@@ -134,7 +114,7 @@ mod tests {
 
     #[test]
     fn a_test_is_found_only_with_the_callers_role_in_its_project() {
-        let cache = TestCache::default();
+        let cache = TestCache { kept: Arc::default() };
         let g = cache.generation();
         cache.keep(g, "tst_1", "prj_1", served("{}"), "usr_1", Role::Viewer);
         let found = cache.get("tst_1", "usr_1").unwrap();
@@ -148,10 +128,10 @@ mod tests {
 
     #[test]
     fn a_read_that_began_before_the_cache_was_emptied_is_not_kept() {
-        let cache = TestCache::default();
+        let cache = TestCache { kept: Arc::default() };
         let before = cache.generation();
         cache.keep(before, "tst_1", "prj_1", served("{}"), "usr_1", Role::Owner);
-        cache.empty();
+        cache.kept.reset();
         assert!(cache.get("tst_1", "usr_1").is_none());
         cache.keep(before, "tst_1", "prj_1", served("{\"old\":1}"), "usr_1", Role::Owner);
         assert!(cache.get("tst_1", "usr_1").is_none());
@@ -161,12 +141,12 @@ mod tests {
 
     #[test]
     fn the_tests_kept_stay_under_their_bound() {
-        let cache = TestCache::default();
+        let cache = TestCache { kept: Arc::default() };
         let g = cache.generation();
         let big: Arc<str> = "x".repeat(MAX_BYTES / 4).into();
         for i in 0..10 {
             cache.keep(g, &format!("tst_{i}"), "prj_1", big.clone(), "usr_1", Role::Owner);
-            assert!(cache.lock().bytes <= MAX_BYTES);
+            assert!(cache.kept.read(|kept| kept.bytes) <= MAX_BYTES);
         }
         assert!(cache.get("tst_9", "usr_1").is_some());
         assert!(cache.get("tst_0", "usr_1").is_none());

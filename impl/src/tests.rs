@@ -424,7 +424,7 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetTestPath) -> Resu
         access::check(found.role, Need::Read)?;
         return Ok(Json::written(found.served.to_string()));
     }
-    let cache = state.test_cache.clone();
+    let cache = &state.test_cache;
     let generation = cache.generation();
     state
         .store
