@@ -16,6 +16,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
@@ -30,6 +31,15 @@ pub const SOCKET_FILE: &str = "admin.sock";
 
 /// A request longer than this is refused (a label and an email are short).
 const MAX_REQUEST: u64 = 64 * 1024;
+
+/// How long the server waits for a connected client's request: a client
+/// that connects and never sends its line would otherwise hold its task
+/// (and socket) for as long as the server runs.
+const REQUEST_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a command waits for the server's answer: a key is one write,
+/// which a server under heavy load still commits in milliseconds.
+const ANSWER_WAIT: Duration = Duration::from_secs(60);
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -70,7 +80,7 @@ pub async fn serve(listener: UnixListener, state: Arc<AppState>) {
             Err(e) => {
                 // Out of file descriptors, say: wait rather than spin.
                 slog::warn!(state.log, "admin socket: accepting failed"; "error" => %e);
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
@@ -85,8 +95,7 @@ pub async fn serve(listener: UnixListener, state: Arc<AppState>) {
 
 async fn answer(stream: UnixStream, state: &AppState) -> anyhow::Result<()> {
     let (read, mut write) = stream.into_split();
-    let mut line = String::new();
-    BufReader::new(read.take(MAX_REQUEST)).read_line(&mut line).await?;
+    let line = read_request(read).await?;
     let response = match serde_json::from_str::<Request>(&line) {
         Err(e) => Response::Error(format!("not an admin request: {e}")),
         Ok(Request::CreateKey { email, label }) => match create_key_here(&state.store, email, &label).await {
@@ -98,6 +107,15 @@ async fn answer(stream: UnixStream, state: &AppState) -> anyhow::Result<()> {
     out.push('\n');
     write.write_all(out.as_bytes()).await?;
     Ok(())
+}
+
+/// The request line a client sends, if it comes within [`REQUEST_WAIT`].
+async fn read_request(read: impl tokio::io::AsyncRead + Unpin) -> anyhow::Result<String> {
+    let mut line = String::new();
+    tokio::time::timeout(REQUEST_WAIT, BufReader::new(read.take(MAX_REQUEST)).read_line(&mut line))
+        .await
+        .map_err(|_| anyhow::anyhow!("no request within {REQUEST_WAIT:?}; connection closed"))??;
+    Ok(line)
 }
 
 async fn create_key_here(store: &crate::store::Store, email: String, label: &str) -> anyhow::Result<String> {
@@ -141,9 +159,34 @@ async fn ask(data_dir: &Path, request: &Request) -> anyhow::Result<String> {
     out.push('\n');
     write.write_all(out.as_bytes()).await?;
     let mut line = String::new();
-    BufReader::new(read).read_line(&mut line).await.context("reading the server's answer")?;
+    tokio::time::timeout(ANSWER_WAIT, BufReader::new(read).read_line(&mut line))
+        .await
+        .map_err(|_| anyhow::anyhow!("the server did not answer within {ANSWER_WAIT:?}"))?
+        .context("reading the server's answer")?;
     match serde_json::from_str::<Response>(&line).with_context(|| format!("the server's answer: {line:?}"))? {
         Response::Key(key) => Ok(key),
         Response::Error(e) => anyhow::bail!("{e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client that connects and sends nothing is let go once the wait
+    /// is over, and one that sends its line in time is read.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_client_is_let_go_after_the_wait() {
+        let (server_end, _client_end) = UnixStream::pair().unwrap();
+        let started = tokio::time::Instant::now();
+        // Bounded here too, so that without the wait the test fails rather than hangs.
+        let read = tokio::time::timeout(REQUEST_WAIT * 2, read_request(server_end)).await;
+        let err = read.expect("the server still waits for the request").unwrap_err();
+        assert!(err.to_string().contains("no request within"), "{err}");
+        assert_eq!(started.elapsed(), REQUEST_WAIT);
+
+        let (server_end, mut client_end) = UnixStream::pair().unwrap();
+        client_end.write_all(b"{\"create_key\":{}}\n").await.unwrap();
+        assert_eq!(read_request(server_end).await.unwrap(), "{\"create_key\":{}}\n");
     }
 }
