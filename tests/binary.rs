@@ -68,6 +68,37 @@ async fn first_start_prints_one_key_once() {
     assert!(!stdout.contains("spk_"), "a key on the second start: {stdout}");
 }
 
+/// A stopped server leaves its data whole in `sparring.db`: the WAL is
+/// emptied at shutdown, after the last write (the last uses of keys, written
+/// as the server stops), so a copy of that one file is a backup.
+#[tokio::test]
+async fn a_stopped_server_leaves_its_data_in_the_database_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = serve(dir.path());
+    server.proc.expect("the first-start key on stdout", |o| o.stdout.contains("/v1/api-keys\n"));
+    let key = keys_in(&server.proc.stdout())[0].clone();
+    let resp = http().get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let status = server.proc.terminate();
+    assert!(status.success(), "exit after SIGTERM: {status}\n{}", server.proc.stderr());
+
+    let db = dir.path().join(sparring_impl::DATABASE_FILE);
+    let wal = dir.path().join(format!("{}-wal", sparring_impl::DATABASE_FILE));
+    let wal_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(wal_len, 0, "the WAL still holds {wal_len} bytes after a stop");
+    // The database file alone, copied without its WAL, holds the last write.
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(&db, copy.path().join(sparring_impl::DATABASE_FILE)).unwrap();
+    let store = sparring_impl::open_store(copy.path()).unwrap();
+    let used: Option<String> = store
+        .read_blocking(|c| {
+            c.query_row("SELECT last_used_at FROM api_keys", [], |r| r.get(0))
+                .map_err(sparring_impl::store::StoreError::from)
+        })
+        .unwrap();
+    assert!(used.is_some(), "the key's last use, written as the server stopped, is not in the database file");
+}
+
 #[tokio::test]
 async fn admin_create_key_prints_the_key_alone() {
     let dir = tempfile::tempdir().unwrap();

@@ -183,8 +183,9 @@ impl RunningServer {
         self.server.local_addr()
     }
 
-    /// Stops accepting connections, lets in-flight requests finish, and
-    /// writes pending `last_used_at` times.
+    /// Stops accepting connections, lets in-flight requests finish, writes
+    /// pending `last_used_at` times, and empties the WAL into the database
+    /// file (see [`Store::checkpoint_all`]).
     pub async fn shutdown(self) -> anyhow::Result<()> {
         self.server.close().await.map_err(|e| anyhow::anyhow!(e))?;
         Engine::shutdown(&self.state).await?;
@@ -194,6 +195,11 @@ impl RunningServer {
             let _ = std::fs::remove_file(path);
         }
         self.state.last_used.flush(&self.state.store).await?;
+        let store = self.state.store.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || store.checkpoint_all()).await? {
+            // Nothing is lost: the next open reads the WAL.
+            slog::warn!(self.state.log, "the WAL was left as it is"; "error" => %e);
+        }
         Ok(())
     }
 }

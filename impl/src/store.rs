@@ -90,6 +90,10 @@ struct Inner {
     /// Caches kept in front of the store (see [`Store::watch`]); the
     /// writer's update hook marks them.
     watches: Arc<Watches>,
+    /// Held by the checkpointer thread while it checkpoints, and by
+    /// [`Store::checkpoint_all`]: SQLite refuses a second checkpoint at once
+    /// without waiting (no busy handler).
+    checkpointing: Arc<Mutex<()>>,
 }
 
 /// A write waiting for the writer thread: runs in a savepoint of the
@@ -144,12 +148,23 @@ impl Store {
                 .spawn(move || write_groups(&writer, &queue, &wrote, &restart, &watches))
                 .map_err(started)?;
         }
+        let checkpointing = Arc::new(Mutex::new(()));
         {
             let path = path.to_path_buf();
-            thread("sparring-checkpoint").spawn(move || checkpoints(&path, &written, &restart)).map_err(started)?;
+            let checkpointing = checkpointing.clone();
+            thread("sparring-checkpoint")
+                .spawn(move || checkpoints(&path, &written, &restart, &checkpointing))
+                .map_err(started)?;
         }
         Ok(Store {
-            inner: Arc::new(Inner { path: path.to_path_buf(), writer, jobs, readers: Mutex::new(Vec::new()), watches }),
+            inner: Arc::new(Inner {
+                path: path.to_path_buf(),
+                writer,
+                jobs,
+                readers: Mutex::new(Vec::new()),
+                watches,
+                checkpointing,
+            }),
         })
     }
 
@@ -226,6 +241,24 @@ impl Store {
         let value = f(&tx).and_then(|v| tx.commit().map(|()| v).map_err(|e| E::from(StoreError::from(e))));
         self.inner.watches.ended();
         value
+    }
+
+    /// Copies everything the WAL holds into the database file and empties
+    /// the WAL: for a server's shutdown, after its last write, so that a
+    /// stopped server's database file is whole without its `-wal` (the
+    /// passive checkpoints run [`CHECKPOINT_EVERY`] after writes, so the
+    /// last writes before a stop, the last uses of keys among them, were
+    /// left in the WAL). Waits for a checkpoint in progress, and up to the
+    /// busy timeout for reads; fails if one still holds the WAL then
+    /// (nothing is lost: the WAL stays, and the next open reads it).
+    pub fn checkpoint_all(&self) -> StoreResult<()> {
+        let conn = self.inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let _alone = self.inner.checkpointing.lock().unwrap_or_else(|p| p.into_inner());
+        let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+        if busy != 0 {
+            return Err(StoreError::Task("the WAL could not be emptied: a read or checkpoint still held it".into()));
+        }
+        Ok(())
     }
 
     /// Runs `f` on a reader connection, in a read transaction (a
@@ -330,7 +363,7 @@ const RESTART_FRAMES: i64 = 4096;
 /// blocking anyone), waits for readers to leave the old frames (short
 /// reads), and the next write starts the WAL over (`journal_size_limit` then
 /// trims the file). Stops with the writer.
-fn checkpoints(path: &Path, written: &mpsc::Receiver<()>, restart: &AtomicBool) {
+fn checkpoints(path: &Path, written: &mpsc::Receiver<()>, restart: &AtomicBool, checkpointing: &Mutex<()>) {
     let conn = match Connection::open(path).map_err(StoreError::from).and_then(|c| configure(&c).map(|()| c)) {
         Ok(c) => c,
         // Without it the WAL is checkpointed when the last connection
@@ -339,6 +372,7 @@ fn checkpoints(path: &Path, written: &mpsc::Receiver<()>, restart: &AtomicBool) 
     };
     while written.recv().is_ok() {
         std::thread::sleep(CHECKPOINT_EVERY);
+        let alone = checkpointing.lock().unwrap_or_else(|p| p.into_inner());
         // A failed checkpoint (a reader holding an old snapshot, the disk)
         // is simply tried again after the next writes.
         let Ok((frames, mut left)) = passive(&conn) else { continue };
@@ -360,6 +394,7 @@ fn checkpoints(path: &Path, written: &mpsc::Receiver<()>, restart: &AtomicBool) 
                 Err(_) => break,
             }
         }
+        drop(alone);
         restart.store(true, Ordering::Relaxed);
     }
 }
