@@ -31,6 +31,15 @@ fn keys_in(text: &str) -> Vec<String> {
     keys
 }
 
+/// The server on a fresh data dir, and the key its first start printed.
+fn first_start(data_dir: &std::path::Path) -> (common::process::Server, String) {
+    let server = serve(data_dir);
+    server.proc.expect("the first-start key on stdout", |o| o.stdout.contains("/v1/api-keys\n"));
+    let key = keys_in(&server.proc.stdout())[0].clone();
+    assert!(is_key(&key), "not a key: {key}");
+    (server, key)
+}
+
 #[tokio::test]
 async fn first_start_prints_one_key_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -74,9 +83,7 @@ async fn first_start_prints_one_key_once() {
 #[tokio::test]
 async fn a_stopped_server_leaves_its_data_in_the_database_file() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = serve(dir.path());
-    server.proc.expect("the first-start key on stdout", |o| o.stdout.contains("/v1/api-keys\n"));
-    let key = keys_in(&server.proc.stdout())[0].clone();
+    let (mut server, key) = first_start(dir.path());
     let resp = http().get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let status = server.proc.terminate();
@@ -256,10 +263,7 @@ fn bad_label_is_refused() {
 #[tokio::test]
 async fn logs_are_json_and_carry_the_request_id_but_no_key() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = serve(dir.path());
-    server.proc.expect("the first-start key on stdout", |o| o.stdout.contains("/v1/api-keys\n"));
-    let key = keys_in(&server.proc.stdout())[0].clone();
-    assert!(is_key(&key));
+    let (mut server, key) = first_start(dir.path());
 
     let client = http();
     let resp = client.get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
