@@ -61,6 +61,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         bind: "127.0.0.1:0".parse()?,
         data_dir: dir.path().to_path_buf(),
         oidc: Vec::new(),
+        oidc_refetch_interval: sparring_impl::oidc::REFETCH_INTERVAL,
         secret_key_file: None,
         engine: Default::default(),
         starting_credits: sparring_impl::credits::DEFAULT_STARTING_CREDITS,

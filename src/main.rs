@@ -222,6 +222,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         bind: args.bind,
         data_dir: args.data_dir.clone(),
         oidc: args.issuers()?,
+        oidc_refetch_interval: sparring_impl::oidc::REFETCH_INTERVAL,
         secret_key_file: args.secret_key_file.clone(),
         engine: sparring_impl::engine::worker::EngineConfig {
             workers: args.workers.max(1),

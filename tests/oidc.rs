@@ -4,7 +4,8 @@
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use base64::Engine as _;
 use common::{error_body, TestServer};
@@ -24,7 +25,8 @@ const OTHER_KEY: &str = include_str!("fixtures/other-key.pem");
 
 struct Issuer {
     url: String,
-    jwks: serde_json::Value,
+    /// The keys it publishes (a test rotates them).
+    jwks: Mutex<serde_json::Value>,
     jwks_fetches: AtomicUsize,
 }
 
@@ -44,7 +46,7 @@ async fn discovery(rqctx: RequestContext<Arc<Issuer>>) -> Result<HttpResponseOk<
 #[dropshot::endpoint { method = GET, path = "/jwks" }]
 async fn jwks_document(rqctx: RequestContext<Arc<Issuer>>) -> Result<HttpResponseOk<serde_json::Value>, HttpError> {
     rqctx.context().jwks_fetches.fetch_add(1, Ordering::SeqCst);
-    Ok(HttpResponseOk(rqctx.context().jwks.clone()))
+    Ok(HttpResponseOk(rqctx.context().jwks.lock().unwrap().clone()))
 }
 
 fn signing_key(pem: &str, kid: &str) -> CoreRsaPrivateSigningKey {
@@ -52,8 +54,11 @@ fn signing_key(pem: &str, kid: &str) -> CoreRsaPrivateSigningKey {
 }
 
 fn published_jwks() -> serde_json::Value {
-    let jwks = CoreJsonWebKeySet::new(vec![signing_key(ISSUER_KEY, "k1").as_verification_key()]);
-    serde_json::to_value(jwks).unwrap()
+    jwks_of(ISSUER_KEY, "k1")
+}
+
+fn jwks_of(pem: &str, kid: &str) -> serde_json::Value {
+    serde_json::to_value(CoreJsonWebKeySet::new(vec![signing_key(pem, kid).as_verification_key()])).unwrap()
 }
 
 /// Starts the loopback issuer; returns it and its URL.
@@ -62,8 +67,11 @@ async fn start_issuer() -> (Arc<Issuer>, dropshot::HttpServer<Arc<Issuer>>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
-    let issuer =
-        Arc::new(Issuer { url: format!("http://{addr}"), jwks: published_jwks(), jwks_fetches: AtomicUsize::new(0) });
+    let issuer = Arc::new(Issuer {
+        url: format!("http://{addr}"),
+        jwks: Mutex::new(published_jwks()),
+        jwks_fetches: AtomicUsize::new(0),
+    });
     let mut api = ApiDescription::new();
     api.register(discovery).unwrap();
     api.register(jwks_document).unwrap();
@@ -269,4 +277,106 @@ async fn activity_records_name_the_id_token_actor() {
     assert!(record["actor"]["api_key_id"].is_null());
     assert!(record["actor"]["user_id"].as_str().unwrap().starts_with("usr_"));
     assert!(!history.to_string().contains(&token), "the token is never recorded");
+}
+
+/// A server trusting the loopback issuer at `url` that fetches its keys
+/// again at most once per `interval` (the server's minute would make these
+/// tests wait).
+async fn start_refetching(url: &str, interval: Duration) -> TestServer {
+    let issuer = IssuerConfig { issuer: url.to_string(), audience: AUDIENCE.into(), jwks_file: None };
+    TestServer::start_configured(vec![issuer], |c| c.oidc_refetch_interval = interval).await
+}
+
+#[tokio::test]
+async fn keys_the_issuer_rotates_are_fetched_and_tokens_of_withdrawn_keys_refused() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url.clone();
+    let s = start_refetching(&url, Duration::ZERO).await;
+    let old = sign(valid(&url, "frank"));
+    assert_eq!(status_with_token(&s, &old).await, 200);
+
+    // The issuer rotates: it publishes k2 and withdraws k1.
+    *issuer.jwks.lock().unwrap() = jwks_of(OTHER_KEY, "k2");
+    // The server holds k1 until a token needs a key it does not hold.
+    let new = sign(Token { key_pem: OTHER_KEY, kid: "k2", ..valid(&url, "frank") });
+    let fetches = issuer.jwks_fetches.load(Ordering::SeqCst);
+    assert_eq!(status_with_token(&s, &new).await, 200);
+    assert_eq!(issuer.jwks_fetches.load(Ordering::SeqCst), fetches + 1);
+    // The token verified with k1 before is not accepted from memory any
+    // more: checked again, its key is no longer published.
+    assert_eq!(status_with_token(&s, &old).await, 401);
+    assert_eq!(status_with_token(&s, &new).await, 200);
+}
+
+/// A token whose check began with the keys as they were and ended after a
+/// refetch replaced them must not be remembered as verified: it would be
+/// accepted from memory until its `exp`, although the issuer no longer
+/// publishes its key. Many first uses of tokens signed with a key about to be
+/// withdrawn run at once, and the refetch happens among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_checked_while_the_keys_are_refetched_is_not_remembered() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url.clone();
+    // Once the keys are refetched, the next refetch (which would forget
+    // every token, the wrongly remembered ones too) waits this long, longer
+    // than the rest of the test.
+    let interval = Duration::from_secs(5);
+    let s = Arc::new(start_refetching(&url, interval).await);
+    let started = tokio::time::Instant::now();
+    // The user exists before the race, so the racing requests only read.
+    assert_eq!(status_with_token(&s, &sign(valid(&url, "grace"))).await, 200);
+
+    // Distinct tokens (each its own expiry), all signed with k1.
+    const TOKENS: usize = 200;
+    let tokens: Arc<Vec<String>> = {
+        let url = url.clone();
+        let sign_all =
+            move || (0..TOKENS as i64).map(|i| sign(Token { expires_in: 600 + i, ..valid(&url, "grace") })).collect();
+        Arc::new(tokio::task::spawn_blocking(sign_all).await.unwrap())
+    };
+    let k2 = sign(Token { key_pem: OTHER_KEY, kid: "k2", ..valid(&url, "grace") });
+    // The issuer withdraws k1; the server still holds it, and may refetch
+    // (its start fetched the keys).
+    *issuer.jwks.lock().unwrap() = jwks_of(OTHER_KEY, "k2");
+    tokio::time::sleep_until(started + interval).await;
+    let race = tokio::time::Instant::now();
+
+    let next = Arc::new(AtomicUsize::new(0));
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (s, tokens, next, accepted) = (s.clone(), tokens.clone(), next.clone(), accepted.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= TOKENS {
+                    break;
+                }
+                if status_with_token(&s, &tokens[i]).await == 200 {
+                    accepted.lock().unwrap().push(i);
+                }
+            }
+        }));
+    }
+    // With the first quarter under way, a k2 token makes the server refetch.
+    while next.load(Ordering::SeqCst) < TOKENS / 4 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(status_with_token(&s, &k2).await, 200);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let accepted = accepted.lock().unwrap().clone();
+    // All but the 16 in flight at the refetch were checked with k1 held.
+    assert!(accepted.len() >= TOKENS / 4 - 16, "the tokens before the refetch were accepted: {}", accepted.len());
+    assert!(accepted.len() < TOKENS, "the tokens after the refetch were refused");
+    // Every k1 token is refused now, whenever it was first seen.
+    let mut remembered = Vec::new();
+    for &i in &accepted {
+        if status_with_token(&s, &tokens[i]).await == 200 {
+            remembered.push(i);
+        }
+    }
+    eprintln!("signed in {:?}, raced and checked in {:?}", race - started, race.elapsed());
+    assert!(remembered.is_empty(), "tokens signed with the withdrawn k1 still accepted: {remembered:?}");
 }

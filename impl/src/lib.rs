@@ -71,6 +71,9 @@ pub struct Config {
     pub bind: SocketAddr,
     pub data_dir: PathBuf,
     pub oidc: Vec<IssuerConfig>,
+    /// The least time between two fetches of an issuer's keys
+    /// ([`oidc::REFETCH_INTERVAL`] in the server).
+    pub oidc_refetch_interval: std::time::Duration,
     /// The secret key sealing stored secrets; `<data dir>/secret.key` if
     /// not given.
     pub secret_key_file: Option<PathBuf>,
@@ -224,7 +227,7 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     let starting_credits = config.starting_credits;
     store.write(move |tx| credits::set_starting_credits(tx, starting_credits).map_err(store::StoreError::from)).await?;
     let first_start_key = users::bootstrap_admin(&store).await?.map(RawKey::expose);
-    let oidc = Oidc::new(config.oidc.clone(), &log).await?;
+    let oidc = Oidc::new(config.oidc.clone(), config.oidc_refetch_interval, &log).await?;
     let test_cache = test_cache::TestCache::watching(&store);
     let key_pages = api_keys::KeyPages::watching(&store);
     let state = Arc::new(AppState {

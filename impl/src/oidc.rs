@@ -4,17 +4,19 @@
 //! must carry. Its signing keys come from the issuer's discovery document and
 //! JWKS over HTTP, or from a JWKS file (offline). Keys are cached; a token
 //! signed with a key the cache does not hold (an unknown `kid`: the issuer
-//! rotated its keys) triggers one refetch, at most once a minute per issuer,
-//! so a stream of bogus tokens cannot turn into a stream of requests to the
-//! issuer. Signature, `iss`, `aud` and `exp` are checked by `openidconnect`;
-//! only asymmetric algorithms are accepted (never `none`).
+//! rotated its keys) triggers one refetch, at most once a minute per issuer
+//! ([`REFETCH_INTERVAL`]), so a stream of bogus tokens cannot turn into a
+//! stream of requests to the issuer. Signature, `iss`, `aud` and `exp` are
+//! checked by `openidconnect`; only asymmetric algorithms are accepted (never
+//! `none`).
 //!
 //! A client sends the same token with every request for up to an hour, and
 //! checking its RSA signature is most of what a bearer request costs, so a
 //! verified token is remembered (by its blake3) with whom it names until its
 //! `exp`: the same token again is accepted without a second signature check,
 //! and never after it expires. Refetching an issuer's keys forgets every
-//! remembered token.
+//! remembered token, including one whose check began with the old keys and
+//! ends after the refetch (a generation guard, as in the key cache).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -30,7 +32,9 @@ use openidconnect::core::{
 };
 use openidconnect::{ClaimsVerificationError, ClientId, IssuerUrl, Nonce, SignatureVerificationError};
 
-const REFETCH_INTERVAL: Duration = Duration::from_secs(60);
+/// The least time between two fetches of an issuer's keys prompted by
+/// tokens (the server's setting; tests shorten it).
+pub const REFETCH_INTERVAL: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Debug)]
 pub struct IssuerConfig {
@@ -53,49 +57,67 @@ pub struct Oidc {
     issuers: Vec<Issuer>,
     http: OidcHttp,
     verified: Verified,
+    refetch_interval: Duration,
 }
 
 /// Tokens already verified: blake3 of the token → its identity and `exp`.
 #[derive(Default)]
-struct Verified(Mutex<VerifiedMap>);
+struct Verified(Mutex<VerifiedState>);
 
-/// blake3 of a token → the identity it proved and when it expires.
-type VerifiedMap = HashMap<[u8; 32], (Identity, DateTime<Utc>)>;
+#[derive(Default)]
+struct VerifiedState {
+    /// blake3 of a token → the identity it proved and when it expires.
+    tokens: HashMap<[u8; 32], (Identity, DateTime<Utc>)>,
+    /// Counts the times the map was emptied: a check that began before a
+    /// refetch (with the keys as they were) must not be remembered after it.
+    generation: u64,
+}
 
 /// More verified tokens than this and the expired ones are dropped (all of
 /// them if none has expired): a bound on memory, whatever the traffic.
 const MAX_VERIFIED: usize = 10_000;
 
 impl Verified {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VerifiedMap> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VerifiedState> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn get(&self, hash: &[u8; 32], now: DateTime<Utc>) -> Option<Identity> {
-        let mut map = self.lock();
-        match map.get(hash) {
-            Some((identity, exp)) if now < *exp => Some(identity.clone()),
+    /// The identity a remembered token proved, or, when there is none, the
+    /// generation to give [`Verified::put`] once the token is checked. Taken
+    /// before the check reads the issuer's keys.
+    fn get(&self, hash: &[u8; 32], now: DateTime<Utc>) -> Result<Identity, u64> {
+        let mut state = self.lock();
+        match state.tokens.get(hash) {
+            Some((identity, exp)) if now < *exp => Ok(identity.clone()),
             Some(_) => {
-                map.remove(hash);
-                None
+                state.tokens.remove(hash);
+                Err(state.generation)
             }
-            None => None,
+            None => Err(state.generation),
         }
     }
 
-    fn put(&self, hash: [u8; 32], identity: Identity, exp: DateTime<Utc>, now: DateTime<Utc>) {
-        let mut map = self.lock();
-        if map.len() >= MAX_VERIFIED {
-            map.retain(|_, (_, e)| now < *e);
-            if map.len() >= MAX_VERIFIED {
-                map.clear();
+    /// Remembers a checked token, unless the keys were refetched since
+    /// `seen` (from [`Verified::get`]): the check may have used keys the
+    /// issuer no longer publishes.
+    fn put(&self, hash: [u8; 32], identity: Identity, exp: DateTime<Utc>, now: DateTime<Utc>, seen: u64) {
+        let mut state = self.lock();
+        if state.generation != seen {
+            return;
+        }
+        if state.tokens.len() >= MAX_VERIFIED {
+            state.tokens.retain(|_, (_, e)| now < *e);
+            if state.tokens.len() >= MAX_VERIFIED {
+                state.tokens.clear();
             }
         }
-        map.insert(hash, (identity, exp));
+        state.tokens.insert(hash, (identity, exp));
     }
 
     fn clear(&self) {
-        self.lock().clear();
+        let mut state = self.lock();
+        state.tokens.clear();
+        state.generation += 1;
     }
 }
 
@@ -121,8 +143,13 @@ struct Issuer {
 
 impl Oidc {
     /// Sets up the issuers; JWKS files are read now, discovery is attempted
-    /// now and retried on demand if the issuer is unreachable.
-    pub async fn new(configs: Vec<IssuerConfig>, log: &slog::Logger) -> anyhow::Result<Oidc> {
+    /// now and retried on demand if the issuer is unreachable, at most once
+    /// per `refetch_interval` (as are refetches for unknown key ids).
+    pub async fn new(
+        configs: Vec<IssuerConfig>,
+        refetch_interval: Duration,
+        log: &slog::Logger,
+    ) -> anyhow::Result<Oidc> {
         let http = reqwest::Client::builder()
             // Following redirects from an issuer is an SSRF risk.
             .redirect(reqwest::redirect::Policy::none())
@@ -142,7 +169,7 @@ impl Oidc {
             };
             issuers.push(Issuer { config, url, keys: RwLock::new(Arc::new(keys)), last_fetch: Mutex::new(None) });
         }
-        let oidc = Oidc { issuers, http: OidcHttp(http), verified: Verified::default() };
+        let oidc = Oidc { issuers, http: OidcHttp(http), verified: Verified::default(), refetch_interval };
         for issuer in &oidc.issuers {
             if issuer.config.jwks_file.is_none() {
                 if let Err(e) = oidc.refetch(issuer).await {
@@ -161,11 +188,12 @@ impl Oidc {
     /// Verifies an ID token; the error is a message for the 401.
     pub async fn verify(&self, token: &str) -> Result<Identity, String> {
         let hash = *blake3::hash(token.as_bytes()).as_bytes();
-        if let Some(identity) = self.verified.get(&hash, Utc::now()) {
-            return Ok(identity);
-        }
+        let seen = match self.verified.get(&hash, Utc::now()) {
+            Ok(identity) => return Ok(identity),
+            Err(generation) => generation,
+        };
         let (identity, exp) = self.verify_signed(token).await?;
-        self.verified.put(hash, identity.clone(), exp, Utc::now());
+        self.verified.put(hash, identity.clone(), exp, Utc::now(), seen);
         Ok(identity)
     }
 
@@ -199,21 +227,20 @@ impl Oidc {
     }
 
     /// Fetches the issuer's discovery document and keys, unless that was
-    /// done less than a minute ago.
+    /// done less than `refetch_interval` ago.
     async fn refetch(&self, issuer: &Issuer) -> Result<(), String> {
         {
             let mut last = issuer.last_fetch.lock().unwrap_or_else(|p| p.into_inner());
-            if last.is_some_and(|t| t.elapsed() < REFETCH_INTERVAL) {
-                return Err("keys were fetched less than a minute ago".into());
+            if last.is_some_and(|t| t.elapsed() < self.refetch_interval) {
+                return Err("keys were fetched too recently".into());
             }
             *last = Some(Instant::now());
         }
+        // Discovery fetches the JWKS the document names, too.
         let metadata = CoreProviderMetadata::discover_async(issuer.url.clone(), &self.http)
             .await
             .map_err(|e| format!("discovery: {e}"))?;
-        let keys =
-            CoreJsonWebKeySet::fetch_async(metadata.jwks_uri(), &self.http).await.map_err(|e| format!("JWKS: {e}"))?;
-        *issuer.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+        *issuer.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(metadata.jwks().clone());
         // A token verified with a key the issuer no longer publishes must be
         // checked again.
         self.verified.clear();
@@ -287,4 +314,30 @@ fn unverified_issuer(token: &str) -> Option<String> {
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')).ok()?;
     let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     claims.get("iss")?.as_str().map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> Identity {
+        Identity { issuer: "https://issuer.test".into(), subject: "alice".into(), email: None, name: None }
+    }
+
+    #[test]
+    fn a_check_that_began_before_a_refetch_is_not_remembered() {
+        let verified = Verified::default();
+        let (now, exp) = (Utc::now(), Utc::now() + chrono::Duration::minutes(10));
+        let seen = verified.get(&[1; 32], now).unwrap_err();
+        // The keys are refetched while the token is checked.
+        verified.clear();
+        verified.put([1; 32], identity(), exp, now, seen);
+        let seen_after = verified.get(&[1; 32], now).expect_err("checked with keys since replaced");
+        assert_eq!(seen_after, seen + 1);
+        // Checked again, after the refetch: remembered.
+        verified.put([1; 32], identity(), exp, now, seen_after);
+        assert_eq!(verified.get(&[1; 32], now).unwrap().subject, "alice");
+        // Until it expires.
+        assert!(verified.get(&[1; 32], exp).is_err());
+    }
 }

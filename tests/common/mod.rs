@@ -63,6 +63,7 @@ impl TestServer {
             bind: "127.0.0.1:0".parse().unwrap(),
             data_dir: data_dir.path().to_path_buf(),
             oidc,
+            oidc_refetch_interval: sparring_impl::oidc::REFETCH_INTERVAL,
             secret_key_file: None,
             engine: Default::default(),
             starting_credits: sparring_impl::credits::DEFAULT_STARTING_CREDITS,
