@@ -284,7 +284,7 @@ async fn admin(command: AdminCommand) -> anyhow::Result<()> {
             Ok(())
         }
         AdminCommand::GrantCredits { data_dir, user, amount, description } => {
-            let store = sparring_impl::open_store(&data_dir)?;
+            let (store, _lock) = sparring_impl::open_store_for_admin(&data_dir)?;
             let balance = sparring_impl::credits::admin_grant_async(&store, user.clone(), amount, description).await?;
             println!("{user} now has {balance} credits");
             Ok(())

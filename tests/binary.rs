@@ -213,7 +213,11 @@ async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
         run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "nobody@example.com", "--amount", "1"]);
     assert!(!status.success() && stderr.contains("no user"), "{stderr}");
 
+    // Beside a running server too.
     let mut server = serve(dir.path());
+    let (status, stdout, stderr) = grant("100");
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "ops@example.com now has 1350 credits");
     let resp = http().get(server.url("/v1/transactions")).header("x-api-key", &key).send().await.unwrap();
     let ledger: Value = resp.json().await.unwrap();
     let entries: Vec<(String, i64, i64)> = ledger["transactions"]
@@ -228,8 +232,36 @@ async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
             )
         })
         .collect();
-    assert_eq!(entries, [("grant".to_string(), 250, 1250), ("grant".to_string(), 1000, 1000)]);
+    let grant_entry = |amount, balance| ("grant".to_string(), amount, balance);
+    assert_eq!(entries, [grant_entry(100, 1350), grant_entry(250, 1250), grant_entry(1000, 1000)]);
     assert!(server.proc.terminate().success());
+}
+
+/// A newer build's `admin grant-credits` beside a running server of an older
+/// one must not migrate the database under it. The older server is played
+/// by this test: it holds the data dir's lock, and the database says it is
+/// one version behind.
+#[test]
+fn admin_grant_credits_does_not_migrate_under_an_older_running_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let (status, _, stderr) =
+        run(&["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "deploy"]);
+    assert!(status.success(), "{stderr}");
+    let db = dir.path().join(sparring_impl::DATABASE_FILE);
+    let older = sparring_impl::store::SCHEMA_VERSION as i64 - 1;
+    let version = || -> i64 {
+        rusqlite::Connection::open(&db).unwrap().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap()
+    };
+    rusqlite::Connection::open(&db).unwrap().pragma_update(None, "user_version", older).unwrap();
+    let server_lock = sparring_impl::lock_data_dir(dir.path()).unwrap();
+
+    let (status, stdout, stderr) =
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "ops@example.com", "--amount", "5"]);
+    assert!(!status.success(), "{stdout}");
+    assert!(stderr.contains("older schema"), "{stderr}");
+    assert_eq!(version(), older, "the database was not migrated");
+    drop(server_lock);
 }
 
 /// `sparring demo` shows the whole product: a real batch run against the

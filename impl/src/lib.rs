@@ -118,6 +118,28 @@ pub fn open_store(data_dir: &std::path::Path) -> anyhow::Result<Store> {
     Store::open(&path).with_context(|| format!("opening database {}", path.display()))
 }
 
+/// The store for an admin command that writes to the database itself, beside
+/// a running server or not (SQLite serializes its writes with the server's),
+/// and the data dir's lock if no server held it. Beside a running server
+/// the database must already be at this build's schema: migrating it would
+/// change tables under a server of an older build that still uses them.
+pub fn open_store_for_admin(data_dir: &std::path::Path) -> anyhow::Result<(Store, Option<DataDirLock>)> {
+    let lock = try_lock_data_dir(data_dir)?;
+    if lock.is_none() {
+        let path = data_dir.join(DATABASE_FILE);
+        let found = store::schema_version(&path).with_context(|| format!("reading {}", path.display()))?;
+        if found < store::SCHEMA_VERSION {
+            anyhow::bail!(
+                "the server running on {} has an older schema (version {found}) than this build's ({}); \
+                 restart it with this build first, or stop it",
+                data_dir.display(),
+                store::SCHEMA_VERSION
+            );
+        }
+    }
+    Ok((open_store(data_dir)?, lock))
+}
+
 /// Held by whatever owns a data dir exclusively (the server, a key
 /// rotation): two servers on one database, or a rotation under a running
 /// server that still holds the old key, would corrupt it.

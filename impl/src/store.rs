@@ -636,6 +636,19 @@ fn open_reader(path: &Path) -> StoreResult<Connection> {
     Ok(conn)
 }
 
+/// The schema version this build migrates databases to.
+pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
+
+/// The schema version of the database at `path` (0 if there is none yet),
+/// read without changing anything.
+pub fn schema_version(path: &Path) -> StoreResult<usize> {
+    if !path.exists() {
+        return Ok(0);
+    }
+    let version: i64 = open_reader(path)?.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    Ok(usize::try_from(version).unwrap_or(0))
+}
+
 fn migrate(conn: &mut Connection, path: &Path) -> StoreResult<()> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     let version = usize::try_from(version).unwrap_or(0);
