@@ -90,6 +90,9 @@ struct Token<'a> {
     expires_in: i64,
     key_pem: &'a str,
     kid: &'a str,
+    /// `<subject>@example.com` unless given.
+    email: Option<&'a str>,
+    email_verified: bool,
 }
 
 fn sign(t: Token<'_>) -> String {
@@ -100,7 +103,10 @@ fn sign(t: Token<'_>) -> String {
         now + chrono::Duration::seconds(t.expires_in),
         now - chrono::Duration::seconds(60),
         StandardClaims::new(SubjectIdentifier::new(t.subject.to_string()))
-            .set_email(Some(EndUserEmail::new(format!("{}@example.com", t.subject)))),
+            .set_email(Some(EndUserEmail::new(
+                t.email.map_or_else(|| format!("{}@example.com", t.subject), str::to_string),
+            )))
+            .set_email_verified(Some(t.email_verified)),
         EmptyAdditionalClaims {},
     );
     CoreIdToken::new(claims, &signing_key(t.key_pem, t.kid), CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256, None, None)
@@ -109,7 +115,16 @@ fn sign(t: Token<'_>) -> String {
 }
 
 fn valid<'a>(issuer: &'a str, subject: &'a str) -> Token<'a> {
-    Token { issuer, audience: AUDIENCE, subject, expires_in: 600, key_pem: ISSUER_KEY, kid: "k1" }
+    Token {
+        issuer,
+        audience: AUDIENCE,
+        subject,
+        expires_in: 600,
+        key_pem: ISSUER_KEY,
+        kid: "k1",
+        email: None,
+        email_verified: true,
+    }
 }
 
 async fn status_with_token(s: &TestServer, token: &str) -> u16 {
@@ -379,4 +394,48 @@ async fn a_token_checked_while_the_keys_are_refetched_is_not_remembered() {
     }
     eprintln!("signed in {:?}, raced and checked in {:?}", race - started, race.elapsed());
     assert!(remembered.is_empty(), "tokens signed with the withdrawn k1 still accepted: {remembered:?}");
+}
+
+/// Users are found by email (`admin create-key`, adding a member), so an ID
+/// token's `email` claim counts only if the issuer verified it: otherwise
+/// whoever signed in first claiming an address would take its place.
+#[tokio::test]
+async fn an_unverified_email_claim_is_not_the_users_email() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url.clone();
+    let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
+    let victim = "victim@example.com";
+    let claims_it = |subject| sign(Token { email: Some(victim), email_verified: false, ..valid(&url, subject) });
+
+    // Mallory signs in claiming the address, unverified.
+    let mallory = claims_it("mallory");
+    assert_eq!(status_with_token(&s, &mallory).await, 200);
+    // The operator makes a key for the address: not Mallory's account.
+    let victim_key = s.key_for_user(victim).await;
+    let project = s.create_project(&victim_key, "the victim's").await;
+    let resp = s.http.get(s.url(&format!("/v1/projects/{project}"))).bearer_auth(&mallory).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+
+    // Adding the address to a project adds the one whose issuer verified it.
+    let verified = sign(Token { email: Some("verified@example.com"), ..valid(&url, "vera") });
+    let unverified =
+        sign(Token { email: Some("verified@example.com"), email_verified: false, ..valid(&url, "ursula") });
+    assert_eq!(status_with_token(&s, &unverified).await, 200);
+    assert_eq!(status_with_token(&s, &verified).await, 200);
+    let owner = s.key_for_user("owner@example.com").await;
+    let shared = s.create_project(&owner, "shared").await;
+    let add = serde_json::json!({"email": "verified@example.com", "role": "editor"});
+    s.expect(reqwest::Method::POST, &format!("/v1/projects/{shared}/members"), &owner, Some(add), 200).await;
+    let sees = |token: String| {
+        let (http, u) = (s.http.clone(), s.url(&format!("/v1/projects/{shared}")));
+        async move { http.get(u).bearer_auth(token).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!((sees(verified).await, sees(unverified).await), (200, 404));
+    // An unverified claim alone names nobody.
+    let ghost = sign(Token { email: Some("ghost@example.com"), email_verified: false, ..valid(&url, "ghost") });
+    assert_eq!(status_with_token(&s, &ghost).await, 200);
+    let add = serde_json::json!({"email": "ghost@example.com", "role": "viewer"});
+    let resp = s.send_json(reqwest::Method::POST, &format!("/v1/projects/{shared}/members"), &owner, Some(add)).await;
+    let (status, body) = error_body(resp).await;
+    assert_eq!((status, body["error_code"].as_str()), (400, Some("invalid_email")), "{body}");
 }

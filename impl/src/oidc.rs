@@ -49,6 +49,7 @@ pub struct IssuerConfig {
 pub struct Identity {
     pub issuer: String,
     pub subject: String,
+    /// The `email` claim, only if `email_verified` is true.
     pub email: Option<String>,
     pub name: Option<String>,
 }
@@ -272,7 +273,10 @@ impl Issuer {
         let identity = Identity {
             issuer: self.config.issuer.clone(),
             subject: claims.subject().as_str().to_string(),
-            email: claims.email().map(|e| e.as_str().to_string()),
+            // Only an address the issuer verified: users are found by email
+            // (`admin create-key`, adding a member), so an unverified claim
+            // would let anyone take an address's place.
+            email: claims.email().filter(|_| claims.email_verified() == Some(true)).map(|e| e.as_str().to_string()),
             name: claims.name().and_then(|n| n.get(None)).map(|n| n.as_str().to_string()),
         };
         Ok((identity, claims.expiration()))

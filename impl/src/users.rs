@@ -60,10 +60,13 @@ pub async fn ensure_for_identity(store: &Store, identity: Identity) -> Result<St
             {
                 return Ok(id);
             }
-            // The email is informational for ID-token users; keep it only if
-            // no other user has it.
+            // A verified address (see `oidc::Identity`), kept only if no
+            // other user has it: users are found by it, case aside.
             let email_taken = match &identity.email {
-                Some(e) => tx.query_row("SELECT 1 FROM users WHERE email = ?1", params![e], |_| Ok(())).optional()?.is_some(),
+                Some(e) => tx
+                    .query_row("SELECT 1 FROM users WHERE email = ?1 COLLATE NOCASE", params![e], |_| Ok(()))
+                    .optional()?
+                    .is_some(),
                 None => true,
             };
             let id = ids::new_id("usr");
