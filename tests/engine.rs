@@ -178,16 +178,19 @@ async fn a_batch_passes_and_fails_for_real_reasons() {
     assert_eq!(statuses, BTreeMap::from([("failed".into(), 2), ("passed".into(), 3)]));
     assert!(runs.iter().all(|r| r["test_result_id"].is_string() && r["attempt"] == 1));
 
-    // The batch shows its last run; the ledger shows the reservation, and no
-    // refund since every conversation used its credit.
+    // The batch shows its last run; the owner's ledger (the owner pays,
+    // whoever starts the run) shows the reservation, and no refund since
+    // every conversation used its credit.
     let b = s.expect(Method::GET, &format!("/v1/batches/{batch}"), &t.viewer, None, 200).await;
     assert_eq!(b["last_run"], json!({"id": id, "status": "completed", "pass_rate": 0.6}));
-    let ledger = all_pages(&s, &t.editor, "/v1/transactions", "transactions").await;
+    let ledger = all_pages(&s, &t.owner, "/v1/transactions", "transactions").await;
     let kinds: Vec<&str> = ledger.iter().map(|t| t["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["reservation", "grant"]);
     assert_eq!(ledger_balances(&ledger), 1000 - 5);
-    let mine = s.expect(Method::GET, &format!("/v1/transactions?batch_run_id={id}"), &t.editor, None, 200).await;
-    assert_eq!(mine["transactions"][0]["amount"], -5);
+    let paid = s.expect(Method::GET, &format!("/v1/transactions?batch_run_id={id}"), &t.owner, None, 200).await;
+    assert_eq!(paid["transactions"][0]["amount"], -5);
+    let editors = all_pages(&s, &t.editor, "/v1/transactions", "transactions").await;
+    assert_eq!(editors.len(), 1, "the editor who started it paid nothing: {editors:#?}");
 
     // Running only the passing tests passes: the CI gate says yes.
     let again = s.expect(Method::POST, &format!("/v1/tests/{t1}/run"), &t.editor, Some(json!({})), 200).await;
@@ -365,7 +368,7 @@ async fn cancel_stops_queued_runs_at_once_and_running_ones_at_their_next_turn() 
     // Refunds follow: what was charged is what the two conversations used.
     let charged = done["credits_charged"].as_i64().unwrap();
     assert_eq!(charged, 2);
-    let ledger = all_pages(&s, &t.editor, "/v1/transactions", "transactions").await;
+    let ledger = all_pages(&s, &t.owner, "/v1/transactions", "transactions").await;
     let kinds: Vec<&str> = ledger.iter().map(|t| t["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["refund", "reservation", "grant"]);
     assert_eq!(ledger[0]["amount"], 10 - charged);
@@ -386,12 +389,14 @@ async fn credits_are_reserved_once_and_never_go_below_zero() {
     let (status, e) =
         error_body(s.send_json(Method::POST, &format!("/v1/tests/{big}/run"), &t.editor, Some(json!({}))).await).await;
     assert_eq!((status, e["error_code"].as_str().unwrap()), (402, "insufficient_credits"));
-    assert!(e["message"].as_str().unwrap().contains("6 credits"), "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("6 credits") && message.contains("the project's owner"), "{e}");
+    assert!(!message.contains("you have") && !message.contains(" 5"), "the owner's balance is theirs: {e}");
     let refused = s.expect(Method::GET, "/v1/batch-runs?status=insufficient_credits", &t.viewer, None, 200).await;
     let refused = &refused["batch_runs"][0];
     assert_eq!(refused["counts"]["total"], 0, "nothing queued");
     assert_eq!(refused["credits_reserved"], 0);
-    let ledger = all_pages(&s, &t.editor, "/v1/transactions", "transactions").await;
+    let ledger = all_pages(&s, &t.owner, "/v1/transactions", "transactions").await;
     assert_eq!(ledger.len(), 1, "only the starting grant");
 
     // Five requests at once for 2 credits each against a balance of 5:
@@ -415,14 +420,29 @@ async fn credits_are_reserved_once_and_never_go_below_zero() {
         assert_eq!(done["counts"]["errored"], 2);
         assert_eq!(done["credits_charged"], 2, "an agent error still cost its started minute");
     }
-    let ledger = all_pages(&s, &t.editor, "/v1/transactions", "transactions").await;
+    let ledger = all_pages(&s, &t.owner, "/v1/transactions", "transactions").await;
     assert_eq!(ledger_balances(&ledger), 1);
-    // Another user's ledger entry is not found.
+    // Another user's ledger entry is not found, not even by the member who
+    // started the run it paid for.
     let theirs = ledger[0]["id"].as_str().unwrap();
-    let (status, _) = error_body(s.get(&format!("/v1/transactions/{theirs}"), &t.viewer).await).await;
-    assert_eq!(status, 404);
-    let own = s.expect(Method::GET, &format!("/v1/transactions/{theirs}"), &t.editor, None, 200).await;
+    for key in [&t.viewer, &t.editor] {
+        let (status, _) = error_body(s.get(&format!("/v1/transactions/{theirs}"), key).await).await;
+        assert_eq!(status, 404);
+    }
+    let own = s.expect(Method::GET, &format!("/v1/transactions/{theirs}"), &t.owner, None, 200).await;
     assert_eq!(own, ledger[0]);
+
+    // Of two owners, the one who has been a member longest pays, also when
+    // the other starts the run; a refund goes back to whoever paid.
+    let second = s.key_for_user("second-owner@example.com").await;
+    let add = json!({"email": "second-owner@example.com", "role": "owner"});
+    s.expect(Method::POST, &format!("/v1/projects/{p}/members"), &t.owner, Some(add), 200).await;
+    let one = create(&s, &t.editor, "/v1/tests", test_body(p, "one", &ch, &scenario, 1)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{one}/run"), &second, Some(json!({})), 200).await;
+    wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    assert_eq!(ledger_balances(&all_pages(&s, &t.owner, "/v1/transactions", "transactions").await), 0);
+    let seconds = all_pages(&s, &second, "/v1/transactions", "transactions").await;
+    assert_eq!(seconds.len(), 1, "the second owner paid nothing: {seconds:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,6 +39,17 @@ pub fn balance(tx: &rusqlite::Connection, user_id: &str) -> rusqlite::Result<i64
         .unwrap_or(0))
 }
 
+/// Who pays for a project's batch runs (DESIGN §3: the owner): of its
+/// owners, the one who has been a member longest (a project keeps at least
+/// one owner).
+pub fn payer_of(tx: &rusqlite::Connection, project_id: &str) -> rusqlite::Result<String> {
+    tx.prepare_cached(
+        "SELECT user_id FROM project_members WHERE project_id = ?1 AND role = 'owner'
+         ORDER BY added_at, user_id LIMIT 1",
+    )?
+    .query_row(params![project_id], |r| r.get(0))
+}
+
 /// Appends an entry; fails (and so rolls the transaction back) if it would
 /// take the balance below zero.
 pub fn append(

@@ -133,15 +133,22 @@ async fn start(
             let now = ids::now();
             let now_text = ids::format_time(&now);
             let now_ms = now.timestamp_millis();
-            let balance = credits::balance(tx, &caller.user_id)?;
+            let payer = credits::payer_of(tx, &source.project_id)?;
+            let balance = credits::balance(tx, &payer)?;
             let enough = balance >= worst;
+            // Only the payer learns their balance.
+            let short = if payer == caller.user_id {
+                format!("you have {balance}")
+            } else {
+                "the project's owner, who pays for its runs, has fewer".to_string()
+            };
             let status = if enough { "queued" } else { "insufficient_credits" };
             let n = planned.len() as i64;
             tx.execute(
                 "INSERT INTO batch_runs (id, project_id, user_id, source, batch_id, channel_id, test_id, status,
                                          concurrency, total, queued, cancelled, metadata, credits_reserved,
-                                         finished_at, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 0, ?12, ?13, ?14, ?15, ?15)",
+                                         finished_at, created_at, updated_at, payer_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 0, ?12, ?13, ?14, ?15, ?15, ?16)",
                 params![
                     id,
                     source.project_id,
@@ -158,6 +165,7 @@ async fn start(
                     if enough { worst } else { 0 },
                     (!enough).then(|| now_text.clone()),
                     now_text,
+                    payer,
                 ],
             )?;
             let mut insert_test = tx.prepare_cached(
@@ -169,7 +177,7 @@ async fn start(
             if enough {
                 credits::append(
                     tx,
-                    &caller.user_id,
+                    &payer,
                     types::TransactionKind::Reservation,
                     -worst,
                     &format!("reserved for {n} conversations of batch run {id}"),
@@ -199,7 +207,7 @@ async fn start(
             let summary = if enough {
                 format!("started batch run {id}: {n} conversations, {worst} credits reserved")
             } else {
-                format!("batch run {id} not started: {worst} credits needed, {balance} available")
+                format!("batch run {id} not started: {worst} credits needed, {short}")
             };
             activity::record(
                 tx,
@@ -216,13 +224,13 @@ async fn start(
                 },
             )?;
             let run = load_batch_run(tx, &id)?;
-            Ok::<_, Failure>((run, enough, worst, balance))
+            Ok::<_, Failure>((run, enough, worst, short))
         })
         .await?;
-    let (run, enough, worst, balance) = started;
+    let (run, enough, worst, short) = started;
     if !enough {
         return Err(Failure::InsufficientCredits(format!(
-            "the run needs up to {worst} credits (every conversation at its longest) and you have {balance}; \
+            "the run needs up to {worst} credits (every conversation at its longest) and {short}; \
              batch run {} is recorded as insufficient_credits and nothing was queued",
             run.id
         )));

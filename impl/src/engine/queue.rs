@@ -317,7 +317,8 @@ pub fn cancel_requested(tx: &rusqlite::Connection, batch_run_id: &str) -> rusqli
 fn maybe_complete(tx: &rusqlite::Transaction<'_>, batch_run_id: &str) -> Result<()> {
     struct Ending {
         status: String,
-        user_id: String,
+        /// Who the credits were reserved from.
+        payer_id: String,
         project_id: String,
         unfinished: i64,
         cancel_requested: bool,
@@ -326,13 +327,14 @@ fn maybe_complete(tx: &rusqlite::Transaction<'_>, batch_run_id: &str) -> Result<
     }
     let row = tx
         .prepare_cached(
-            "SELECT status, user_id, project_id, queued + running, cancel_requested, credits_reserved, credits_charged
+            "SELECT status, coalesce(payer_id, user_id), project_id, queued + running, cancel_requested,
+                    credits_reserved, credits_charged
              FROM batch_runs WHERE id = ?1",
         )?
         .query_row(params![batch_run_id], |r| {
             Ok(Ending {
                 status: r.get(0)?,
-                user_id: r.get(1)?,
+                payer_id: r.get(1)?,
                 project_id: r.get(2)?,
                 unfinished: r.get(3)?,
                 cancel_requested: r.get(4)?,
@@ -341,7 +343,7 @@ fn maybe_complete(tx: &rusqlite::Transaction<'_>, batch_run_id: &str) -> Result<
             })
         })
         .optional()?;
-    let Some(Ending { status, user_id, project_id, unfinished, cancel_requested, reserved, charged }) = row else {
+    let Some(Ending { status, payer_id, project_id, unfinished, cancel_requested, reserved, charged }) = row else {
         return Ok(());
     };
     let unused = reserved - charged;
@@ -370,7 +372,7 @@ fn maybe_complete(tx: &rusqlite::Transaction<'_>, batch_run_id: &str) -> Result<
     if unused > 0 {
         credits::append(
             tx,
-            &user_id,
+            &payer_id,
             types::TransactionKind::Refund,
             unused,
             &format!(
