@@ -276,6 +276,41 @@ fn assert_blind(r: &Value, calibration: &str) {
     assert!(!r["transcript"].as_array().unwrap().is_empty(), "{r:#}");
 }
 
+/// Batch run `id` (one run passed, one failed) as `key` sees it, by id, in
+/// the list and as its batch's last run: how its runs ended hidden when
+/// `blind_in` names the calibration that hides it, shown otherwise.
+async fn assert_batch_run_blind(s: &TestServer, key: &str, id: &str, blind_in: Option<&str>) {
+    let by_id = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), key, None, 200).await;
+    let project = by_id["project_id"].as_str().unwrap();
+    let listed = all_pages(s, key, &format!("/v1/batch-runs?project_id={project}"), "batch_runs").await;
+    let listed = find(&listed, "id", id).clone();
+    let batch_path = format!("/v1/batches/{}", by_id["batch_id"].as_str().unwrap());
+    let last_run = s.expect(Method::GET, &batch_path, key, None, 200).await["last_run"].clone();
+    assert_eq!(last_run["id"], id);
+    for run in [&by_id, &listed] {
+        let c = &run["counts"];
+        assert_eq!(
+            (&c["total"], &c["queued"], &c["running"], &c["cancelled"]),
+            (&json!(2), &json!(0), &json!(0), &json!(0))
+        );
+        match blind_in {
+            Some(calibration) => {
+                assert_eq!((&c["passed"], &c["failed"], &c["errored"]), (&Value::Null, &Value::Null, &Value::Null));
+                assert_eq!((&run["pass_rate"], &run["passed"]), (&Value::Null, &Value::Null), "{run:#}");
+                assert_eq!(run["blinded"]["calibration_id"], calibration, "{run:#}");
+                assert!(run["blinded"]["reason"].as_str().unwrap().contains(calibration), "{run:#}");
+            }
+            None => {
+                assert_eq!((&c["passed"], &c["failed"], &c["errored"]), (&json!(1), &json!(1), &json!(0)));
+                assert_eq!((&run["pass_rate"], &run["passed"]), (&json!(0.5), &json!(false)), "{run:#}");
+                assert!(run["blinded"].is_null(), "{run:#}");
+            }
+        }
+    }
+    let rate = if blind_in.is_some() { Value::Null } else { json!(0.5) };
+    assert_eq!(last_run["pass_rate"], rate, "{last_run:#}");
+}
+
 fn assert_sees_all(r: &Value, status: &str) {
     assert_eq!(r["status"], status, "{r:#}");
     assert!(r["score"].is_number(), "{r:#}");
@@ -485,6 +520,11 @@ async fn blind_labelling_before_and_after_close() {
     let mut statuses: Vec<&str> = runs.iter().map(|r| r["status"].as_str().unwrap()).collect();
     statuses.sort();
     assert_eq!(statuses, ["failed", "passed"]);
+    // Nor does the batch run, by any route: its counts would tell.
+    assert_batch_run_blind(&s, &t.reviewer, &ran.batch_run_id, Some(&c)).await;
+    for key in [&t.owner, &t.editor, &t.viewer] {
+        assert_batch_run_blind(&s, key, &ran.batch_run_id, None).await;
+    }
 
     // The owner's review counts toward the calibration; the editor's (not
     // assigned) does not.
@@ -511,6 +551,30 @@ async fn blind_labelling_before_and_after_close() {
         ids(&json!(reviews(&s, &t.owner, &format!("calibration_id={c}")).await)),
         [id(&by_reviewer), id(&by_owner)]
     );
+
+    // Nor does the activity log: others' reviews of the blind results, and
+    // the batch run's end (its summary counts the verdicts), are not there
+    // for the reviewer; their own review is.
+    let hidden = [id(&by_owner), id(&by_editor)];
+    let ended = |feed: &[Value]| feed.iter().any(|a| a["action"] == "batch_run.complete");
+    let feed = all_pages(&s, &t.reviewer, &format!("/v1/activity?project_id={p}"), "activity").await;
+    let reviewed: Vec<String> =
+        feed.iter().filter(|a| a["resource_type"] == "review").map(|a| a["resource_id"].to_string()).collect();
+    assert_eq!(reviewed, [json!(id(&by_reviewer)).to_string()], "{feed:#?}");
+    assert!(!ended(&feed), "{feed:#?}");
+    for review_id in &hidden {
+        let path = format!("/v1/activity/resource/review/{review_id}");
+        let history = s.expect(Method::GET, &path, &t.reviewer, None, 200).await;
+        assert_eq!(history["activity"], json!([]), "{history:#}");
+        let record = s.expect(Method::GET, &path, &t.owner, None, 200).await["activity"][0].clone();
+        let by_id = format!("/v1/activity/{}", id(&record));
+        assert_eq!(refused(&s, Method::GET, &by_id, &t.reviewer, None, 404).await["error_code"], "not_found");
+    }
+    for key in [&t.owner, &t.editor, &t.viewer] {
+        let feed = all_pages(&s, key, &format!("/v1/activity?project_id={p}"), "activity").await;
+        assert_eq!(feed.iter().filter(|a| a["resource_type"] == "review").count(), 3, "{feed:#?}");
+        assert!(ended(&feed), "{feed:#?}");
+    }
 
     // The calibration, to the reviewer: no metric, nothing that tells.
     let blind = get_calibration(&s, &t.reviewer, &c).await;
@@ -561,6 +625,10 @@ async fn blind_labelling_before_and_after_close() {
     assert_eq!(listed.len(), 1);
     let runs = all_pages(&s, &t.reviewer, &runs_path, "runs").await;
     assert!(runs.iter().all(|r| r["status"].is_string()), "{runs:#?}");
+    assert_batch_run_blind(&s, &t.reviewer, &ran.batch_run_id, None).await;
+    let feed = all_pages(&s, &t.reviewer, &format!("/v1/activity?project_id={p}"), "activity").await;
+    assert_eq!(feed.iter().filter(|a| a["resource_type"] == "review").count(), 3, "{feed:#?}");
+    assert!(ended(&feed), "{feed:#?}");
     assert_eq!(ids(&json!(reviews(&s, &t.reviewer, &format!("test_result_id={rp_id}")).await)), all_three);
     let done = get_calibration(&s, &t.reviewer, &c).await;
     assert_eq!((done["blinded"].as_bool(), done["status"].as_str()), (Some(false), Some("complete")));

@@ -66,9 +66,16 @@ use crate::store::Store;
 const COLUMNS: &str = "a.id, a.actor_user_id, a.credential, a.api_key_id, a.action, a.resource_type, a.resource_id, \
                        a.project_id, a.summary, a.changes, a.created_at";
 
-/// Who may see a record: `?1` is the caller's user id.
-const VISIBLE: &str =
-    "(a.actor_user_id = ?1 OR a.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1))";
+/// Who may see a record: `?1` is the caller's user id. Its actor and the
+/// members of its project, but for what would give away, to a member
+/// labelling blind, what the calibration hides (`reviews::blind`).
+static VISIBLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "((a.actor_user_id = ?1 OR a.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1))
+          AND NOT {})",
+        *crate::reviews::blind::HIDDEN_ACTIVITY
+    )
+});
 
 fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Activity> {
     let credential: String = row.get(2)?;
@@ -112,9 +119,10 @@ pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) ->
     let until = query.until.as_ref().map(ids::format_time);
     store
         .read(move |tx| {
+            let visible = &*VISIBLE;
             let rows = tx
                 .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM activity a WHERE {VISIBLE}
+                    "SELECT {COLUMNS} FROM activity a WHERE {visible}
                        AND (?2 IS NULL OR a.project_id = ?2) AND (?3 IS NULL OR a.resource_type = ?3)
                        AND (?4 IS NULL OR a.action = ?4) AND (?5 IS NULL OR a.created_at >= ?5)
                        AND (?6 IS NULL OR a.created_at <= ?6) AND (?7 IS NULL OR a.id < ?7)
@@ -143,7 +151,7 @@ pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) ->
 pub async fn get(store: &Store, caller: Caller, path: p::GetActivityPath) -> Result<types::Activity> {
     store
         .read(move |tx| {
-            tx.prepare_cached(&format!("SELECT {COLUMNS} FROM activity a WHERE a.id = ?2 AND {VISIBLE}"))?
+            tx.prepare_cached(&format!("SELECT {COLUMNS} FROM activity a WHERE a.id = ?2 AND {}", *VISIBLE))?
                 .query_row(params![caller.user_id, path.id], from_row)
                 .optional()?
                 .ok_or_else(|| Failure::not_found("activity record", &path.id))
@@ -163,9 +171,10 @@ pub async fn list_for_resource(
     let (order, after) = if ascending { ("ASC", ">") } else { ("DESC", "<") };
     store
         .read(move |tx| {
+            let visible = &*VISIBLE;
             let rows = tx
                 .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM activity a WHERE {VISIBLE}
+                    "SELECT {COLUMNS} FROM activity a WHERE {visible}
                        AND a.resource_type = ?2 AND a.resource_id = ?3 AND (?4 IS NULL OR a.id {after} ?4)
                      ORDER BY a.id {order} LIMIT ?5"
                 ))?

@@ -124,22 +124,24 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Batch> {
     })
 }
 
-fn with_tests(tx: &rusqlite::Connection, mut batch: types::Batch) -> Result<types::Batch> {
+/// `batch` with its tests and its last run as `user_id` may see it.
+fn with_tests(tx: &rusqlite::Connection, user_id: &str, mut batch: types::Batch) -> Result<types::Batch> {
     batch.test_ids = tx
         .prepare_cached("SELECT test_id FROM batch_tests WHERE batch_id = ?1 ORDER BY position")?
         .query_map(params![batch.id], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
-    batch.last_run = crate::runs::last_run_of_batch(tx, &batch.id)?;
+    batch.last_run = crate::runs::last_run_of_batch(tx, user_id, &batch.id)?;
     Ok(batch)
 }
 
-pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Batch> {
+/// Batch `id` as `user_id` may see it.
+pub(crate) fn load(tx: &rusqlite::Connection, user_id: &str, id: &str) -> Result<types::Batch> {
     let batch = tx
         .prepare_cached(&format!("SELECT {COLUMNS} FROM batches b WHERE b.id = ?1"))?
         .query_row(params![id], from_row)
         .optional()?
         .ok_or_else(|| Failure::not_found("batch", id))?;
-    with_tests(tx, batch)
+    with_tests(tx, user_id, batch)
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListBatchesQuery) -> Result<types::BatchList> {
@@ -160,7 +162,8 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListBatchesQuery) 
                 .query_map(params![caller.user_id, query.project_id, page.after, page.fetch_limit()], from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |b| b.id.clone());
-            let batches = page.items.into_iter().map(|b| with_tests(tx, b)).collect::<Result<Vec<_>>>()?;
+            let batches =
+                page.items.into_iter().map(|b| with_tests(tx, &caller.user_id, b)).collect::<Result<Vec<_>>>()?;
             Ok(types::BatchList { batches, next_cursor: page.next_cursor })
         })
         .await
@@ -179,6 +182,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateBatchRe
         .store
         .write(move |tx| {
             access::require(tx, &caller.user_id, &project_id, Need::Edit)?;
+            let user_id = caller.user_id.clone();
             let mut input = input.clone();
             let concurrency = input.resolve(tx, &project_id)?;
             let now = ids::format_time(&ids::now());
@@ -200,7 +204,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateBatchRe
                     changes: Value::Object(input.shown()).into(),
                 },
             )?;
-            load(tx, &id)
+            load(tx, &user_id, &id)
         })
         .await
 }
@@ -210,7 +214,7 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetBatchPath) -> Res
         .store
         .read(move |tx| {
             access::require_resource(tx, &caller.user_id, "batches", "batch", &path.id, Need::Read)?;
-            load(tx, &path.id)
+            load(tx, &caller.user_id, &path.id)
         })
         .await
 }
@@ -236,7 +240,8 @@ pub async fn replace(
                 access::require_resource(tx, &caller.user_id, "batches", "batch", &path.id, Need::Edit)?;
             let mut input = input.clone();
             let concurrency = input.resolve(tx, &project_id)?;
-            let before = load(tx, &path.id)?;
+            let user_id = caller.user_id.clone();
+            let before = load(tx, &user_id, &path.id)?;
             tx.execute(
                 "UPDATE batches SET name = ?2, description = ?3, concurrency = ?4, updated_at = ?5 WHERE id = ?1",
                 params![path.id, input.name, input.description, concurrency, ids::format_time(&ids::now())],
@@ -261,7 +266,7 @@ pub async fn replace(
                     changes: Value::Object(changes).into(),
                 },
             )?;
-            load(tx, &path.id)
+            load(tx, &user_id, &path.id)
         })
         .await
 }

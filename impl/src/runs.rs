@@ -251,7 +251,7 @@ pub async fn run_batch(
         caller,
         move |tx, user_id| {
             let (project_id, _) = access::require_resource(tx, user_id, "batches", "batch", &path.id, Need::Edit)?;
-            let batch = crate::batches::load(tx, &path.id)?;
+            let batch = crate::batches::load(tx, user_id, &path.id)?;
             Ok(Source {
                 kind: types::BatchRunSource::Batch,
                 resource_id: batch.id.clone(),
@@ -356,9 +356,10 @@ pub async fn cancel(state: &AppState, caller: Caller, path: p::CancelBatchRunPat
         .store
         .write(move |tx| {
             access::require_resource(tx, &caller.user_id, "batch_runs", "batch run", &id, Need::Edit)?;
+            let user_id = caller.user_id.clone();
             let before = load_batch_run(tx, &id)?;
             if !matches!(before.status, types::BatchRunStatus::Queued | types::BatchRunStatus::Running) {
-                return Ok::<_, Failure>((before, Vec::new()));
+                return Ok::<_, Failure>((seen_by(tx, &user_id, before)?, Vec::new()));
             }
             let running = crate::engine::queue::cancel(tx, &id)?;
             let after = load_batch_run(tx, &id)?;
@@ -378,7 +379,7 @@ pub async fn cancel(state: &AppState, caller: Caller, path: p::CancelBatchRunPat
                     changes: json!({"status": {"from": before.status, "to": after.status}}).into(),
                 },
             )?;
-            Ok((after, running))
+            Ok((seen_by(tx, &user_id, after)?, running))
         })
         .await?;
     state.engine.cancel_runs(&running);
@@ -416,6 +417,8 @@ pub fn pass_rate(passed: i64, failed: i64, errored: i64) -> Option<f64> {
 
 fn batch_run_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::BatchRun> {
     let count = |i: usize| row.get::<_, i64>(i).map(|n| n.max(0));
+    // How runs ended: hidden from a blind reviewer by `blind::apply_to_batch_run`.
+    let ended = |i: usize| count(i).map(Some);
     let source: String = row.get(2)?;
     let status: String = row.get(6)?;
     let metadata: String = row.get(15)?;
@@ -432,13 +435,14 @@ fn batch_run_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::BatchR
             total: count(7)?,
             queued: count(8)?,
             running: count(9)?,
-            passed: count(10)?,
-            failed: count(11)?,
-            errored: count(12)?,
+            passed: ended(10)?,
+            failed: ended(11)?,
+            errored: ended(12)?,
             cancelled: count(13)?,
         },
         pass_rate: pass_rate(passed, failed, errored),
         passed: row.get::<_, Option<bool>>(14)?,
+        blinded: None,
         metadata: match serde_json::from_str(&metadata) {
             Ok(Value::Object(m)) => m,
             _ => Map::new(),
@@ -459,9 +463,20 @@ pub(crate) fn load_batch_run(tx: &rusqlite::Connection, id: &str) -> Result<type
         .ok_or_else(|| Failure::not_found("batch run", id))
 }
 
-/// `Batch::last_run`: the newest batch run of the batch.
-pub(crate) fn last_run_of_batch(tx: &rusqlite::Connection, batch_id: &str) -> Result<Option<types::BatchLastRun>> {
-    Ok(tx
+/// A batch run as `user_id` may see it (see `reviews::blind`).
+fn seen_by(tx: &rusqlite::Connection, user_id: &str, mut run: types::BatchRun) -> Result<types::BatchRun> {
+    crate::reviews::blind::apply_to_batch_run(tx, user_id, &mut run)?;
+    Ok(run)
+}
+
+/// `Batch::last_run`: the newest batch run of the batch, its pass rate
+/// hidden from `user_id` if they label one of its results blind.
+pub(crate) fn last_run_of_batch(
+    tx: &rusqlite::Connection,
+    user_id: &str,
+    batch_id: &str,
+) -> Result<Option<types::BatchLastRun>> {
+    let last = tx
         .prepare_cached(
             "SELECT id, status, passed, failed, errored FROM batch_runs WHERE batch_id = ?1 ORDER BY id DESC LIMIT 1",
         )?
@@ -473,7 +488,13 @@ pub(crate) fn last_run_of_batch(tx: &rusqlite::Connection, batch_id: &str) -> Re
                 pass_rate: pass_rate(r.get(2)?, r.get(3)?, r.get(4)?),
             })
         })
-        .optional()?)
+        .optional()?;
+    Ok(match last {
+        Some(last) if crate::reviews::blind::blinding_batch_run(tx, user_id, &last.id)?.is_some() => {
+            Some(types::BatchLastRun { pass_rate: None, ..last })
+        }
+        last => last,
+    })
 }
 
 pub async fn get_batch_run(state: &AppState, caller: Caller, path: p::GetBatchRunPath) -> Result<types::BatchRun> {
@@ -481,7 +502,7 @@ pub async fn get_batch_run(state: &AppState, caller: Caller, path: p::GetBatchRu
         .store
         .read(move |tx| {
             access::require_resource(tx, &caller.user_id, "batch_runs", "batch run", &path.id, Need::Read)?;
-            load_batch_run(tx, &path.id)
+            seen_by(tx, &caller.user_id, load_batch_run(tx, &path.id)?)
         })
         .await
 }
@@ -512,7 +533,13 @@ pub async fn list_batch_runs(
                     batch_run_from_row,
                 )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |b| b.id.clone());
+            let mut page = page.finish(rows, |b| b.id.clone());
+            // Almost always nobody labels blind: one query says so.
+            if !crate::reviews::blind::blind_map(tx, &caller.user_id)?.is_empty() {
+                for run in &mut page.items {
+                    crate::reviews::blind::apply_to_batch_run(tx, &caller.user_id, run)?;
+                }
+            }
             Ok(types::BatchRunList { batch_runs: page.items, next_cursor: page.next_cursor })
         })
         .await

@@ -392,9 +392,9 @@ fn maybe_complete(tx: &rusqlite::Transaction<'_>, batch_run_id: &str) -> Result<
             project_id: Some(&project_id),
             summary: format!(
                 "batch run {batch_run_id} {final_status}: {} passed, {} failed, {} errors, {} cancelled; {}",
-                run.counts.passed,
-                run.counts.failed,
-                run.counts.errored,
+                run.counts.passed.unwrap_or_default(),
+                run.counts.failed.unwrap_or_default(),
+                run.counts.errored.unwrap_or_default(),
                 run.counts.cancelled,
                 if verdict { "passed" } else { "did not pass" }
             ),

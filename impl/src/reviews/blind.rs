@@ -7,8 +7,10 @@
 //! results out, since matching the filter would reveal the status); `GET
 //! /reviews` leaves out other reviewers' reviews of blind results (see
 //! [`blind_results`]); a calibration hides its metrics from its blind
-//! reviewers (`calibration.rs`). Owners see everything: they are who the
-//! calibration is for.
+//! reviewers (`calibration.rs`); a batch run holding a blind result does not
+//! say how its runs ended ([`apply_to_batch_run`]: its counts would give the
+//! verdicts away), nor does the activity log ([`HIDDEN_ACTIVITY`]). Owners
+//! see everything: they are who the calibration is for.
 
 use std::collections::HashMap;
 
@@ -82,3 +84,51 @@ pub fn hide(result: &mut types::TestResult, calibration_id: String) {
         evaluator_names,
     });
 }
+
+/// The open calibration in which `user_id` labels one of the results of
+/// batch run `batch_run_id` blind, if any.
+pub fn blinding_batch_run(tx: &rusqlite::Connection, user_id: &str, batch_run_id: &str) -> Result<Option<String>> {
+    Ok(tx
+        .prepare_cached(&format!(
+            "SELECT b.calibration_id FROM ({}) b JOIN test_results t ON t.id = b.test_result_id
+             WHERE t.batch_run_id = ?1 LIMIT 1",
+            blind_pairs("?2")
+        ))?
+        .query_row(params![batch_run_id, user_id], |r| r.get(0))
+        .optional()?)
+}
+
+/// Hides how the runs of `run` ended from `user_id` if they label one of
+/// its results blind.
+pub fn apply_to_batch_run(tx: &rusqlite::Connection, user_id: &str, run: &mut types::BatchRun) -> Result<()> {
+    if let Some(calibration_id) = blinding_batch_run(tx, user_id, &run.id)? {
+        run.counts.passed = None;
+        run.counts.failed = None;
+        run.counts.errored = None;
+        run.pass_rate = None;
+        run.passed = None;
+        run.blinded = Some(types::BatchRunBlinding {
+            reason: format!(
+                "you are labelling a result of this batch run blind in calibration review `{calibration_id}`: how \
+                 its runs ended is hidden until it is complete"
+            ),
+            calibration_id,
+        });
+    }
+    Ok(())
+}
+
+/// SQL that is true for an activity record (`a`) the user whose id is the
+/// parameter `?1` may not see while labelling blind: someone else's review
+/// of a result they label blind, and the end of a batch run holding one
+/// (its summary counts the verdicts). Never NULL.
+pub static HIDDEN_ACTIVITY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "coalesce((a.resource_type = 'review' AND a.actor_user_id IS NOT ?1
+                   AND json_extract(a.changes, '$.test_result_id') IN ({blind}))
+                  OR (a.action = 'batch_run.complete'
+                      AND a.resource_id IN (SELECT t.batch_run_id FROM test_results t WHERE t.id IN ({blind}))),
+                  0)",
+        blind = blind_results("?1")
+    )
+});
