@@ -936,3 +936,69 @@ async fn credential_and_header_values_never_come_back_out() {
     // The header names are public; they are stored as given (lower-cased).
     assert!(contains(&stored, "x-token"));
 }
+
+/// Secrets are write-only, so an editor who cannot read them must not be
+/// able to send them elsewhere either: moving a channel's target, or an
+/// integration's `base_url`, to another origin needs its header values or
+/// credentials given again (or dropped) in the same request.
+#[tokio::test]
+async fn stored_secrets_go_only_where_they_were_set() {
+    let s = TestServer::start().await;
+    let t = s.team("destinations").await;
+    let p = &t.project_id;
+    let channel =
+        create_as(&s, &t.editor, "/v1/channels", with(http_channel(p, "web"), json!({"headers": {"X-Token": "t"}})))
+            .await;
+    let c = format!("/v1/channels/{channel}");
+    for elsewhere in
+        ["https://elsewhere.example.net/turn", "http://agent.example.com/turn", "https://agent.example.com:8443/turn"]
+    {
+        refused(&s, Method::PATCH, &c, &t.editor, json!({"target": elsewhere}), "invalid_headers", "headers").await;
+    }
+    let seen = s.expect(Method::GET, &c, &t.editor, None, 200).await;
+    assert_eq!(seen["target"], "https://agent.example.com/turn", "nothing changed: {seen:#}");
+    // The same origin (another path, the default port spelled out) keeps them.
+    for same in ["https://agent.example.com/v2/turn", "https://agent.example.com:443/turn"] {
+        let moved = s.expect(Method::PATCH, &c, &t.editor, Some(json!({"target": same})), 200).await;
+        assert_eq!((&moved["target"], &moved["header_names"]), (&json!(same), &json!(["x-token"])));
+    }
+    // Given again, or dropped, they follow.
+    let away = json!({"target": "https://elsewhere.example.net/turn", "headers": {"X-Token": "u"}});
+    assert_eq!(s.expect(Method::PATCH, &c, &t.editor, Some(away), 200).await["header_names"], json!(["x-token"]));
+    let back = json!({"target": "https://agent.example.com/turn", "headers": null});
+    assert_eq!(s.expect(Method::PATCH, &c, &t.editor, Some(back), 200).await["header_names"], json!([]));
+    // With none stored, nothing to give again.
+    let plain = json!({"target": "https://plain.example.org/turn"});
+    s.expect(Method::PATCH, &c, &t.editor, Some(plain), 200).await;
+
+    let integration =
+        create_as(&s, &t.editor, "/v1/integrations", with(llm(p, "judge"), json!({"credentials": {"api_key": "k"}})))
+            .await;
+    let i = format!("/v1/integrations/{integration}");
+    let config = |base_url: &str| json!({"config": {"base_url": base_url, "model": "gpt-4o-mini"}});
+    refused(
+        &s,
+        Method::PATCH,
+        &i,
+        &t.editor,
+        config("https://collector.example.net/v1"),
+        "invalid_credentials",
+        "credentials",
+    )
+    .await;
+    let seen = s.expect(Method::GET, &i, &t.editor, None, 200).await;
+    assert_eq!(seen["config"]["base_url"], "https://llm.example.com/v1");
+    s.expect(Method::PATCH, &i, &t.editor, Some(config("https://llm.example.com/v2")), 200).await;
+    let mut away = config("https://other.example.net/v1");
+    away["credentials"] = json!({"api_key": "k2"});
+    let moved = s.expect(Method::PATCH, &i, &t.editor, Some(away), 200).await;
+    assert_eq!(
+        (&moved["config"]["base_url"], &moved["credentials_configured"]),
+        (&json!("https://other.example.net/v1"), &json!(true))
+    );
+}
+
+/// Creates as `key`; returns the new id.
+async fn create_as(s: &TestServer, key: &str, path: &str, body: Value) -> String {
+    id(&s.expect(Method::POST, path, key, Some(body), 200).await)
+}

@@ -455,6 +455,21 @@ pub async fn update(
                 access::require_resource(tx, &caller.user_id, "channels", "channel", &path.id, Need::Edit)?;
             let before = load(tx, &path.id)?;
             let target = target.map(|t| check_target(before.kind, &t)).transpose()?;
+            if let Some(t) = &target {
+                if headers.is_none()
+                    && !before.header_names.is_empty()
+                    && !validate::same_destination(&before.target, t)
+                {
+                    return Err(Failure::invalid(
+                        "headers",
+                        format_args!(
+                            "the target moves from `{}` to `{t}`, another origin: give `headers` again (or `null` for \
+                             none), since stored header values only go where they were set",
+                            before.target
+                        ),
+                    ));
+                }
+            }
             if let Some(integration_id) = &integration_id {
                 check_integration(tx, before.kind, integration_id.as_deref(), &project_id)?;
             }

@@ -462,6 +462,20 @@ pub async fn update(
             let before = load(tx, &path.id)?;
             if let Some(config) = &config {
                 check_config(before.provider, config)?;
+                // Stored credentials go only where they were given for.
+                let url = |c: &Map<String, Value>| c.get("base_url").and_then(Value::as_str).map(str::to_string);
+                if let (Some(was), Some(now)) = (url(&before.config), url(config)) {
+                    if credentials.is_none() && before.credentials_configured && !validate::same_destination(&was, &now)
+                    {
+                        return Err(Failure::invalid(
+                            "credentials",
+                            format_args!(
+                                "`config.base_url` moves from `{was}` to `{now}`, another origin: give `credentials` \
+                                 again (or `null` for none), since stored credentials only go where they were set"
+                            ),
+                        ));
+                    }
+                }
             }
             if let Some(numbers) = &numbers {
                 check_numbers_allowed(before.provider, numbers)?;

@@ -75,6 +75,18 @@ pub fn url(field: &str, value: &str, schemes: &[&str]) -> Result<String> {
     Ok(value.to_string())
 }
 
+/// Whether a secret given to be sent to `before` may go to `after` without
+/// being given again: the same origin (scheme, host and port) for URLs, the
+/// same value for anything else (a phone number, a SIP URI). Secrets are
+/// write-only, so a member who can change where they go but not read them
+/// must not be able to send them somewhere else.
+pub fn same_destination(before: &str, after: &str) -> bool {
+    match (url::Url::parse(before), url::Url::parse(after)) {
+        (Ok(a), Ok(b)) if a.has_host() && b.has_host() => a.origin() == b.origin(),
+        _ => before == after,
+    }
+}
+
 /// A BCP-47 language tag (`en`, `en-US`, `pt-BR`, `zh-Hant-TW`).
 pub fn language(field: &str, value: &str) -> Result<String> {
     let tag = language_tags::LanguageTag::parse(value)
