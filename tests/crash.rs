@@ -152,3 +152,69 @@ async fn a_killed_server_resumes_every_run_exactly_once() {
     assert_eq!(sum, ledger[0]["balance_after"].as_i64().unwrap());
     assert_eq!(sum, 1000 - charged);
 }
+
+/// Runs of a cancelled batch run that are mid-turn when the server stops
+/// cleanly end `cancelled`, as they would have at their next turn: they are
+/// not queued again and held from the start after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_cancelled_mid_turn_stay_cancelled_across_a_clean_restart() {
+    let agent = Agent::start(&["--latency-ms", "3000"]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = serve_with(dir.path(), &[]);
+    let api = Api { http: reqwest::Client::new(), base: server.base.clone(), key: first_key(&server.proc.stdout()) };
+    let project = api.create("/v1/projects", json!({"name": "cancel"})).await;
+    let persona = api.create("/v1/personas", json!({"project_id": project, "name": "Dana"})).await;
+    let scenario = api
+        .create(
+            "/v1/scenarios",
+            json!({"project_id": project, "name": "two lines", "mode": "scripted", "default_persona_id": persona,
+                   "first_message": "Hi, what are your opening hours?",
+                   "steps": [{"say": "Thanks, goodbye.", "expect": []}], "max_duration_s": 60}),
+        )
+        .await;
+    let channel = api
+        .create(
+            "/v1/channels",
+            json!({"project_id": project, "name": "slow", "kind": "http", "target": agent.http_target(),
+                   "turn_timeout_ms": 10000}),
+        )
+        .await;
+    let test = api
+        .create(
+            "/v1/tests",
+            json!({"project_id": project, "name": "t", "channel_id": channel, "scenario_id": scenario,
+                   "iterations": 2}),
+        )
+        .await;
+    let run = api.send(reqwest::Method::POST, &format!("/v1/tests/{test}/run"), Some(json!({}))).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = api.send(reqwest::Method::GET, &format!("/v1/batch-runs/{id}"), None).await;
+        if now["counts"]["running"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the runs never started: {now}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancelled = api.send(reqwest::Method::POST, &format!("/v1/batch-runs/{id}/cancel"), None).await;
+    assert_eq!(cancelled["counts"]["running"], 2, "{cancelled:#}");
+    // Stopped while both first turns (3 s each) are still in flight.
+    assert!(server.proc.terminate().success());
+    drop(server);
+
+    let server = serve_with(dir.path(), &[]);
+    let done = wait_for_end_at(&server.base, &api.key, &id).await;
+    assert_eq!(done["status"], "cancelled", "{done:#}");
+    assert_eq!(
+        (&done["counts"]["cancelled"], &done["counts"]["passed"], &done["credits_charged"]),
+        (&json!(2), &json!(0), &json!(0)),
+        "{done:#}"
+    );
+    let api = Api { base: server.base.clone(), ..api };
+    let runs = api.all(&format!("/v1/batch-runs/{id}/runs"), "runs").await;
+    assert!(runs.iter().all(|r| r["status"] == "cancelled" && r["test_result_id"].is_null()), "{runs:#?}");
+    // The reservation came back whole.
+    let ledger = api.all("/v1/transactions", "transactions").await;
+    assert_eq!(ledger[0]["balance_after"], 1000, "{ledger:#?}");
+}

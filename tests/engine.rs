@@ -64,6 +64,13 @@ async fn persona(s: &TestServer, key: &str, project_id: &str) -> Setup {
     Setup { persona }
 }
 
+/// A new persona and the two-line scripted scenario it plays ([`short_call`]);
+/// returns the scenario's id.
+async fn short_scenario(s: &TestServer, key: &str, project_id: &str) -> String {
+    let Setup { persona } = persona(s, key, project_id).await;
+    create(s, key, "/v1/scenarios", short_call(project_id, &persona)).await
+}
+
 async fn results_of(s: &TestServer, key: &str, test_id: &str) -> Vec<Value> {
     all_pages(s, key, &format!("/v1/tests/{test_id}/results"), "test_results").await
 }
@@ -258,8 +265,7 @@ async fn conversations_overlap_up_to_the_batch_concurrency() {
     let s = TestServer::start().await;
     let t = s.team("concurrency").await;
     let p = &t.project_id;
-    let Setup { persona } = persona(&s, &t.editor, p).await;
-    let scenario = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    let scenario = short_scenario(&s, &t.editor, p).await;
     let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
     let test = create(&s, &t.editor, "/v1/tests", test_body(p, "many", &ch, &scenario, 12)).await;
     let batch = create(
@@ -380,8 +386,7 @@ async fn credits_are_reserved_once_and_never_go_below_zero() {
     let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 5).await;
     let t = s.team("credits").await;
     let p = &t.project_id;
-    let Setup { persona } = persona(&s, &t.editor, p).await;
-    let scenario = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    let scenario = short_scenario(&s, &t.editor, p).await;
     // An agent that is not there: every conversation ends at once in error.
     let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
@@ -542,8 +547,7 @@ async fn webhooks_are_signed_and_retried_until_delivered() {
         200,
     )
     .await;
-    let Setup { persona } = persona(&s, &t.editor, p).await;
-    let scenario = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    let scenario = short_scenario(&s, &t.editor, p).await;
     let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
     let test = create(&s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
@@ -593,8 +597,7 @@ async fn who_may_run_and_read_runs() {
     let s = TestServer::start().await;
     let t = s.team("run roles").await;
     let p = &t.project_id;
-    let Setup { persona } = persona(&s, &t.editor, p).await;
-    let scenario = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    let scenario = short_scenario(&s, &t.editor, p).await;
     let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
     let test = create(&s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
@@ -652,4 +655,190 @@ async fn who_may_run_and_read_runs() {
     assert!(stats["workers"].as_i64().unwrap() > 0);
     let seen: HashSet<&str> = started.iter().map(String::as_str).collect();
     assert_eq!(seen.len(), 6);
+}
+
+/// A channel run names each test once, as a batch does: a repeat would run,
+/// and be paid for, twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_run_refuses_a_test_named_twice() {
+    let agent = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let t = s.team("twice").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let a = create(&s, &t.editor, "/v1/tests", test_body(p, "a", &ch, &scenario, 1)).await;
+    let b = create(&s, &t.editor, "/v1/tests", test_body(p, "b", &ch, &scenario, 1)).await;
+    let path = format!("/v1/channels/{ch}/run");
+    for twice in [json!([a, a, b]), json!([a, b, a])] {
+        let resp = s.send_json(Method::POST, &path, &t.editor, Some(json!({"test_ids": twice}))).await;
+        let (status, e) = error_body(resp).await;
+        assert_eq!((status, e["error_code"].as_str()), (400, Some("invalid_test_ids")), "{twice}: {e}");
+        assert!(e["message"].as_str().unwrap().contains("listed twice"), "{e}");
+    }
+    let once = s.expect(Method::POST, &path, &t.editor, Some(json!({"test_ids": [b, a]})), 200).await;
+    assert_eq!((&once["counts"]["total"], &once["credits_reserved"]), (&json!(2), &json!(2)));
+    wait_for_end(&s, &t.viewer, once["id"].as_str().unwrap()).await;
+}
+
+/// A run's conversation lasts no longer than was priced when its credits
+/// were reserved: a limit raised while it waits in the queue would make it
+/// cost more than the reservation covers (one lowered still applies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_run_keeps_the_limit_it_was_priced_at() {
+    let quick = Agent::start(&["--latency-ms", "1500"]);
+    let slow = Agent::start(&["--latency-ms", "20000"]);
+    let s = TestServer::start().await;
+    let t = s.team("priced").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let limited = |name: &str, target: String| {
+        json!({"project_id": p, "name": name, "kind": "http", "target": target, "turn_timeout_ms": 60000,
+               "max_call_duration_s": 2})
+    };
+    let first = create(&s, &t.editor, "/v1/channels", limited("first", quick.http_target())).await;
+    let second = create(&s, &t.editor, "/v1/channels", limited("second", slow.http_target())).await;
+    let t1 = create(&s, &t.editor, "/v1/tests", test_body(p, "first", &first, &scenario, 1)).await;
+    let t2 = create(&s, &t.editor, "/v1/tests", test_body(p, "second", &second, &scenario, 1)).await;
+    let batch = json!({"project_id": p, "name": "one at a time", "test_ids": [t1, t2], "concurrency": 1});
+    let batch = create(&s, &t.editor, "/v1/batches", batch).await;
+    let run = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = run["id"].as_str().unwrap();
+    // While the first conversation talks, the second waits: its channel's
+    // limit goes from 2 s to 10 minutes.
+    let raise = json!({"max_call_duration_s": 600});
+    s.expect(Method::PATCH, &format!("/v1/channels/{second}"), &t.editor, Some(raise), 200).await;
+    let now = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &t.viewer, None, 200).await;
+    assert_eq!(now["counts"]["queued"], 1, "the second run was still queued: {now:#}");
+    let done = wait_for_end(&s, &t.viewer, id).await;
+    let result = &results_of(&s, &t.viewer, &t2).await[0];
+    // The agent takes 20 s to answer: the call ends at its priced 2 s.
+    assert_eq!(result["ended_reason"], "max_duration", "{result:#}");
+    assert!(result["duration_ms"].as_i64().unwrap() < 10_000, "{result:#}");
+    assert!(done["credits_charged"].as_i64() <= done["credits_reserved"].as_i64(), "{done:#}");
+}
+
+/// Write-only secrets echoed back in an error (a gateway in front of the
+/// agent repeating the request's headers, an LLM endpoint repeating its
+/// key) never reach a result, which every member of the project reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_echoed_in_an_error_never_reach_a_result() {
+    let gateway = Recorder::start(|req, _| {
+        let key = req.header("x-agent-key").unwrap_or_default().to_string();
+        (403, json!({"error": format!("key {key} is not allowed")}).to_string())
+    })
+    .await;
+    let llm = Recorder::start(|req, _| {
+        let auth = req.header("authorization").unwrap_or_default().to_string();
+        (401, json!({"error": {"message": format!("invalid credentials: {auth}")}}).to_string())
+    })
+    .await;
+    let agent = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let t = s.team("echoes").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let (header_value, api_key) = ("agent-key-very-secret-0815", "sk-live-very-secret-4711");
+
+    let behind_gateway = json!({"project_id": p, "name": "gw", "kind": "http", "target": format!("{}/http", gateway.base),
+                                "headers": {"x-agent-key": header_value}});
+    let gw = create(&s, &t.editor, "/v1/channels", behind_gateway).await;
+    let scripted = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    let through_gateway = create(&s, &t.editor, "/v1/tests", test_body(p, "gateway", &gw, &scripted, 1)).await;
+
+    let caller = json!({"project_id": p, "provider": "openai_compatible", "name": "caller",
+                        "config": {"base_url": llm.base, "model": "m"}, "credentials": {"api_key": api_key}});
+    let caller = create(&s, &t.editor, "/v1/integrations", caller).await;
+    let simulated = json!({"project_id": p, "name": "sim", "mode": "simulated", "default_persona_id": persona,
+                           "goal": "Book an appointment", "integration_id": caller});
+    let simulated = create(&s, &t.editor, "/v1/scenarios", simulated).await;
+    let direct = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let with_llm = create(&s, &t.editor, "/v1/tests", test_body(p, "llm", &direct, &simulated, 1)).await;
+
+    for (test, secret, echoed_by) in [(&through_gateway, header_value, &gateway), (&with_llm, api_key, &llm)] {
+        let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+        wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+        assert!(!echoed_by.received().is_empty(), "the secret was sent, and echoed");
+        let result = &results_of(&s, &t.viewer, test).await[0];
+        let reason = result["failure_reason"].as_str().unwrap();
+        assert!(reason.contains("[redacted]") && !result.to_string().contains(secret), "{result:#}");
+    }
+}
+
+/// A channel's header values go only where they were set: the engine
+/// follows an agent's redirect within its origin, not to another one (the
+/// 3xx answer is then the turn's error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_values_do_not_follow_a_redirect_to_another_origin() {
+    let elsewhere = Recorder::start(|_, _| (200, "{}".to_string())).await;
+    let away = format!("{}/collect", elsewhere.base);
+    let gateway = Recorder::start(move |req, _| match req.path.as_str() {
+        "/moved" => (307, "/final".to_string()),
+        "/final" => (403, json!({"error": "not today"}).to_string()),
+        _ => (307, away.clone()),
+    })
+    .await;
+    let s = TestServer::start().await;
+    let t = s.team("redirects").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    for (path, status) in [("/moved", 403), ("/away", 307)] {
+        let target = format!("{}{path}", gateway.base);
+        let body = json!({"project_id": p, "name": path, "kind": "http", "target": target,
+                          "headers": {"x-agent-key": "agent-key-very-secret-0815"}});
+        let ch = create(&s, &t.editor, "/v1/channels", body).await;
+        let test = create(&s, &t.editor, "/v1/tests", test_body(p, path, &ch, &scenario, 1)).await;
+        let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+        wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+        let result = &results_of(&s, &t.viewer, &test).await[0];
+        let reason = result["failure_reason"].as_str().unwrap();
+        assert!(reason.contains(&format!("HTTP {status}")), "{path}: {reason}");
+    }
+    let finals: Vec<_> = gateway.received().into_iter().filter(|r| r.path == "/final").collect();
+    assert_eq!(finals.len(), 1, "a redirect within the origin is followed");
+    assert_eq!(finals[0].header("x-agent-key"), Some("agent-key-very-secret-0815"));
+    assert!(elsewhere.received().is_empty(), "nothing went to another origin: {:?}", elsewhere.received());
+}
+
+/// A webhook whose project's secret cannot be opened (the server's secret
+/// key was replaced by another) is not sent unsigned, where the receiver
+/// could not tell it from a forgery: the attempt fails, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_is_never_sent_unsigned_when_its_secret_cannot_be_opened() {
+    let receiver = Recorder::start(|_, _| (200, "{}".into())).await;
+    let s = TestServer::start().await;
+    let t = s.team("unsigned").await;
+    let p = &t.project_id;
+    let hook =
+        json!({"name": "unsigned", "webhook_url": format!("{}/hook", receiver.base), "webhook_secret": "whsec_abc"});
+    s.expect(Method::PUT, &format!("/v1/projects/{p}"), &t.owner, Some(hook), 200).await;
+    // The sealed secret no longer opens.
+    let store = sparring_impl::open_store(s.data_dir.path()).unwrap();
+    let project = p.clone();
+    store
+        .write::<_, sparring_impl::store::StoreError, _>(move |tx| {
+            tx.execute("UPDATE projects SET webhook_secret = zeroblob(64) WHERE id = ?1", [project])?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let delivery = loop {
+        let list = s.expect(Method::GET, &format!("/v1/projects/{p}/webhook-deliveries"), &t.editor, None, 200).await;
+        let d = list["webhook_deliveries"][0].clone();
+        if d["attempts"].as_i64().unwrap_or(0) >= 1 {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "never attempted: {list:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(delivery["status"], "pending", "retried later: {delivery:#}");
+    assert!(delivery["last_error"].as_str().unwrap().contains("cannot be opened"), "{delivery:#}");
+    assert!(receiver.received().is_empty(), "sent unsigned: {:?}", receiver.received());
 }

@@ -47,6 +47,8 @@ struct Planned {
     scenario_id: String,
     persona_id: Option<String>,
     iteration: u32,
+    /// The longest its conversation may last, as priced.
+    max_duration_s: u32,
 }
 
 fn metadata(given: Map<String, Value>) -> Result<Map<String, Value>> {
@@ -98,6 +100,7 @@ fn expand(
                     scenario_id: scenario.id.clone(),
                     persona_id: persona.clone(),
                     iteration,
+                    max_duration_s: limit,
                 });
                 worst += credits::worst_case(limit);
             }
@@ -185,8 +188,8 @@ async fn start(
                 )?;
                 let mut insert = tx.prepare_cached(
                     "INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, persona_id,
-                                       iteration, status, queued_at, queued_ms, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'queued', ?9, ?10, ?9, ?9)",
+                                       iteration, status, queued_at, queued_ms, created_at, updated_at, max_duration_s)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'queued', ?9, ?10, ?9, ?9, ?11)",
                 )?;
                 for run in &planned {
                     insert.execute(params![
@@ -199,7 +202,8 @@ async fn start(
                         run.persona_id,
                         run.iteration,
                         now_text,
-                        now_ms
+                        now_ms,
+                        run.max_duration_s
                     ])?;
                 }
             }
@@ -292,6 +296,11 @@ pub async fn run_channel(
             } else {
                 for (i, test_id) in named.iter().enumerate() {
                     let field = format!("test_ids[{i}]");
+                    // As in a batch: each test once (a repeat would run, and
+                    // be paid for, twice).
+                    if named[..i].contains(test_id) {
+                        return Err(Failure::invalid(&field, format_args!("`{test_id}` is listed twice")));
+                    }
                     access::require_reference(tx, "tests", &field, test_id, &project_id)?;
                     let channel: String =
                         tx.query_row("SELECT channel_id FROM tests WHERE id = ?1", params![test_id], |r| r.get(0))?;
@@ -302,9 +311,7 @@ pub async fn run_channel(
                         ));
                     }
                 }
-                let mut unique = named.clone();
-                unique.dedup();
-                unique
+                named.clone()
             };
             Ok(Source {
                 kind: types::BatchRunSource::Channel,

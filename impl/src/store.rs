@@ -61,6 +61,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0007_test_listing", include_str!("../migrations/0007_test_listing.sql"), None),
     ("0008_no_key_versions", include_str!("../migrations/0008_no_key_versions.sql"), None),
     ("0009_payer", include_str!("../migrations/0009_payer.sql"), None),
+    ("0010_run_limits", include_str!("../migrations/0010_run_limits.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -118,7 +118,8 @@ type Responder = dyn Fn(&Received, usize) -> (u16, String) + Send + Sync;
 
 /// A loopback HTTP server that records every request and answers with
 /// `respond(request, index)`: the test's own stand-in for services outside
-/// the machine (an LLM's chat-completions endpoint, a webhook receiver).
+/// the machine (an LLM's chat-completions endpoint, a webhook receiver). A
+/// 3xx answer's body is its `location`.
 pub struct Recorder {
     pub base: String,
     pub received: Arc<Mutex<Vec<Received>>>,
@@ -163,12 +164,14 @@ impl Recorder {
                                 log.len() - 1
                             };
                             let (status, body) = respond(&got, index);
+                            let answer = hyper::Response::builder().status(status);
+                            let (answer, body) = if (300..400).contains(&status) {
+                                (answer.header("location", body), String::new())
+                            } else {
+                                (answer.header("content-type", "application/json"), body)
+                            };
                             Ok::<_, std::convert::Infallible>(
-                                hyper::Response::builder()
-                                    .status(status)
-                                    .header("content-type", "application/json")
-                                    .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-                                    .unwrap(),
+                                answer.body(http_body_util::Full::new(bytes::Bytes::from(body))).unwrap(),
                             )
                         }
                     });

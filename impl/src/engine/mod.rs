@@ -24,6 +24,22 @@ use sparring_server::types;
 
 pub use llm::LlmEndpoint;
 
+/// `text` with every one of `secrets` replaced by `[redacted]`: an agent, a
+/// gateway or an LLM endpoint may echo a request's header or key in an
+/// error, and what the engine writes from it (a failure reason, an
+/// evaluation's reason) is read by every member of the project. Values
+/// shorter than 4 characters are left alone (too short to be secret, too
+/// short to replace without mangling the text).
+pub(crate) fn redact(text: String, secrets: &[&str]) -> String {
+    secrets.iter().filter(|s| s.len() >= 4).fold(text, |text, secret| {
+        if text.contains(secret) {
+            text.replace(secret, "[redacted]")
+        } else {
+            text
+        }
+    })
+}
+
 /// How the agent under test is reached: a channel with its header values
 /// opened (they never leave the engine).
 #[derive(Clone, Debug)]

@@ -408,14 +408,35 @@ fn maybe_complete(tx: &rusqlite::Transaction<'_>, batch_run_id: &str) -> Result<
 }
 
 /// On a clean shutdown: the runs `owner` holds go back to the queue with the
-/// same attempt (they did not fail; the server stopped).
+/// same attempt (they did not fail; the server stopped), but for those of a
+/// cancelled batch run, which end `cancelled` (as they would have at their
+/// next turn).
 pub fn release(tx: &rusqlite::Transaction<'_>, owner: &str) -> Result<usize> {
-    let held: Vec<(String, String)> = tx
-        .prepare_cached("SELECT id, batch_run_id FROM runs WHERE status = 'running' AND lease_owner = ?1")?
-        .query_map(params![owner], |r| Ok((r.get(0)?, r.get(1)?)))?
+    let held: Vec<(String, String, bool)> = tx
+        .prepare_cached(
+            "SELECT r.id, r.batch_run_id, b.cancel_requested FROM runs r JOIN batch_runs b ON b.id = r.batch_run_id
+             WHERE r.status = 'running' AND r.lease_owner = ?1",
+        )?
+        .query_map(params![owner], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<rusqlite::Result<_>>()?;
-    let now_text = ids::format_time(&ids::now());
-    for (run_id, batch_run_id) in &held {
+    let now = ids::now();
+    let now_text = ids::format_time(&now);
+    for (run_id, batch_run_id, cancelled) in &held {
+        if *cancelled {
+            tx.prepare_cached(
+                "UPDATE runs SET status = 'cancelled', error = 'cancelled; the server stopped before its next turn',
+                                 lease_owner = NULL, lease_expires_ms = NULL, finished_at = ?2, finished_ms = ?3,
+                                 updated_at = ?2
+                 WHERE id = ?1",
+            )?
+            .execute(params![run_id, now_text, now.timestamp_millis()])?;
+            tx.prepare_cached(
+                "UPDATE batch_runs SET running = running - 1, cancelled = cancelled + 1, updated_at = ?2 WHERE id = ?1",
+            )?
+            .execute(params![batch_run_id, now_text])?;
+            maybe_complete(tx, batch_run_id)?;
+            continue;
+        }
         tx.prepare_cached(
             "UPDATE runs SET status = 'queued', lease_owner = NULL, lease_expires_ms = NULL, call_id = NULL,
                              started_at = NULL, started_ms = NULL, updated_at = ?2

@@ -126,8 +126,12 @@ async fn attempt(state: &AppState, http: &reqwest::Client, due: Due) -> Result<(
         Some(s) => match state.secrets.open(&s, &crate::projects::webhook_secret_context(&due.project_id)) {
             Ok(secret) => Some(secret),
             Err(e) => {
+                // Sent unsigned, the receiver could not tell it from a forgery:
+                // this attempt fails, and is retried like any other.
                 slog::error!(state.log, "cannot open a project's webhook secret"; "project_id" => &due.project_id, "error" => %e);
-                None
+                let error = "the project's webhook secret cannot be opened (was the server's secret key replaced?); \
+                             not sent unsigned";
+                return record_attempt(state, due, None, Some(error.to_string())).await;
             }
         },
         None => None,
@@ -157,6 +161,12 @@ async fn attempt(state: &AppState, http: &reqwest::Client, due: Due) -> Result<(
             (None, Some(format!("could not reach the receiver: {source}")))
         }
     };
+    record_attempt(state, due, status, error).await
+}
+
+/// Records one attempt at `due`: delivered, or retried later, or failed
+/// for good after the last retry.
+async fn record_attempt(state: &AppState, due: Due, status: Option<u16>, error: Option<String>) -> Result<()> {
     let attempts = due.attempts + 1;
     let id = due.id;
     state

@@ -65,6 +65,19 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Engine {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(usize::try_from(config.workers).unwrap_or(256))
+            // A channel's header values (and an LLM's key) go only where
+            // they were set: a redirect to another origin is not followed
+            // (the agent's 3xx answer is the turn's error).
+            .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                let from = attempt.previous()[0].origin();
+                if attempt.previous().len() > 5 {
+                    attempt.error("more than 5 redirects")
+                } else if attempt.url().origin() == from {
+                    attempt.follow()
+                } else {
+                    attempt.stop()
+                }
+            }))
             .build()
             .expect("the HTTP client builds with default TLS settings");
         Engine {
@@ -216,6 +229,16 @@ struct Loaded {
     worst_case: i64,
 }
 
+impl Loaded {
+    /// Every secret value the run sends: the channel's header values and
+    /// the LLM keys (see [`super::redact`]).
+    fn secrets(&self) -> Vec<&str> {
+        let headers = self.plan.agent.headers.iter().map(|(_, value)| value.as_str());
+        let llms = self.plan.caller_llm.iter().chain(self.judges.values());
+        headers.chain(llms.filter_map(|llm| llm.api_key.as_deref())).collect()
+    }
+}
+
 /// Why a run could not start, in words for its `error`.
 struct Unrunnable(String);
 
@@ -264,7 +287,17 @@ fn load(state: &AppState, tx: &rusqlite::Connection, run: &Claimed) -> Result<Re
     };
     let project_limit: u32 =
         tx.query_row("SELECT max_call_duration_s FROM projects WHERE id = ?1", params![run.project_id], |r| r.get(0))?;
-    let limit_s = scenario.max_duration_s.get().min(channel.max_call_duration_s.get()).min(project_limit);
+    // Never longer than was priced when the credits were reserved (a limit
+    // raised since then would cost more than the reservation covers); a
+    // limit lowered since then applies.
+    let priced: Option<u32> =
+        tx.query_row("SELECT max_duration_s FROM runs WHERE id = ?1", params![run.run_id], |r| r.get(0))?;
+    let limit_s = scenario
+        .max_duration_s
+        .get()
+        .min(channel.max_call_duration_s.get())
+        .min(project_limit)
+        .min(priced.unwrap_or(u32::MAX));
 
     // Every LLM the run talks to: the simulated caller and the judges.
     let mut wanted = BTreeSet::new();
@@ -409,6 +442,13 @@ async fn converse_and_judge(
     };
     let ended_at = outcome.started_at + chrono::Duration::milliseconds(outcome.duration_ms as i64);
     let now = ids::now();
+    // What the engine wrote from what an agent or an LLM answered.
+    let secrets = loaded.secrets();
+    let failure_reason = failure_reason.map(|r| super::redact(r, &secrets));
+    let evaluations = evaluated
+        .into_iter()
+        .map(|e| types::EvaluationResult { reason: super::redact(e.result.reason, &secrets), ..e.result })
+        .collect();
     types::TestResult {
         id: ids::new_id("trs"),
         project_id: run.project_id.clone(),
@@ -431,7 +471,7 @@ async fn converse_and_judge(
         transcript: outcome.transcript,
         tool_calls: outcome.tool_calls,
         metrics: outcome.metrics,
-        evaluations: evaluated.into_iter().map(|e| e.result).collect(),
+        evaluations,
         blinded: None,
         credits: credits::cost_of(outcome.duration_ms).min(loaded.worst_case),
         metadata: loaded.metadata.clone(),

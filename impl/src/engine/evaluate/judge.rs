@@ -51,7 +51,7 @@ pub(super) async fn judge(
 }
 
 fn redact(decision: Decision, key: &str) -> Decision {
-    let hide = |s: String| if s.contains(key) { s.replace(key, "[redacted]") } else { s };
+    let hide = |s: String| crate::engine::redact(s, &[key]);
     match decision {
         Decision::Pass { score, reason } => Decision::Pass { score, reason: hide(reason) },
         Decision::Fail { score, reason } => Decision::Fail { score, reason: hide(reason) },
