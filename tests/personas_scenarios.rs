@@ -302,7 +302,7 @@ async fn persona_input_is_checked_field_by_field() {
         (json!({"verbosity": "chatty"}), "invalid_verbosity", "verbosity"),
         (json!({"patience": "none"}), "invalid_patience", "patience"),
         (json!({"tags": [" "]}), "invalid_tags", "tags[0]"),
-        (json!({"tags": ["ok", long(51)]}), "invalid_tags", "tags[1]"),
+        (json!({"tags": ["ok", long(101)]}), "invalid_tags", "tags[1]"),
         (json!({"tags": (0..51).map(|i| format!("t{i}")).collect::<Vec<_>>()}), "invalid_tags", "tags"),
         (json!({"project_id": null}), "invalid_project_id", "project_id"),
         (json!({"name": null}), "invalid_name", "name"),
@@ -351,7 +351,7 @@ async fn persona_input_is_checked_field_by_field() {
         with(
             persona(p, &long(100)),
             json!({"description": long(2000), "voice": voice(0.5), "background_noise_volume": 1.0, "accent": long(100),
-                   "tags": (0..50).map(|i| format!("{i:0>50}")).collect::<Vec<_>>()}),
+                   "tags": (0..50).map(|i| format!("{i:0>100}")).collect::<Vec<_>>()}),
         ),
     )
     .await;
@@ -523,7 +523,7 @@ async fn scenario_input_is_checked_field_by_field() {
         (with(sim.clone(), json!({"max_duration_s": 0})), "invalid_max_duration_s", "max_duration_s"),
         (with(sim.clone(), json!({"max_duration_s": 3601})), "invalid_max_duration_s", "max_duration_s"),
         (with(sim.clone(), json!({"tags": ["ok", ""]})), "invalid_tags", "tags[1]"),
-        (with(sim.clone(), json!({"tags": ["ok", long(51)]})), "invalid_tags", "tags[1]"),
+        (with(sim.clone(), json!({"tags": ["ok", long(101)]})), "invalid_tags", "tags[1]"),
         (with(sim.clone(), json!({"version": 7})), "invalid_body", "version"),
         (
             with(sim.clone(), json!({"default_persona_id": "per_missing"})),
@@ -605,6 +605,15 @@ async fn every_evaluator_type_is_checked() {
     )
     .await;
     assert_eq!(in_step["steps"][0]["expect"], made["success_criteria"]);
+    // The spec's limits are accepted (characters, not bytes).
+    let at_limits = json!([
+        {"type": "regex", "name": "long", "pattern": "é".repeat(2000), "critical": true},
+        {"type": "max_latency_ms", "name": "slowest", "percentile": "max", "ms": 600_000, "critical": true},
+        {"type": "max_turns", "name": "longest", "turns": 1000, "critical": true},
+        {"type": "tool_called", "name": "long tool", "tool": "t".repeat(200), "critical": true},
+    ]);
+    let body = with(simulated(p, &judge, "at the limits"), json!({"success_criteria": at_limits}));
+    assert_eq!(create(&s, "/v1/scenarios", &t.editor, body).await["success_criteria"], at_limits);
 
     let judge_at =
         |integration: &str| json!({"type": "llm_judge", "name": "j", "integration_id": integration, "prompt": "ok?"});
@@ -623,10 +632,11 @@ async fn every_evaluator_type_is_checked() {
         (json!({"type": "not_contains", "name": "a", "text": "\t"}), "invalid_text", "[0].text"),
         (json!({"type": "regex", "name": "a"}), "invalid_pattern", "pattern"),
         (json!({"type": "regex", "name": "a", "pattern": "(("}), "invalid_pattern", "[0].pattern"),
+        (json!({"type": "regex", "name": "a", "pattern": "é".repeat(2001)}), LIST, "[0]"),
         (json!({"type": "max_latency_ms", "name": "a", "percentile": "p95"}), "invalid_ms", "ms"),
         (json!({"type": "max_latency_ms", "name": "a", "ms": 100}), "invalid_percentile", "percentile"),
         (json!({"type": "max_latency_ms", "name": "a", "percentile": "p42", "ms": 100}), LIST, "p42"),
-        (json!({"type": "max_latency_ms", "name": "a", "percentile": "p50", "ms": 0}), "invalid_ms", "[0].ms"),
+        (json!({"type": "max_latency_ms", "name": "a", "percentile": "p50", "ms": 0}), LIST, "[0]"),
         (json!({"type": "max_latency_ms", "name": "a", "percentile": "max", "ms": 600_001}), "invalid_ms", "[0].ms"),
         (json!({"type": "max_turns", "name": "a"}), "invalid_turns", "turns"),
         (json!({"type": "max_turns", "name": "a", "turns": 0}), LIST, "[0]"),
@@ -634,6 +644,7 @@ async fn every_evaluator_type_is_checked() {
         (json!({"type": "agent_ended_call"}), "invalid_name", "name"),
         (json!({"type": "tool_called", "name": "a"}), "invalid_tool", "tool"),
         (json!({"type": "tool_called", "name": "a", "tool": " "}), "invalid_tool", "[0].tool"),
+        (json!({"type": "tool_called", "name": "a", "tool": "t".repeat(201)}), LIST, "[0]"),
         (json!({"type": "llm_judge", "name": "a", "prompt": "ok?"}), "invalid_integration_id", "integration_id"),
         (json!({"type": "llm_judge", "name": "a", "integration_id": judge}), "invalid_prompt", "prompt"),
         (

@@ -474,3 +474,28 @@ async fn chunked_bodies_over_one_mib_are_refused() {
     let (status, body) = error_body(resp).await;
     assert_eq!((status, body["error_code"].as_str().unwrap()), (413, "body_too_large"), "{body}");
 }
+
+/// A body that is not JSON is bad input: 400, the status every operation
+/// documents for it (no operation documents 415). No `content-type` at all
+/// is read as JSON.
+#[tokio::test]
+async fn a_body_that_is_not_json_is_a_400() {
+    let s = TestServer::start().await;
+    for content_type in ["text/plain", "application/x-www-form-urlencoded"] {
+        let resp = s
+            .http
+            .post(s.url("/v1/api-keys"))
+            .header("x-api-key", &s.admin_key)
+            .header("content-type", content_type)
+            .body(r#"{"label": "x"}"#)
+            .send()
+            .await
+            .unwrap();
+        let (status, body) = error_body(resp).await;
+        assert_eq!((status, body["error_code"].as_str().unwrap()), (400, "unsupported_media_type"), "{body}");
+        assert!(body["message"].as_str().unwrap().contains("application/json"), "{body}");
+    }
+    let resp =
+        s.http.post(s.url("/v1/api-keys")).header("x-api-key", &s.admin_key).body(r#"{"label": "x"}"#).send().await;
+    assert_eq!(resp.unwrap().status().as_u16(), 201);
+}

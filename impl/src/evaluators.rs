@@ -16,7 +16,7 @@ use crate::failure::{Failure, Result};
 use crate::validate;
 
 pub const MAX_EVALUATORS: usize = 100;
-const MAX_LATENCY_MS: i64 = 600_000;
+const MAX_LATENCY_MS: u64 = 600_000;
 const MAX_TURNS: u32 = 1000;
 
 /// Checks a list of evaluators (`field` is its name in the request, e.g.
@@ -45,14 +45,14 @@ pub fn check_list(field: &str, evaluators: &[Evaluator]) -> Result<BTreeSet<Stri
                 validate::regex(&at("pattern"), pattern)?;
             }
             Evaluator::MaxLatencyMs { ms, .. } => {
-                validate::range(&at("ms"), *ms, 1, MAX_LATENCY_MS)?;
+                validate::range(&at("ms"), ms.get(), 1, MAX_LATENCY_MS)?;
             }
             Evaluator::MaxTurns { turns, .. } => {
                 validate::range(&at("turns"), turns.get(), 1, MAX_TURNS)?;
             }
             Evaluator::AgentEndedCall { .. } => {}
             Evaluator::ToolCalled { tool, .. } => {
-                validate::name(&at("tool"), tool)?;
+                validate::required_text(&at("tool"), tool, validate::MAX_TOOL)?;
             }
             Evaluator::LlmJudge { integration_id, prompt, .. } => {
                 validate::required_text(&at("prompt"), prompt, validate::MAX_PROMPT)?;
@@ -142,7 +142,7 @@ mod tests {
             (serde_json::json!([{"type": "contains", "name": "a", "text": " "}]), "success_criteria[0].text"),
             (serde_json::json!([{"type": "regex", "name": "a", "pattern": "(("}]), "success_criteria[0].pattern"),
             (
-                serde_json::json!([{"type": "max_latency_ms", "name": "a", "percentile": "p50", "ms": 0}]),
+                serde_json::json!([{"type": "max_latency_ms", "name": "a", "percentile": "p50", "ms": 600_001}]),
                 "success_criteria[0].ms",
             ),
             (serde_json::json!([{"type": "max_turns", "name": "a", "turns": 5000}]), "success_criteria[0].turns"),
@@ -169,5 +169,7 @@ mod tests {
         assert!(serde_json::from_value::<Evaluator>(serde_json::json!({"type": "contains", "name": "a"})).is_err());
         assert!(serde_json::from_value::<Evaluator>(serde_json::json!({"type": "regex", "name": "a", "text": "x"}))
             .is_err());
+        let instant = serde_json::json!({"type": "max_latency_ms", "name": "a", "percentile": "p50", "ms": 0});
+        assert!(serde_json::from_value::<Evaluator>(instant).is_err(), "the spec's minimum is 1 ms");
     }
 }

@@ -260,9 +260,9 @@ fn check_json_content_type(request: &hyper::Request<dropshot::Body>) -> Result<(
     if mime == "application/json" || mime.ends_with("+json") {
         return Ok(());
     }
-    Err(HttpError::for_client_error(
+    // Bad input, so 400 (DESIGN §2 uses no other status for it).
+    Err(HttpError::for_bad_request(
         Some(ErrorCode::UNSUPPORTED_MEDIA_TYPE.to_string()),
-        dropshot::ClientErrorStatusCode::UNSUPPORTED_MEDIA_TYPE,
         format!("request bodies are JSON: send `content-type: application/json`, not `{mime}`"),
     ))
 }

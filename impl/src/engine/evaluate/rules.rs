@@ -26,7 +26,7 @@ pub(super) fn check(evaluator: &Evaluator, outcome: &Outcome, scope: Scope<'_>) 
         Evaluator::Contains { text, case_sensitive, .. } => contains(outcome, scope, text, *case_sensitive, true),
         Evaluator::NotContains { text, case_sensitive, .. } => contains(outcome, scope, text, *case_sensitive, false),
         Evaluator::Regex { pattern, .. } => regex(outcome, scope, pattern),
-        Evaluator::MaxLatencyMs { percentile, ms, .. } => max_latency(outcome, scope, *percentile, *ms),
+        Evaluator::MaxLatencyMs { percentile, ms, .. } => max_latency(outcome, scope, *percentile, ms.get() as i64),
         Evaluator::MaxTurns { turns, .. } => max_turns(outcome, scope, i64::from(turns.get())),
         Evaluator::AgentEndedCall { .. } => agent_ended_call(outcome, scope),
         Evaluator::ToolCalled { tool, arguments, .. } => tool_called(outcome, scope, tool, arguments),
