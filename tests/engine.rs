@@ -397,6 +397,9 @@ async fn credits_are_reserved_once_and_never_go_below_zero() {
     let message = e["message"].as_str().unwrap();
     assert!(message.contains("6 credits") && message.contains("the project's owner"), "{e}");
     assert!(!message.contains("you have") && !message.contains(" 5"), "the owner's balance is theirs: {e}");
+    let feed = all_pages(&s, &t.viewer, &format!("/v1/activity?project_id={p}&action=test.run"), "activity").await;
+    let summary = feed[0]["summary"].as_str().unwrap();
+    assert!(summary.contains("6 credits needed") && !summary.contains(" 5"), "every member reads it: {summary}");
     let refused = s.expect(Method::GET, "/v1/batch-runs?status=insufficient_credits", &t.viewer, None, 200).await;
     let refused = &refused["batch_runs"][0];
     assert_eq!(refused["counts"]["total"], 0, "nothing queued");

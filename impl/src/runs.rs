@@ -211,7 +211,8 @@ async fn start(
             let summary = if enough {
                 format!("started batch run {id}: {n} conversations, {worst} credits reserved")
             } else {
-                format!("batch run {id} not started: {worst} credits needed, {short}")
+                // Read by every member: no one's balance.
+                format!("batch run {id} not started: {worst} credits needed, more than the project's owner has")
             };
             activity::record(
                 tx,
