@@ -397,9 +397,17 @@ async fn credits_are_reserved_once_and_never_go_below_zero() {
     let message = e["message"].as_str().unwrap();
     assert!(message.contains("6 credits") && message.contains("the project's owner"), "{e}");
     assert!(!message.contains("you have") && !message.contains(" 5"), "the owner's balance is theirs: {e}");
+    // The payer is told their balance; the activity log, which every member
+    // reads, tells no one's.
+    let (_, e) =
+        error_body(s.send_json(Method::POST, &format!("/v1/tests/{big}/run"), &t.owner, Some(json!({}))).await).await;
+    assert!(e["message"].as_str().unwrap().contains("you have 5"), "{e}");
     let feed = all_pages(&s, &t.viewer, &format!("/v1/activity?project_id={p}&action=test.run"), "activity").await;
-    let summary = feed[0]["summary"].as_str().unwrap();
-    assert!(summary.contains("6 credits needed") && !summary.contains(" 5"), "every member reads it: {summary}");
+    assert_eq!(feed.len(), 2);
+    for record in &feed {
+        let summary = record["summary"].as_str().unwrap();
+        assert!(summary.contains("6 credits needed") && !summary.contains(" 5"), "every member reads it: {summary}");
+    }
     let refused = s.expect(Method::GET, "/v1/batch-runs?status=insufficient_credits", &t.viewer, None, 200).await;
     let refused = &refused["batch_runs"][0];
     assert_eq!(refused["counts"]["total"], 0, "nothing queued");
