@@ -1152,3 +1152,49 @@ async fn validation_replacement_deletion_locks_and_activity() {
     }
     assert_eq!(of(&c4, "calibration.close"), 0);
 }
+
+/// A result labelled blind in an open calibration stays blind in every other
+/// calibration over it too: an earlier, complete one would otherwise show
+/// its automated verdict (in `disagreements` and the metrics). Others see
+/// that one whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_calibration_does_not_unblind_results_of_an_open_one() {
+    let good = Agent::start(&[]);
+    let bad = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("blind elsewhere").await;
+    let p = &t.project_id;
+    let ran = run_batch(&s, &t, &good, &bad, 1, 1).await;
+    let (rp, rf) = (id(&ran.passed[0]), id(&ran.failed[0]));
+    let editor_id = user_with_role(&s, &t, "editor").await;
+    let reviewer_id = user_with_role(&s, &t, "reviewer").await;
+
+    // First: the editor labels both, against the automated verdicts; complete.
+    let first = calibration_by_ids(p, &[&rp, &rf], &[&editor_id]);
+    let first = id(&s.expect(Method::POST, "/v1/reviews/calibration", &t.editor, Some(first), 200).await);
+    review(&s, &t.editor, &rp, false, &[]).await;
+    review(&s, &t.editor, &rf, true, &[]).await;
+    let done = get_calibration(&s, &t.reviewer, &first).await;
+    assert_eq!((done["status"].as_str(), done["blinded"].as_bool()), (Some("complete"), Some(false)));
+    assert_eq!(done["disagreements"].as_array().unwrap().len(), 2, "{done:#}");
+
+    // Then the same results, for the reviewer to label blind.
+    let second = calibration_by_ids(p, &[&rp, &rf], &[&reviewer_id]);
+    let second = id(&s.expect(Method::POST, "/v1/reviews/calibration", &t.editor, Some(second), 200).await);
+    let seen = s.expect(Method::GET, &format!("/v1/test-results/{rf}"), &t.reviewer, None, 200).await;
+    assert_blind(&seen, &second);
+    let listed = all_pages(&s, &t.reviewer, &format!("/v1/reviews/calibration?project_id={p}"), "calibrations").await;
+    for hidden in [get_calibration(&s, &t.reviewer, &first).await, find(&listed, "id", &first).clone()] {
+        assert_eq!(hidden["blinded"], true, "{hidden:#}");
+        assert_eq!((&hidden["disagreements"], &hidden["per_evaluator"]), (&json!([]), &json!([])), "{hidden:#}");
+        assert_metrics(&hidden["overall"], [None; 5], "the complete one, to the blind reviewer");
+    }
+    for key in [&t.owner, &t.editor, &t.viewer] {
+        let whole = get_calibration(&s, key, &first).await;
+        assert_eq!(whole["disagreements"].as_array().unwrap().len(), 2, "{whole:#}");
+    }
+    // Once the second is complete, the first is whole again for the reviewer.
+    review(&s, &t.reviewer, &rp, true, &[]).await;
+    review(&s, &t.reviewer, &rf, false, &[]).await;
+    assert_eq!(get_calibration(&s, &t.reviewer, &first).await["disagreements"].as_array().unwrap().len(), 2);
+}

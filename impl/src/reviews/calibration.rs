@@ -23,6 +23,7 @@ use rusqlite::{params, OptionalExtension as _};
 use serde_json::{json, Map, Value};
 use sparring_server::{params as p, types, Caller};
 
+use super::blind;
 use super::metrics::{self, Subject};
 use crate::access::{self, Need, Role};
 use crate::activity::{self, Record};
@@ -391,12 +392,25 @@ pub(crate) fn view(tx: &rusqlite::Connection, user_id: &str, id: &str) -> Result
         .collect::<rusqlite::Result<_>>()?;
     let open = status == "open";
     let caller_role = access::role_in(tx, user_id, &project_id)?;
-    let blinded = open && reviewer_ids.iter().any(|r| r == user_id) && caller_role != Some(Role::Owner);
+    let labelling_this = open && reviewer_ids.iter().any(|r| r == user_id) && caller_role != Some(Role::Owner);
+    // Another calibration (say an earlier, complete one over the same
+    // results) would otherwise show the automated verdicts of results the
+    // caller labels blind in an open one.
+    let blind_elsewhere = || -> Result<bool> {
+        let blind = blind::blind_map(tx, user_id)?;
+        Ok(result_ids.iter().any(|r| blind.contains_key(r)))
+    };
+    let blinded = labelling_this || blind_elsewhere()?;
     let labels_total = (result_ids.len() * reviewer_ids.len()) as i64;
     let progress = types::CalibrationProgress { labels_done: labels.len() as i64, labels_total };
 
     let (overall, per_evaluator, disagreements) = if blinded {
-        let reason = "hidden while you label this calibration review blind; shown once it is complete";
+        let reason = if labelling_this {
+            "hidden while you label this calibration review blind; shown once it is complete"
+        } else {
+            "hidden while you label some of its results blind in another calibration review; shown once that one is \
+             complete"
+        };
         (hidden_metrics(reason), Vec::new(), Vec::new())
     } else {
         measure(tx, &result_ids, &labels)?
