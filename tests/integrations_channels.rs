@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::engine::create;
 use common::{contains, error_body, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -947,8 +948,7 @@ async fn stored_secrets_go_only_where_they_were_set() {
     let t = s.team("destinations").await;
     let p = &t.project_id;
     let channel =
-        create_as(&s, &t.editor, "/v1/channels", with(http_channel(p, "web"), json!({"headers": {"X-Token": "t"}})))
-            .await;
+        create(&s, &t.editor, "/v1/channels", with(http_channel(p, "web"), json!({"headers": {"X-Token": "t"}}))).await;
     let c = format!("/v1/channels/{channel}");
     for elsewhere in
         ["https://elsewhere.example.net/turn", "http://agent.example.com/turn", "https://agent.example.com:8443/turn"]
@@ -972,7 +972,7 @@ async fn stored_secrets_go_only_where_they_were_set() {
     s.expect(Method::PATCH, &c, &t.editor, Some(plain), 200).await;
 
     let integration =
-        create_as(&s, &t.editor, "/v1/integrations", with(llm(p, "judge"), json!({"credentials": {"api_key": "k"}})))
+        create(&s, &t.editor, "/v1/integrations", with(llm(p, "judge"), json!({"credentials": {"api_key": "k"}})))
             .await;
     let i = format!("/v1/integrations/{integration}");
     let config = |base_url: &str| json!({"config": {"base_url": base_url, "model": "gpt-4o-mini"}});
@@ -996,9 +996,4 @@ async fn stored_secrets_go_only_where_they_were_set() {
         (&moved["config"]["base_url"], &moved["credentials_configured"]),
         (&json!("https://other.example.net/v1"), &json!(true))
     );
-}
-
-/// Creates as `key`; returns the new id.
-async fn create_as(s: &TestServer, key: &str, path: &str, body: Value) -> String {
-    id(&s.expect(Method::POST, path, key, Some(body), 200).await)
 }

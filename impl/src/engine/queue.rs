@@ -240,7 +240,6 @@ pub fn requeue_expired(tx: &rusqlite::Transaction<'_>, before_ms: i64) -> Result
         .collect::<rusqlite::Result<_>>()?;
     let now = ids::now();
     let now_text = ids::format_time(&now);
-    let now_ms = now.timestamp_millis();
     for (run_id, batch_run_id, attempt, cancelled) in &expired {
         if *cancelled || *attempt >= MAX_ATTEMPTS {
             let (status, counter, error) = if *cancelled {
@@ -252,16 +251,7 @@ pub fn requeue_expired(tx: &rusqlite::Transaction<'_>, before_ms: i64) -> Result
                     format!("the server running it stopped {MAX_ATTEMPTS} times before the conversation ended"),
                 )
             };
-            tx.prepare_cached(
-                "UPDATE runs SET status = ?2, error = ?3, lease_owner = NULL, lease_expires_ms = NULL,
-                                 finished_at = ?4, finished_ms = ?5, updated_at = ?4
-                 WHERE id = ?1",
-            )?
-            .execute(params![run_id, status, error, now_text, now_ms])?;
-            tx.prepare_cached(&format!(
-                "UPDATE batch_runs SET running = running - 1, {counter} = {counter} + 1, updated_at = ?2 WHERE id = ?1"
-            ))?
-            .execute(params![batch_run_id, now_text])?;
+            end_held(tx, run_id, batch_run_id, (status, counter), &error, now)?;
         } else {
             tx.prepare_cached(
                 "UPDATE runs SET status = 'queued', attempt = attempt + 1, lease_owner = NULL, lease_expires_ms = NULL,
@@ -277,6 +267,31 @@ pub fn requeue_expired(tx: &rusqlite::Transaction<'_>, before_ms: i64) -> Result
         maybe_complete(tx, batch_run_id)?;
     }
     Ok(expired.len())
+}
+
+/// Ends a running run that will have no result (`status`, counted in its
+/// batch run's `counter`), saying why in its `error`. The caller then calls
+/// [`maybe_complete`].
+fn end_held(
+    tx: &rusqlite::Transaction<'_>,
+    run_id: &str,
+    batch_run_id: &str,
+    (status, counter): (&str, &str),
+    error: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<()> {
+    let now_text = ids::format_time(&now);
+    tx.prepare_cached(
+        "UPDATE runs SET status = ?2, error = ?3, lease_owner = NULL, lease_expires_ms = NULL,
+                         finished_at = ?4, finished_ms = ?5, updated_at = ?4
+         WHERE id = ?1",
+    )?
+    .execute(params![run_id, status, error, now_text, now.timestamp_millis()])?;
+    tx.prepare_cached(&format!(
+        "UPDATE batch_runs SET running = running - 1, {counter} = {counter} + 1, updated_at = ?2 WHERE id = ?1"
+    ))?
+    .execute(params![batch_run_id, now_text])?;
+    Ok(())
 }
 
 /// Cancels a batch run: its queued runs end `cancelled` now; returns the
@@ -423,17 +438,8 @@ pub fn release(tx: &rusqlite::Transaction<'_>, owner: &str) -> Result<usize> {
     let now_text = ids::format_time(&now);
     for (run_id, batch_run_id, cancelled) in &held {
         if *cancelled {
-            tx.prepare_cached(
-                "UPDATE runs SET status = 'cancelled', error = 'cancelled; the server stopped before its next turn',
-                                 lease_owner = NULL, lease_expires_ms = NULL, finished_at = ?2, finished_ms = ?3,
-                                 updated_at = ?2
-                 WHERE id = ?1",
-            )?
-            .execute(params![run_id, now_text, now.timestamp_millis()])?;
-            tx.prepare_cached(
-                "UPDATE batch_runs SET running = running - 1, cancelled = cancelled + 1, updated_at = ?2 WHERE id = ?1",
-            )?
-            .execute(params![batch_run_id, now_text])?;
+            let why = "cancelled; the server stopped before its next turn";
+            end_held(tx, run_id, batch_run_id, ("cancelled", "cancelled"), why, now)?;
             maybe_complete(tx, batch_run_id)?;
             continue;
         }
