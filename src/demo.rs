@@ -256,7 +256,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             results.len(),
             rate * 100.0,
             p95,
-            reasons.first().map(|r| agent_reason(r)).unwrap_or_default()
+            reasons.first().map(|r| crate::run::first_line(r)).unwrap_or_default()
         );
     }
     println!(
@@ -288,13 +288,4 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     buggy.close().await.map_err(|e| anyhow::anyhow!(e))?;
     server.shutdown().await?;
     Ok(())
-}
-
-/// The first line of a failure reason, short enough for the table.
-fn agent_reason(reason: &str) -> String {
-    let line = reason.lines().next().unwrap_or_default();
-    match line.char_indices().nth(90) {
-        Some((i, _)) => format!("{}…", &line[..i]),
-        None => line.to_string(),
-    }
 }

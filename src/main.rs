@@ -5,6 +5,7 @@
 
 mod agent;
 mod demo;
+mod run;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -35,6 +36,10 @@ enum Command {
     /// on a temporary data dir, a project, a batch run with a live progress
     /// bar, and a results table.
     Demo(demo::DemoArgs),
+    /// Run a batch, a channel's tests or a test on a Sparring server and wait
+    /// for the verdict (the CI gate): exit 0 if every test met its pass
+    /// threshold, 1 if not, 2 without a verdict.
+    Run(run::RunArgs),
     /// Administer a data dir directly.
     Admin {
         #[command(subcommand)]
@@ -205,10 +210,12 @@ fn main() -> ExitCode {
             Some(Command::Admin { command }) => admin(command).await,
             Some(Command::Agent(config)) => run_agent(config).await,
             Some(Command::Demo(args)) => demo::run(args).await,
+            Some(Command::Run(args)) => return Ok(run::main(args).await),
         }
+        .map(|()| ExitCode::SUCCESS)
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

@@ -73,6 +73,11 @@ fn read_into(stream: impl Read + Send + 'static, captured: Arc<Captured>, stdout
 
 impl Proc {
     pub fn spawn(args: &[&str]) -> Proc {
+        Proc::spawn_with_env(args, &[])
+    }
+
+    /// Spawns with these environment variables set (and no other of ours).
+    pub fn spawn_with_env(args: &[&str], env: &[(&str, &str)]) -> Proc {
         let mut cmd = Command::new(BIN);
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         // Only the arguments configure it.
@@ -83,9 +88,12 @@ impl Proc {
             "SPARRING_OIDC_AUDIENCE",
             "SPARRING_OIDC_JWKS",
             "SPARRING_LOG_FORMAT",
+            "SPARRING_URL",
+            "SPARRING_API_KEY",
         ] {
             cmd.env_remove(var);
         }
+        cmd.envs(env.iter().copied());
         let mut child = cmd.spawn().unwrap();
         let captured = Arc::new(Captured::default());
         read_into(child.stdout.take().unwrap(), captured.clone(), true);

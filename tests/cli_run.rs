@@ -1,0 +1,237 @@
+//! `sparring run`, the CI gate: the real binary against the real server on an
+//! ephemeral port, running conversations with the real reference agent
+//! (`sparring agent`, a child process). Its exit code is the verdict: 0
+//! passed, 1 failed, 2 no verdict.
+
+mod common;
+
+use common::engine::{create, Agent};
+use common::process::Proc;
+use common::TestServer;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// Books Tuesday at 3 pm: passes against the reference agent, fails against
+/// `--bug wrong-day` (the "right day" check).
+fn booking(project_id: &str, persona: &str) -> Value {
+    json!({
+        "project_id": project_id, "name": "book tuesday", "mode": "scripted", "default_persona_id": persona,
+        "first_message": "Hi, I'd like to book an appointment.",
+        "steps": [{"say": "Tuesday at 3 pm, please.", "expect": [
+            {"type": "contains", "name": "right day", "text": "Tuesday"}]}],
+        "max_duration_s": 60
+    })
+}
+
+/// A project with a channel to each agent and a test on each.
+struct Suite {
+    project_id: String,
+    good_channel: String,
+    bad_channel: String,
+    good_test: String,
+    bad_test: String,
+}
+
+async fn suite(s: &TestServer, key: &str, project_id: &str, good: &Agent, bad: &Agent) -> Suite {
+    let p = project_id;
+    let persona = create(s, key, "/v1/personas", json!({"project_id": p, "name": "Dana", "prompt": "A parent"})).await;
+    let scenario = create(s, key, "/v1/scenarios", booking(p, &persona)).await;
+    let channel = |name: &str, agent: &Agent| json!({"project_id": p, "name": name, "kind": "http", "target": agent.http_target(), "turn_timeout_ms": 5000});
+    let good_channel = create(s, key, "/v1/channels", channel("good", good)).await;
+    let bad_channel = create(s, key, "/v1/channels", channel("bad", bad)).await;
+    let test = |name: &str, channel: &str, iterations: u32| {
+        json!({"project_id": p, "name": name, "channel_id": channel, "scenario_id": scenario,
+               "iterations": iterations})
+    };
+    let good_test = create(s, key, "/v1/tests", test("books over http", &good_channel, 2)).await;
+    let bad_test = create(s, key, "/v1/tests", test("books the right day", &bad_channel, 2)).await;
+    Suite { project_id: project_id.to_string(), good_channel, bad_channel, good_test, bad_test }
+}
+
+/// `sparring run ARGS` against `s` with the key in the environment, to its
+/// end: the exit code, stdout and stderr.
+fn run(s: &TestServer, key: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut all = vec!["run", "--url", &s.base];
+    all.extend_from_slice(args);
+    let mut p = Proc::spawn_with_env(&all, &[("SPARRING_API_KEY", key)]);
+    let status = p.wait_exit();
+    let (stdout, stderr) = (p.stdout(), p.stderr());
+    assert!(!stdout.contains(key) && !stderr.contains(key), "the key was printed:\n{stdout}\n{stderr}");
+    (status.code(), stdout, stderr)
+}
+
+/// The batch run id the command said it started.
+fn started_id(stderr: &str) -> String {
+    let at = stderr.find("started batch run brn_").unwrap_or_else(|| panic!("no batch run started: {stderr}"));
+    stderr[at + "started batch run ".len()..].split_whitespace().next().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exit_code_is_the_verdict_and_the_summary_says_what_failed() {
+    let good = Agent::start(&[]);
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("gate").await;
+    let suite = suite(&s, &t.owner, &t.project_id, &good, &wrong_day).await;
+    let p = &suite.project_id;
+    let passing =
+        create(&s, &t.owner, "/v1/batches", json!({"project_id": p, "name": "good", "test_ids": [suite.good_test]}))
+            .await;
+    let failing = create(
+        &s,
+        &t.owner,
+        "/v1/batches",
+        json!({"project_id": p, "name": "both", "test_ids": [suite.good_test, suite.bad_test]}),
+    )
+    .await;
+
+    // An editor runs them, from CI, with the commit in the metadata.
+    let (code, stdout, stderr) = run(&s, &t.editor, &["--batch", &passing, "--metadata", "commit=0a1b2c3"]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let row = stdout.lines().find(|l| l.starts_with("books over http")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(row.contains("2/2") && row.contains("100%") && row.contains("yes"), "{row}");
+    assert!(stdout.contains(": PASSED;"), "{stdout}");
+    // Not a terminal: progress is lines on stderr, ending with the counts.
+    let id = started_id(&stderr);
+    assert!(stderr.contains(&format!("{id}: completed: 2/2 ended: 2 passed, 0 failed, 0 errors")), "{stderr}");
+    let stored = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &t.viewer, None, 200).await;
+    assert_eq!(stored["metadata"], json!({"commit": "0a1b2c3"}));
+    assert_eq!(stored["batch_id"], json!(passing));
+    assert_eq!(stored["passed"], true);
+
+    let (code, stdout, stderr) = run(&s, &t.editor, &["--batch", &failing]);
+    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
+    let bad = stdout.lines().find(|l| l.starts_with("books the right day")).unwrap_or_else(|| panic!("{stdout}"));
+    // Why, from a failed result, and which one to read.
+    assert!(bad.contains("0/2") && bad.contains("NO") && bad.contains("right day"), "{bad}");
+    assert!(bad.contains("(trs_"), "{bad}");
+    let good_row = stdout.lines().find(|l| l.starts_with("books over http")).unwrap();
+    assert!(good_row.contains("2/2") && good_row.contains("yes"), "{good_row}");
+    assert!(stdout.contains(": FAILED: some test did not meet its pass threshold; pass rate 50%"), "{stdout}");
+    let id = started_id(&stderr);
+    let stored = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &t.viewer, None, 200).await;
+    assert_eq!(stored["passed"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_or_a_channel_runs_and_json_is_the_batch_run() {
+    let good = Agent::start(&[]);
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &wrong_day).await;
+
+    let (code, stdout, stderr) = run(&s, &key, &["--test", &suite.good_test, "--json"]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let run_: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(run_["source"], "test");
+    assert_eq!(run_["test_id"], json!(suite.good_test));
+    assert_eq!((run_["status"].as_str(), run_["passed"].as_bool()), (Some("completed"), Some(true)), "{run_:#}");
+    assert_eq!(run_["counts"]["passed"], 2);
+
+    // The failing channel: all its tests, then one named.
+    let (code, stdout, _) = run(&s, &key, &["--channel", &suite.bad_channel, "--json"]);
+    assert_eq!(code, Some(1), "{stdout}");
+    let run_: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!((run_["source"].as_str(), run_["passed"].as_bool()), (Some("channel"), Some(false)), "{run_:#}");
+    assert_eq!(run_["counts"]["failed"], 2);
+    let (code, stdout, _) = run(&s, &key, &["--channel", &suite.good_channel, "--test", &suite.good_test, "--json"]);
+    assert_eq!(code, Some(0), "{stdout}");
+    let run_: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!((run_["channel_id"].as_str(), run_["counts"]["total"].as_i64()), (Some(&*suite.good_channel), Some(2)));
+
+    // --no-wait: the id alone, for a script to follow.
+    let (code, stdout, stderr) = run(&s, &key, &["--test", &suite.bad_test, "--no-wait"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let id = stdout.trim();
+    assert!(id.starts_with("brn_") && !id.contains(char::is_whitespace), "{stdout}");
+    let stored = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &key, None, 200).await;
+    assert_eq!(stored["test_id"], json!(suite.bad_test));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
+    let good = Agent::start(&[]);
+    let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 1).await;
+    let key = s.key_for_user("poor@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &good).await;
+    let outsider = s.key_for_user("outsider@example.com").await;
+
+    let cases: [(&str, Vec<&str>, &str); 5] = [
+        ("spk_not_a_key", vec!["--test", &suite.good_test], "401 "),
+        (&outsider, vec!["--test", &suite.good_test], "404 not_found"),
+        // Two conversations of at most a minute, one credit left.
+        (&key, vec!["--test", &suite.good_test], "402 insufficient_credits"),
+        (&key, vec!["--batch", "bat_0", "--test", &suite.good_test], "--batch"),
+        (&key, vec!["--test", &suite.good_test, "--test", &suite.bad_test], "needs --channel"),
+    ];
+    for (k, args, says) in cases {
+        let (code, stdout, stderr) = run(&s, k, &args);
+        assert_eq!(code, Some(2), "{args:?}: {stdout}\n{stderr}");
+        assert!(stderr.contains(says), "{args:?}: expected {says:?} in: {stderr}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+    }
+
+    // The server is not there.
+    let mut p = Proc::spawn_with_env(
+        &["run", "--url", "http://127.0.0.1:9", "--test", &suite.good_test],
+        &[("SPARRING_API_KEY", &key)],
+    );
+    assert_eq!(p.wait_exit().code(), Some(2));
+    assert!(p.stderr().contains("could not reach the server"), "{}", p.stderr());
+}
+
+/// An agent that takes 2 s to answer, so the batch run is still going when
+/// the command is stopped.
+async fn slow_suite(s: &TestServer, key: &str, slow: &Agent) -> String {
+    let project = s.create_project(key, "slow").await;
+    suite(s, key, &project, slow, slow).await.good_test
+}
+
+async fn status_of(s: &TestServer, key: &str, id: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let run = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), key, None, 200).await;
+        let status = run["status"].as_str().unwrap().to_string();
+        // A cancelled batch run ends once its running conversations reach
+        // their next turn.
+        if status != "running" || std::time::Instant::now() > deadline {
+            return status;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_given_up_is_cancelled_unless_told_to_keep_it() {
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let test = slow_suite(&s, &key, &slow).await;
+
+    // The CI job is cancelled: SIGTERM.
+    let mut p = Proc::spawn_with_env(&["run", "--url", &s.base, "--test", &test], &[("SPARRING_API_KEY", &key)]);
+    p.expect("the batch run to start", |o| o.stderr.contains("started batch run brn_"));
+    let id = started_id(&p.stderr());
+    let code = p.terminate().code();
+    assert_eq!(code, Some(2), "{}", p.stderr());
+    assert!(p.stderr().contains(&format!("interrupted (SIGTERM); cancelled batch run {id}")), "{}", p.stderr());
+    assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+
+    // Timed out.
+    let (code, _, stderr) = run(&s, &key, &["--test", &test, "--timeout", "1"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let id = started_id(&stderr);
+    assert!(stderr.contains(&format!("timed out after 1 s; cancelled batch run {id}")), "{stderr}");
+    assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+
+    // Left going: it ends on its own, and passes.
+    let (code, _, stderr) = run(&s, &key, &["--test", &test, "--timeout", "1", "--keep-running"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let id = started_id(&stderr);
+    assert!(stderr.contains(&format!("timed out after 1 s; batch run {id} keeps running")), "{stderr}");
+    let done = common::engine::wait_for_end(&s, &key, &id).await;
+    assert_eq!((done["status"].as_str(), done["passed"].as_bool()), (Some("completed"), Some(true)), "{done:#}");
+}
