@@ -24,9 +24,6 @@ pub enum Failure {
     /// 501 `not_implemented`: the request needs a feature not built yet.
     #[error("{0}")]
     Unsupported(String),
-    /// 501: part of the API, not built yet.
-    #[error("`{0}` is not implemented yet")]
-    NotImplemented(&'static str),
     #[error(transparent)]
     Store(#[from] StoreError),
 }

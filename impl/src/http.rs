@@ -44,7 +44,6 @@ fn failure<B>(f: Failure) -> ApiError<B> {
             ApiError::new(ErrorStatusCode::PAYMENT_REQUIRED, "insufficient_credits", message)
         }
         Failure::Unsupported(message) => ApiError::new(ErrorStatusCode::NOT_IMPLEMENTED, "not_implemented", message),
-        Failure::NotImplemented(operation) => ApiError::not_implemented(operation),
         Failure::Store(e) => ApiError::internal(e),
     }
 }
@@ -498,7 +497,6 @@ impl SparringApi for ServerImpl {
     ) -> Result<Json<types::WebhookDeliveryList>, ApiError<types::Error>> {
         crate::engine::webhooks::list(state(&rqctx), caller, path, query).await.map(Json::from).map_err(failure)
     }
-    // Operations built by later work answer 501 `not_implemented`.
     async fn list_batch_run_runs(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,

@@ -12,8 +12,14 @@
 //! - Lists: [`pagination`]. Who may do what in a project: [`access`].
 //! - Input parsing shared by resources: [`validate`]; the domain's error:
 //!   [`failure`]; secrets at rest: [`secrets`].
-//! - Every other operation of the spec answers 501 `not_implemented` from
-//!   [`http`] until it is built.
+//! - Projects and their members: [`projects`]; the testing model:
+//!   [`integrations`], [`channels`], [`personas`], [`scenarios`], [`tests`],
+//!   [`batches`] (evaluators parsed by [`evaluators`]).
+//! - Starting and reading batch runs, runs, results and queue statistics:
+//!   [`runs`]; the conversations themselves: [`engine`]; the ledger:
+//!   [`credits`]; human review and calibration: [`reviews`].
+//! - A feature not built yet (runs over `phone` and `sip` channels) answers
+//!   501 `not_implemented` (`Failure::Unsupported`).
 
 pub mod access;
 pub mod activity;

@@ -53,15 +53,6 @@ impl<B> ApiError<B> {
         Self::new(ErrorStatusCode::CONFLICT, error_code, message)
     }
 
-    /// For an operation whose implementation has not been built yet.
-    pub fn not_implemented(operation_id: &str) -> Self {
-        Self::new(
-            ErrorStatusCode::NOT_IMPLEMENTED,
-            ErrorCode::NOT_IMPLEMENTED,
-            format!("`{operation_id}` is part of the API but not implemented by this server yet"),
-        )
-    }
-
     /// A 500 whose details go to the log only.
     pub fn internal(detail: impl fmt::Display) -> Self {
         let mut e = Self::new(ErrorStatusCode::INTERNAL_SERVER_ERROR, ErrorCode::INTERNAL, "internal error");
