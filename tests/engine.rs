@@ -8,7 +8,9 @@ mod common;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::engine::{all_pages, channel, completion, create, wait_for_end, Agent, Recorder};
+use common::engine::{
+    all_pages, channel, completion, create, wait_for_end, ws_recv, ws_send, Agent, Recorder, WsAgent, WsPeer,
+};
 use common::{error_body, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -852,4 +854,54 @@ async fn a_webhook_is_never_sent_unsigned_when_its_secret_cannot_be_opened() {
     assert_eq!(delivery["status"], "pending", "retried later: {delivery:#}");
     assert!(delivery["last_error"].as_str().unwrap().contains("cannot be opened"), "{delivery:#}");
     assert!(receiver.received().is_empty(), "sent unsigned: {:?}", receiver.received());
+}
+
+/// A websocket agent's turn is held to the size an http reply is held to
+/// (1 MiB): an agent that floods its turn, in one frame or in many, ends
+/// the call in `agent_error` instead of growing the engine's memory and the
+/// stored transcript without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_turn_larger_than_a_reply_may_be_is_an_agent_error() {
+    // Answers the caller's opening line with `frames` message frames of
+    // `size` bytes each, then ends its turn.
+    fn flood(frames: usize, size: usize) -> impl Fn(WsPeer) -> futures::future::BoxFuture<'static, ()> {
+        move |mut peer| {
+            Box::pin(async move {
+                while let Some(frame) = ws_recv(&mut peer).await {
+                    if frame["type"] == "message" {
+                        let words = "a".repeat(size);
+                        for _ in 0..frames {
+                            ws_send(&mut peer, json!({"type": "message", "role": "assistant", "content": words})).await;
+                        }
+                        ws_send(&mut peer, json!({"type": "turn_end"})).await;
+                    }
+                }
+            })
+        }
+    }
+    let many = WsAgent::start(flood(48, 64 * 1024)).await;
+    let one = WsAgent::start(flood(1, 3 << 20)).await;
+    let s = TestServer::start().await;
+    let t = s.team("floods").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    for (name, agent) in [("many frames", &many), ("one frame", &one)] {
+        let ch = channel(&s, &t.editor, p, "websocket", &agent.target).await;
+        let test = create(&s, &t.editor, "/v1/tests", test_body(p, name, &ch, &scenario, 1)).await;
+        let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+        wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+        let result = &results_of(&s, &t.viewer, &test).await[0];
+        let said: usize =
+            result["transcript"].as_array().unwrap().iter().map(|t| t["text"].as_str().unwrap().len()).sum();
+        assert_eq!(
+            (result["status"].as_str(), result["ended_reason"].as_str()),
+            (Some("error"), Some("agent_error")),
+            "{name}: {} bytes of transcript, failure {:?}",
+            said,
+            result["failure_reason"]
+        );
+        let reason = result["failure_reason"].as_str().unwrap();
+        assert!(reason.contains("turn 0") && reason.contains("larger than"), "{name}: {reason}");
+        assert!(said < 1 << 20, "{name}: nothing of the flood is kept: {said} bytes");
+    }
 }

@@ -9,12 +9,9 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
-use super::{turn_limit, Reply, TurnFailure, CALL_ID_HEADER};
+use super::{turn_limit, Reply, TurnFailure, CALL_ID_HEADER, MAX_REPLY_BYTES};
 use crate::engine::llm::clip;
 use crate::engine::CallPlan;
-
-/// Replies larger than this are refused: a reply is a few sentences.
-const MAX_REPLY_BYTES: usize = 1 << 20;
 
 pub(super) struct HttpAgent<'a> {
     http: &'a reqwest::Client,

@@ -55,6 +55,10 @@ use record::Recorder;
 /// The header that carries our call id on every request to the agent.
 const CALL_ID_HEADER: &str = "x-sparring-call-id";
 
+/// An agent turn larger than this (an http reply's body, the text frames of
+/// a websocket turn) is refused: a reply is a few sentences.
+const MAX_REPLY_BYTES: usize = 1 << 20;
+
 /// Has the conversation of `plan` with the agent and records it. Never
 /// panics and never hangs: see the module documentation for how it ends.
 pub async fn converse(http: &reqwest::Client, plan: &CallPlan, cancel: &CancellationToken) -> Outcome {
