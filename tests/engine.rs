@@ -905,3 +905,39 @@ async fn a_websocket_turn_larger_than_a_reply_may_be_is_an_agent_error() {
         assert!(said < 1 << 20, "{name}: nothing of the flood is kept: {said} bytes");
     }
 }
+
+/// `time_to_first_word_ms` is when the agent's first words came, not the
+/// first frame of the turn they are in: an agent that reports a tool call
+/// (as the reference agent does, before its words) and speaks once the
+/// tool is done has said nothing until then. The turn's latency is still
+/// the first frame's (channels.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_to_first_word_waits_for_words_not_a_tool_call() {
+    let agent = WsAgent::start(|mut peer| async move {
+        while let Some(frame) = ws_recv(&mut peer).await {
+            if frame["type"] == "message" {
+                ws_send(&mut peer, json!({"type": "tool_call", "name": "check_hours", "arguments": {}})).await;
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                ws_send(&mut peer, json!({"type": "message", "role": "assistant", "content": "We open at 8."})).await;
+                ws_send(&mut peer, json!({"type": "turn_end"})).await;
+            }
+        }
+    })
+    .await;
+    let s = TestServer::start().await;
+    let t = s.team("first words").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = channel(&s, &t.editor, p, "websocket", &agent.target).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "tool first", &ch, &scenario, 1)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    let result = &results_of(&s, &t.viewer, &test).await[0];
+    assert_eq!(result["ended_reason"], "caller_done", "{result:#}");
+    let first = &result["transcript"][1];
+    assert_eq!(first["text"], "We open at 8.");
+    assert!(first["latency_ms"].as_i64().unwrap() < 1000, "latency is to the first frame: {first}");
+    let said_at = result["transcript"][0]["start_ms"].as_i64().unwrap();
+    let ttfw = result["metrics"]["time_to_first_word_ms"].as_i64().unwrap();
+    assert!(ttfw >= said_at + 1500, "the first words came 1.5 s after the tool call, at {ttfw} ms: {result:#}");
+}

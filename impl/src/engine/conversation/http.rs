@@ -92,9 +92,12 @@ impl<'a> HttpAgent<'a> {
             }
         };
         let mut reply = Reply::new(sent_at);
-        reply.arrived(Instant::now());
+        let at = Instant::now();
+        reply.arrived(at);
         let wire = parse_reply(turn, &text).map_err(TurnFailure::Agent)?;
-        reply.texts = wire.messages.into_iter().filter_map(|m| m.content).collect();
+        for content in wire.messages.into_iter().filter_map(|m| m.content) {
+            reply.said(content, at);
+        }
         reply.tool_calls = wire
             .tool_calls
             .unwrap_or_default()

@@ -80,17 +80,37 @@ struct Reply {
     /// (websocket); `None` when nothing arrived.
     first_at: Option<Instant>,
     last_at: Option<Instant>,
+    /// The arrival of its first words: the reply (http), or its first
+    /// `message` frame with words (websocket), which may come after a
+    /// `tool_call` frame; `None` when it said nothing.
+    words_at: Option<Instant>,
 }
 
 impl Reply {
     fn new(sent_at: Instant) -> Self {
-        Reply { texts: Vec::new(), tool_calls: Vec::new(), end_call: false, sent_at, first_at: None, last_at: None }
+        Reply {
+            texts: Vec::new(),
+            tool_calls: Vec::new(),
+            end_call: false,
+            sent_at,
+            first_at: None,
+            last_at: None,
+            words_at: None,
+        }
     }
 
     /// The frame or body that arrived at `at` belongs to this reply.
     fn arrived(&mut self, at: Instant) {
         self.first_at.get_or_insert(at);
         self.last_at = Some(at);
+    }
+
+    /// Words (`text`) that arrived at `at` belong to this reply.
+    fn said(&mut self, text: String, at: Instant) {
+        if !text.trim().is_empty() {
+            self.words_at.get_or_insert(at);
+        }
+        self.texts.push(text);
     }
 }
 

@@ -155,9 +155,10 @@ impl WsAgent {
             if size > MAX_REPLY_BYTES {
                 return Err(TurnFailure::Agent(too_large(turn)));
             }
-            reply.arrived(Instant::now());
+            let at = Instant::now();
+            reply.arrived(at);
             match parse_frame(turn, &text).map_err(TurnFailure::Agent)? {
-                Frame::Message(content) => reply.texts.push(content),
+                Frame::Message(content) => reply.said(content, at),
                 Frame::ToolCall(name, arguments) => reply.tool_calls.push((name, arguments)),
                 Frame::EndCall => {
                     reply.end_call = true;
