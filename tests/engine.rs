@@ -941,3 +941,41 @@ async fn time_to_first_word_waits_for_words_not_a_tool_call() {
     let ttfw = result["metrics"]["time_to_first_word_ms"].as_i64().unwrap();
     assert!(ttfw >= said_at + 1500, "the first words came 1.5 s after the tool call, at {ttfw} ms: {result:#}");
 }
+
+/// The simulated caller's LLM is held to a size as the agent is: an answer
+/// of megabytes is the LLM failing (a caller error), never a "line" that is
+/// read whole into memory and then sent to the agent, which would be blamed
+/// when it refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_answer_of_the_callers_llm_is_a_caller_error_not_the_agents() {
+    let agent = Agent::start(&[]);
+    let llm = Recorder::start(|_, _| {
+        let said = json!({"say": "Tuesday at 3 pm ".repeat(256 * 1024), "done": false});
+        (200, completion(&said.to_string()))
+    })
+    .await;
+    let s = TestServer::start().await;
+    let t = s.team("verbose llm").await;
+    let p = &t.project_id;
+    let caller = json!({"project_id": p, "provider": "openai_compatible", "name": "caller",
+                        "config": {"base_url": llm.base, "model": "m"}});
+    let caller = create(&s, &t.editor, "/v1/integrations", caller).await;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let simulated = json!({"project_id": p, "name": "sim", "mode": "simulated", "default_persona_id": persona,
+                           "goal": "Book an appointment", "integration_id": caller});
+    let simulated = create(&s, &t.editor, "/v1/scenarios", simulated).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "verbose", &ch, &simulated, 1)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    let result = &results_of(&s, &t.viewer, &test).await[0];
+    let reason = result["failure_reason"].as_str().unwrap_or_default();
+    assert_eq!(
+        (result["status"].as_str(), result["ended_reason"].as_str()),
+        (Some("error"), Some("caller_done")),
+        "{reason}"
+    );
+    assert!(reason.starts_with("the simulated caller's LLM failed") && reason.contains("larger than"), "{reason}");
+    let said: usize = result["transcript"].as_array().unwrap().iter().map(|t| t["text"].as_str().unwrap().len()).sum();
+    assert!(said < 1 << 20, "nothing of it was said: {said} bytes");
+}
