@@ -8,7 +8,9 @@ mod common;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::engine::{all_pages, channel, completion, create, wait_for_end, Agent, Recorder};
+use common::engine::{
+    all_pages, channel, completion, create, wait_for_end, ws_recv, ws_send, Agent, Recorder, WsAgent, WsPeer,
+};
 use common::{error_body, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -852,4 +854,128 @@ async fn a_webhook_is_never_sent_unsigned_when_its_secret_cannot_be_opened() {
     assert_eq!(delivery["status"], "pending", "retried later: {delivery:#}");
     assert!(delivery["last_error"].as_str().unwrap().contains("cannot be opened"), "{delivery:#}");
     assert!(receiver.received().is_empty(), "sent unsigned: {:?}", receiver.received());
+}
+
+/// A websocket agent's turn is held to the size an http reply is held to
+/// (1 MiB): an agent that floods its turn, in one frame or in many, ends
+/// the call in `agent_error` instead of growing the engine's memory and the
+/// stored transcript without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_turn_larger_than_a_reply_may_be_is_an_agent_error() {
+    // Answers the caller's opening line with `frames` message frames of
+    // `size` bytes each, then ends its turn.
+    fn flood(frames: usize, size: usize) -> impl Fn(WsPeer) -> futures::future::BoxFuture<'static, ()> {
+        move |mut peer| {
+            Box::pin(async move {
+                while let Some(frame) = ws_recv(&mut peer).await {
+                    if frame["type"] == "message" {
+                        let words = "a".repeat(size);
+                        for _ in 0..frames {
+                            ws_send(&mut peer, json!({"type": "message", "role": "assistant", "content": words})).await;
+                        }
+                        ws_send(&mut peer, json!({"type": "turn_end"})).await;
+                    }
+                }
+            })
+        }
+    }
+    let many = WsAgent::start(flood(48, 64 * 1024)).await;
+    let one = WsAgent::start(flood(1, 3 << 20)).await;
+    let s = TestServer::start().await;
+    let t = s.team("floods").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    for (name, agent) in [("many frames", &many), ("one frame", &one)] {
+        let ch = channel(&s, &t.editor, p, "websocket", &agent.target).await;
+        let test = create(&s, &t.editor, "/v1/tests", test_body(p, name, &ch, &scenario, 1)).await;
+        let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+        wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+        let result = &results_of(&s, &t.viewer, &test).await[0];
+        let said: usize =
+            result["transcript"].as_array().unwrap().iter().map(|t| t["text"].as_str().unwrap().len()).sum();
+        assert_eq!(
+            (result["status"].as_str(), result["ended_reason"].as_str()),
+            (Some("error"), Some("agent_error")),
+            "{name}: {} bytes of transcript, failure {:?}",
+            said,
+            result["failure_reason"]
+        );
+        let reason = result["failure_reason"].as_str().unwrap();
+        assert!(reason.contains("turn 0") && reason.contains("larger than"), "{name}: {reason}");
+        assert!(said < 1 << 20, "{name}: nothing of the flood is kept: {said} bytes");
+    }
+}
+
+/// `time_to_first_word_ms` is when the agent's first words came, not the
+/// first frame of the turn they are in: an agent that reports a tool call
+/// (as the reference agent does, before its words) and speaks once the
+/// tool is done has said nothing until then. The turn's latency is still
+/// the first frame's (channels.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_to_first_word_waits_for_words_not_a_tool_call() {
+    let agent = WsAgent::start(|mut peer| async move {
+        while let Some(frame) = ws_recv(&mut peer).await {
+            if frame["type"] == "message" {
+                ws_send(&mut peer, json!({"type": "tool_call", "name": "check_hours", "arguments": {}})).await;
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                ws_send(&mut peer, json!({"type": "message", "role": "assistant", "content": "We open at 8."})).await;
+                ws_send(&mut peer, json!({"type": "turn_end"})).await;
+            }
+        }
+    })
+    .await;
+    let s = TestServer::start().await;
+    let t = s.team("first words").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = channel(&s, &t.editor, p, "websocket", &agent.target).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "tool first", &ch, &scenario, 1)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    let result = &results_of(&s, &t.viewer, &test).await[0];
+    assert_eq!(result["ended_reason"], "caller_done", "{result:#}");
+    let first = &result["transcript"][1];
+    assert_eq!(first["text"], "We open at 8.");
+    assert!(first["latency_ms"].as_i64().unwrap() < 1000, "latency is to the first frame: {first}");
+    let said_at = result["transcript"][0]["start_ms"].as_i64().unwrap();
+    let ttfw = result["metrics"]["time_to_first_word_ms"].as_i64().unwrap();
+    assert!(ttfw >= said_at + 1500, "the first words came 1.5 s after the tool call, at {ttfw} ms: {result:#}");
+}
+
+/// The simulated caller's LLM is held to a size as the agent is: an answer
+/// of megabytes is the LLM failing (a caller error), never a "line" that is
+/// read whole into memory and then sent to the agent, which would be blamed
+/// when it refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_answer_of_the_callers_llm_is_a_caller_error_not_the_agents() {
+    let agent = Agent::start(&[]);
+    let llm = Recorder::start(|_, _| {
+        let said = json!({"say": "Tuesday at 3 pm ".repeat(256 * 1024), "done": false});
+        (200, completion(&said.to_string()))
+    })
+    .await;
+    let s = TestServer::start().await;
+    let t = s.team("verbose llm").await;
+    let p = &t.project_id;
+    let caller = json!({"project_id": p, "provider": "openai_compatible", "name": "caller",
+                        "config": {"base_url": llm.base, "model": "m"}});
+    let caller = create(&s, &t.editor, "/v1/integrations", caller).await;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let simulated = json!({"project_id": p, "name": "sim", "mode": "simulated", "default_persona_id": persona,
+                           "goal": "Book an appointment", "integration_id": caller});
+    let simulated = create(&s, &t.editor, "/v1/scenarios", simulated).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "verbose", &ch, &simulated, 1)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    let result = &results_of(&s, &t.viewer, &test).await[0];
+    let reason = result["failure_reason"].as_str().unwrap_or_default();
+    assert_eq!(
+        (result["status"].as_str(), result["ended_reason"].as_str()),
+        (Some("error"), Some("caller_done")),
+        "{reason}"
+    );
+    assert!(reason.starts_with("the simulated caller's LLM failed") && reason.contains("larger than"), "{reason}");
+    let said: usize = result["transcript"].as_array().unwrap().iter().map(|t| t["text"].as_str().unwrap().len()).sum();
+    assert!(said < 1 << 20, "nothing of it was said: {said} bytes");
 }

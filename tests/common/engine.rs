@@ -195,3 +195,64 @@ pub fn completion(content: &str) -> String {
            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]})
     .to_string()
 }
+
+/// One websocket call as the agent's side sees it: the test's own loopback
+/// agent, for replies the reference agent never gives.
+pub type WsPeer = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+/// A websocket agent on a free loopback port: `handler` holds each call
+/// (the frames Sparring sends, the frames it answers). Its `target` is the
+/// channel's `ws://` URL.
+pub struct WsAgent {
+    pub target: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for WsAgent {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl WsAgent {
+    pub async fn start<F, Fut>(handler: F) -> WsAgent
+    where
+        F: Fn(WsPeer) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = format!("ws://{}/ws", listener.local_addr().unwrap());
+        let handler = Arc::new(handler);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let handler = handler.clone();
+                tokio::spawn(async move {
+                    if let Ok(peer) = tokio_tungstenite::accept_async(stream).await {
+                        handler(peer).await;
+                    }
+                });
+            }
+        });
+        WsAgent { target, task }
+    }
+}
+
+/// The next JSON text frame Sparring sent; `None` once the call is over.
+pub async fn ws_recv(peer: &mut WsPeer) -> Option<Value> {
+    use futures::StreamExt as _;
+    use tokio_tungstenite::tungstenite::Message;
+    loop {
+        match peer.next().await? {
+            Ok(Message::Text(text)) => return serde_json::from_str(&text).ok(),
+            Ok(Message::Close(_)) | Err(_) => return None,
+            Ok(_) => continue,
+        }
+    }
+}
+
+/// Sends one JSON text frame to Sparring.
+pub async fn ws_send(peer: &mut WsPeer, frame: Value) {
+    use futures::SinkExt as _;
+    let _ = peer.send(tokio_tungstenite::tungstenite::Message::text(frame.to_string())).await;
+}

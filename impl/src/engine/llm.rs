@@ -73,7 +73,13 @@ pub enum LlmError {
     Status { status: u16, body: String },
     #[error("the LLM endpoint's answer is not a chat completion: {0}")]
     Malformed(String),
+    #[error("the LLM endpoint's answer is larger than {MAX_ANSWER_BYTES} bytes")]
+    TooLarge,
 }
+
+/// Answers larger than this are refused (a caller's line or a verdict is a
+/// few sentences), before they are read whole.
+const MAX_ANSWER_BYTES: usize = 1 << 20;
 
 #[derive(Deserialize)]
 struct Completion {
@@ -107,21 +113,23 @@ pub async fn complete(
     if let Some(key) = &llm.api_key {
         request = request.bearer_auth(key);
     }
-    let response = request.send().await.map_err(|e| {
+    let failed = |e: reqwest::Error| {
         if e.is_timeout() {
             LlmError::Timeout(timeout.as_millis())
         } else {
             LlmError::Unreachable { url: url.clone(), detail: without_url(&e) }
         }
-    })?;
+    };
+    let mut response = request.send().await.map_err(failed)?;
     let status = response.status();
-    let text = response.text().await.map_err(|e| {
-        if e.is_timeout() {
-            LlmError::Timeout(timeout.as_millis())
-        } else {
-            LlmError::Unreachable { url: url.clone(), detail: without_url(&e) }
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(failed)? {
+        bytes.extend_from_slice(&chunk);
+        if bytes.len() > MAX_ANSWER_BYTES {
+            return Err(LlmError::TooLarge);
         }
-    })?;
+    }
+    let text = String::from_utf8_lossy(&bytes);
     if !status.is_success() {
         return Err(LlmError::Status { status: status.as_u16(), body: clip(&text, 300) });
     }

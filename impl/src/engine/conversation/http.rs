@@ -9,12 +9,9 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
-use super::{turn_limit, Reply, TurnFailure, CALL_ID_HEADER};
+use super::{turn_limit, Reply, TurnFailure, CALL_ID_HEADER, MAX_REPLY_BYTES};
 use crate::engine::llm::clip;
 use crate::engine::CallPlan;
-
-/// Replies larger than this are refused: a reply is a few sentences.
-const MAX_REPLY_BYTES: usize = 1 << 20;
 
 pub(super) struct HttpAgent<'a> {
     http: &'a reqwest::Client,
@@ -95,9 +92,12 @@ impl<'a> HttpAgent<'a> {
             }
         };
         let mut reply = Reply::new(sent_at);
-        reply.arrived(Instant::now());
+        let at = Instant::now();
+        reply.arrived(at);
         let wire = parse_reply(turn, &text).map_err(TurnFailure::Agent)?;
-        reply.texts = wire.messages.into_iter().filter_map(|m| m.content).collect();
+        for content in wire.messages.into_iter().filter_map(|m| m.content) {
+            reply.said(content, at);
+        }
         reply.tool_calls = wire
             .tool_calls
             .unwrap_or_default()

@@ -55,6 +55,10 @@ use record::Recorder;
 /// The header that carries our call id on every request to the agent.
 const CALL_ID_HEADER: &str = "x-sparring-call-id";
 
+/// An agent turn larger than this (an http reply's body, the text frames of
+/// a websocket turn) is refused: a reply is a few sentences.
+const MAX_REPLY_BYTES: usize = 1 << 20;
+
 /// Has the conversation of `plan` with the agent and records it. Never
 /// panics and never hangs: see the module documentation for how it ends.
 pub async fn converse(http: &reqwest::Client, plan: &CallPlan, cancel: &CancellationToken) -> Outcome {
@@ -76,17 +80,37 @@ struct Reply {
     /// (websocket); `None` when nothing arrived.
     first_at: Option<Instant>,
     last_at: Option<Instant>,
+    /// The arrival of its first words: the reply (http), or its first
+    /// `message` frame with words (websocket), which may come after a
+    /// `tool_call` frame; `None` when it said nothing.
+    words_at: Option<Instant>,
 }
 
 impl Reply {
     fn new(sent_at: Instant) -> Self {
-        Reply { texts: Vec::new(), tool_calls: Vec::new(), end_call: false, sent_at, first_at: None, last_at: None }
+        Reply {
+            texts: Vec::new(),
+            tool_calls: Vec::new(),
+            end_call: false,
+            sent_at,
+            first_at: None,
+            last_at: None,
+            words_at: None,
+        }
     }
 
     /// The frame or body that arrived at `at` belongs to this reply.
     fn arrived(&mut self, at: Instant) {
         self.first_at.get_or_insert(at);
         self.last_at = Some(at);
+    }
+
+    /// Words (`text`) that arrived at `at` belong to this reply.
+    fn said(&mut self, text: String, at: Instant) {
+        if !text.trim().is_empty() {
+            self.words_at.get_or_insert(at);
+        }
+        self.texts.push(text);
     }
 }
 

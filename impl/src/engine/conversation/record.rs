@@ -19,6 +19,9 @@ pub(super) struct Recorder {
     /// never reached and get no `step_replies` entry.
     steps_said: usize,
     agent_ended: bool,
+    /// When the agent's first words came (ms from the start): within a
+    /// turn, they may come after its first frame (a tool call).
+    first_words_ms: Option<i64>,
 }
 
 impl Recorder {
@@ -35,6 +38,7 @@ impl Recorder {
             step_replies: vec![Vec::new(); steps],
             steps_said: 0,
             agent_ended: false,
+            first_words_ms: None,
         }
     }
 
@@ -84,6 +88,9 @@ impl Recorder {
         }
         let first = reply.first_at.unwrap_or_else(Instant::now);
         let last = reply.last_at.unwrap_or(first);
+        if !text.is_empty() && self.first_words_ms.is_none() {
+            self.first_words_ms = Some(self.ms(reply.words_at.unwrap_or(first)));
+        }
         let index = self.transcript.len();
         self.transcript.push(types::TranscriptTurn {
             role: TurnRole::Agent,
@@ -116,7 +123,11 @@ impl Recorder {
     }
 
     pub(super) fn finish(mut self, ending: Ending) -> Outcome {
-        let metrics = metrics(&self.transcript);
+        let mut metrics = metrics(&self.transcript);
+        // The transcript knows when a turn began, not when its words came.
+        if self.first_words_ms.is_some() {
+            metrics.time_to_first_word_ms = self.first_words_ms;
+        }
         self.step_replies.truncate(self.steps_said);
         Outcome {
             started_at: self.started_at,

@@ -13,10 +13,12 @@ use serde_json::{json, Map, Value};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::{self, error::ProtocolError, Message};
+use tokio_tungstenite::tungstenite::error::{CapacityError, ProtocolError};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
-use super::{later, turn_limit, Reply, TurnFailure, CALL_ID_HEADER};
+use super::{later, turn_limit, Reply, TurnFailure, CALL_ID_HEADER, MAX_REPLY_BYTES};
 use crate::engine::llm::clip;
 use crate::engine::CallPlan;
 
@@ -57,9 +59,13 @@ impl WsAgent {
         };
         let turn_timeout = plan.agent.turn_timeout;
         let (limit, deadline_binds) = turn_limit(turn_timeout, deadline);
+        // No frame may be larger than a whole turn may be, so a huge one is
+        // refused from its header, never buffered.
+        let config =
+            WebSocketConfig::default().max_message_size(Some(MAX_REPLY_BYTES)).max_frame_size(Some(MAX_REPLY_BYTES));
         // No Nagle: our frames are small and their send time is when latency
         // starts.
-        let connecting = tokio_tungstenite::connect_async_tls_with_config(request, None, true, connector);
+        let connecting = tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector);
         match tokio::time::timeout_at(limit, connecting).await {
             Ok(Ok((ws, _))) => Ok(WsAgent { ws, call_id: plan.call_id.clone(), turn_timeout }),
             Ok(Err(e)) => Err(TurnFailure::Agent(connect_error(target, e))),
@@ -104,9 +110,12 @@ impl WsAgent {
 
     /// The agent's turn: frames until `turn_end`, `end_call`, or a silence
     /// of the turn timeout after at least one frame. Frames the agent sends
-    /// between turns (after its `turn_end`) are read with the next turn.
+    /// between turns (after its `turn_end`) are read with the next turn. A
+    /// turn whose text frames come to more than [`MAX_REPLY_BYTES`] is an
+    /// agent error, as an http reply of that size is.
     async fn collect(&mut self, turn: u32, sent_at: Instant, deadline: Instant) -> Result<Reply, TurnFailure> {
         let mut reply = Reply::new(sent_at);
+        let mut size = 0usize;
         loop {
             let silence_ends = later(reply.last_at.unwrap_or(sent_at), self.turn_timeout);
             let (limit, deadline_binds) =
@@ -124,6 +133,9 @@ impl WsAgent {
             };
             let text = match next {
                 None | Some(Ok(Message::Close(_))) => return Err(TurnFailure::Agent(closed(turn))),
+                Some(Err(tungstenite::Error::Capacity(CapacityError::MessageTooLong { .. }))) => {
+                    return Err(TurnFailure::Agent(too_large(turn)))
+                }
                 Some(Err(e)) => {
                     return Err(TurnFailure::Agent(
                         read_error(turn, &e)
@@ -139,9 +151,14 @@ impl WsAgent {
                 // Control frames: tungstenite answers pings itself.
                 Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
             };
-            reply.arrived(Instant::now());
+            size = size.saturating_add(text.len());
+            if size > MAX_REPLY_BYTES {
+                return Err(TurnFailure::Agent(too_large(turn)));
+            }
+            let at = Instant::now();
+            reply.arrived(at);
             match parse_frame(turn, &text).map_err(TurnFailure::Agent)? {
-                Frame::Message(content) => reply.texts.push(content),
+                Frame::Message(content) => reply.said(content, at),
                 Frame::ToolCall(name, arguments) => reply.tool_calls.push((name, arguments)),
                 Frame::EndCall => {
                     reply.end_call = true;
@@ -205,6 +222,10 @@ fn parse_frame(turn: u32, text: &str) -> Result<Frame, String> {
         )),
         None => Err(format!("the agent sent a frame without a string `type` during turn {turn}: {}", clip(text, 200))),
     }
+}
+
+fn too_large(turn: u32) -> String {
+    format!("the agent's reply to turn {turn} is larger than {MAX_REPLY_BYTES} bytes")
 }
 
 fn closed(turn: u32) -> String {
