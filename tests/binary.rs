@@ -324,3 +324,25 @@ async fn logs_are_json_and_carry_the_request_id_but_no_key() {
     assert!(!stderr.contains(&key[12..]), "the key is in the log");
     assert!(!stderr.contains(&wrong[12..]), "a wrong key is in the log");
 }
+
+/// A first start that fails after the database was made (here: the address
+/// is taken) must not lose the admin's key: the next start that serves
+/// prints it, since no other start ever will.
+#[test]
+fn a_first_start_that_cannot_bind_does_not_lose_the_admin_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bind = taken.local_addr().unwrap().to_string();
+    let (status, stdout, stderr) = run(&["serve", "--bind", &bind, "--data-dir", data_dir]);
+    assert!(!status.success(), "served on a taken address: {stdout}");
+    assert!(stderr.contains(&bind), "the error does not name the address: {stderr}");
+    assert!(!stdout.contains("spk_"), "a key was printed by a server that never served: {stdout}");
+    drop(taken);
+
+    let mut server = serve(dir.path());
+    let printed = server.proc.wait_for(|o| o.stdout.contains("/v1/api-keys\n"));
+    let status = server.proc.terminate();
+    assert!(status.success(), "{status}");
+    assert!(printed.is_ok(), "the admin key was never shown: {}", server.proc.stdout());
+}

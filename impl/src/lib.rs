@@ -248,7 +248,6 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     let secrets = Secrets::load_or_create(&config.secret_key_path())?;
     let starting_credits = config.starting_credits;
     store.write(move |tx| credits::set_starting_credits(tx, starting_credits).map_err(store::StoreError::from)).await?;
-    let first_start_key = users::bootstrap_admin(&store).await?.map(RawKey::expose);
     let oidc = Oidc::new(config.oidc.clone(), config.oidc_refetch_interval, &log).await?;
     let test_cache = test_cache::TestCache::watching(&store);
     let key_pages = api_keys::KeyPages::watching(&store);
@@ -288,6 +287,10 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     };
 
     Engine::start(state.clone()).await?;
+
+    // Last of what can fail: the admin's key is shown only by the start
+    // that makes it, so a start that failed after making it would lose it.
+    let first_start_key = users::bootstrap_admin(&state.store).await?.map(RawKey::expose);
 
     // Without the socket the server still serves; `sparring admin
     // create-key` beside it then says it cannot reach it.
