@@ -346,3 +346,32 @@ fn a_first_start_that_cannot_bind_does_not_lose_the_admin_key() {
     assert!(status.success(), "{status}");
     assert!(printed.is_ok(), "the admin key was never shown: {}", server.proc.stdout());
 }
+
+/// A data dir whose database holds sealed secrets and whose secret key file
+/// is gone: the server refuses to start, rather than make a new key that
+/// opens none of them (and that the next start would take as the key).
+#[tokio::test]
+async fn a_missing_secret_key_is_not_replaced_under_sealed_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, key) = first_start(dir.path());
+    let resp = http()
+        .post(server.url("/v1/projects"))
+        .header("x-api-key", &key)
+        .json(&serde_json::json!({"name": "p", "webhook_url": "https://hooks.example.com/x", "webhook_secret": "whsec_0123456789"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(server.proc.terminate().success());
+
+    let key_file = dir.path().join("secret.key");
+    std::fs::remove_file(&key_file).unwrap();
+    let mut again =
+        common::process::Proc::spawn(&["serve", "--bind", "127.0.0.1:0", "--data-dir", dir.path().to_str().unwrap()]);
+    again.expect("the server to end or serve", |o| o.closed() || o.stderr.contains(common::process::SERVING));
+    let stderr = again.stderr();
+    assert!(!stderr.contains(common::process::SERVING), "served without the key that sealed its secrets: {stderr}");
+    assert!(!again.wait_exit().success());
+    assert!(stderr.contains("secret.key"), "the error does not name the key file: {stderr}");
+    assert!(!key_file.exists(), "a new secret key was made");
+}

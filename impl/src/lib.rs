@@ -245,7 +245,22 @@ pub fn dropshot_config(bind: SocketAddr) -> ConfigDropshot {
 pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningServer> {
     let lock = lock_data_dir(&config.data_dir)?;
     let store = open_store(&config.data_dir)?;
-    let secrets = Secrets::load_or_create(&config.secret_key_path())?;
+    let key_path = config.secret_key_path();
+    if !key_path.exists() {
+        // A new key opens none of what the old one sealed, and the next
+        // start would take it for the key: only a database with nothing
+        // sealed gets one.
+        let sealed = store.read_blocking(|c| reseal::count_sealed(c).map_err(store::StoreError::from))?;
+        if sealed > 0 {
+            anyhow::bail!(
+                "no secret key at {}, but {} holds {sealed} secrets sealed with one: restore the key file (or \
+                 give its path with --secret-key-file); a new key would open none of them",
+                key_path.display(),
+                store.path().display()
+            );
+        }
+    }
+    let secrets = Secrets::load_or_create(&key_path)?;
     let starting_credits = config.starting_credits;
     store.write(move |tx| credits::set_starting_credits(tx, starting_credits).map_err(store::StoreError::from)).await?;
     let oidc = Oidc::new(config.oidc.clone(), config.oidc_refetch_interval, &log).await?;
