@@ -375,3 +375,24 @@ async fn a_missing_secret_key_is_not_replaced_under_sealed_secrets() {
     assert!(stderr.contains("secret.key"), "the error does not name the key file: {stderr}");
     assert!(!key_file.exists(), "a new secret key was made");
 }
+
+/// A damaged `secret.key.previous` (kept by an unfinished rotation) stops
+/// the server and a rotation, and the error names that file, not the key
+/// file beside it that is fine.
+#[tokio::test]
+async fn a_damaged_previous_key_is_named_in_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let (mut server, _) = first_start(dir.path());
+    assert!(server.proc.terminate().success());
+    std::fs::write(dir.path().join("secret.key.previous"), "not a key\n").unwrap();
+    for args in [
+        &["serve", "--bind", "127.0.0.1:0", "--data-dir", data_dir][..],
+        &["admin", "rotate-secret-key", "--data-dir", data_dir],
+    ] {
+        let (status, _, stderr) = run(args);
+        assert!(!status.success(), "{args:?}: {stderr}");
+        let error = stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("{args:?}: {stderr}"));
+        assert!(error.contains("secret.key.previous"), "{args:?}: the error does not name the damaged file: {error}");
+    }
+}
