@@ -396,3 +396,31 @@ async fn a_damaged_previous_key_is_named_in_the_error() {
         assert!(error.contains("secret.key.previous"), "{args:?}: the error does not name the damaged file: {error}");
     }
 }
+
+/// `admin rotate-secret-key` without the key file that sealed the data
+/// dir's secrets (the server ran with `--secret-key-file`) refuses, and
+/// says the database holds sealed secrets rather than that nothing was
+/// ever sealed.
+#[tokio::test]
+async fn a_rotation_without_the_key_file_does_not_say_nothing_was_sealed() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("sparring.key");
+    let mut server = common::process::serve_with(dir.path(), &["--secret-key-file", key_file.to_str().unwrap()]);
+    server.proc.expect("the first-start key on stdout", |o| o.stdout.contains("/v1/api-keys\n"));
+    let key = keys_in(&server.proc.stdout())[0].clone();
+    let resp = http()
+        .post(server.url("/v1/projects"))
+        .header("x-api-key", &key)
+        .json(&serde_json::json!({"name": "p", "webhook_url": "https://hooks.example.com/x", "webhook_secret": "whsec_0123456789"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(server.proc.terminate().success());
+
+    let (status, _, stderr) = run(&["admin", "rotate-secret-key", "--data-dir", dir.path().to_str().unwrap()]);
+    assert!(!status.success(), "{stderr}");
+    assert!(!stderr.contains("nothing was ever sealed"), "a false reason: {stderr}");
+    assert!(stderr.contains("--secret-key-file"), "the error does not point at --secret-key-file: {stderr}");
+}

@@ -180,6 +180,14 @@ pub async fn rotate_secret_key(data_dir: &std::path::Path, key_file: Option<Path
     let store = open_store(data_dir)?;
     let key_path = key_file.unwrap_or_else(|| data_dir.join(secrets::KEY_FILE));
     if !key_path.exists() {
+        let sealed = store.read_blocking(|c| reseal::count_sealed(c).map_err(store::StoreError::from))?;
+        if sealed > 0 {
+            anyhow::bail!(
+                "no secret key at {}, but the database holds {sealed} secrets sealed with one: give the key file \
+                 the server uses with --secret-key-file",
+                key_path.display()
+            );
+        }
         anyhow::bail!("no secret key at {}: nothing was ever sealed with it", key_path.display());
     }
     let resealed = tokio::task::spawn_blocking(move || {
