@@ -324,3 +324,103 @@ async fn logs_are_json_and_carry_the_request_id_but_no_key() {
     assert!(!stderr.contains(&key[12..]), "the key is in the log");
     assert!(!stderr.contains(&wrong[12..]), "a wrong key is in the log");
 }
+
+/// A first start that fails after the database was made (here: the address
+/// is taken) must not lose the admin's key: the next start that serves
+/// prints it, since no other start ever will.
+#[test]
+fn a_first_start_that_cannot_bind_does_not_lose_the_admin_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bind = taken.local_addr().unwrap().to_string();
+    let (status, stdout, stderr) = run(&["serve", "--bind", &bind, "--data-dir", data_dir]);
+    assert!(!status.success(), "served on a taken address: {stdout}");
+    assert!(stderr.contains(&bind), "the error does not name the address: {stderr}");
+    assert!(!stdout.contains("spk_"), "a key was printed by a server that never served: {stdout}");
+    drop(taken);
+
+    let mut server = serve(dir.path());
+    let printed = server.proc.wait_for(|o| o.stdout.contains("/v1/api-keys\n"));
+    let status = server.proc.terminate();
+    assert!(status.success(), "{status}");
+    assert!(printed.is_ok(), "the admin key was never shown: {}", server.proc.stdout());
+}
+
+/// A data dir whose database holds sealed secrets and whose secret key file
+/// is gone: the server refuses to start, rather than make a new key that
+/// opens none of them (and that the next start would take as the key).
+#[tokio::test]
+async fn a_missing_secret_key_is_not_replaced_under_sealed_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, key) = first_start(dir.path());
+    let resp = http()
+        .post(server.url("/v1/projects"))
+        .header("x-api-key", &key)
+        .json(&serde_json::json!({"name": "p", "webhook_url": "https://hooks.example.com/x", "webhook_secret": "whsec_0123456789"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(server.proc.terminate().success());
+
+    let key_file = dir.path().join("secret.key");
+    std::fs::remove_file(&key_file).unwrap();
+    let mut again =
+        common::process::Proc::spawn(&["serve", "--bind", "127.0.0.1:0", "--data-dir", dir.path().to_str().unwrap()]);
+    again.expect("the server to end or serve", |o| o.closed() || o.stderr.contains(common::process::SERVING));
+    let stderr = again.stderr();
+    assert!(!stderr.contains(common::process::SERVING), "served without the key that sealed its secrets: {stderr}");
+    assert!(!again.wait_exit().success());
+    assert!(stderr.contains("secret.key"), "the error does not name the key file: {stderr}");
+    assert!(!key_file.exists(), "a new secret key was made");
+}
+
+/// A damaged `secret.key.previous` (kept by an unfinished rotation) stops
+/// the server and a rotation, and the error names that file, not the key
+/// file beside it that is fine.
+#[tokio::test]
+async fn a_damaged_previous_key_is_named_in_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let (mut server, _) = first_start(dir.path());
+    assert!(server.proc.terminate().success());
+    std::fs::write(dir.path().join("secret.key.previous"), "not a key\n").unwrap();
+    for args in [
+        &["serve", "--bind", "127.0.0.1:0", "--data-dir", data_dir][..],
+        &["admin", "rotate-secret-key", "--data-dir", data_dir],
+    ] {
+        let (status, _, stderr) = run(args);
+        assert!(!status.success(), "{args:?}: {stderr}");
+        let error = stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("{args:?}: {stderr}"));
+        assert!(error.contains("secret.key.previous"), "{args:?}: the error does not name the damaged file: {error}");
+    }
+}
+
+/// `admin rotate-secret-key` without the key file that sealed the data
+/// dir's secrets (the server ran with `--secret-key-file`) refuses, and
+/// says the database holds sealed secrets rather than that nothing was
+/// ever sealed.
+#[tokio::test]
+async fn a_rotation_without_the_key_file_does_not_say_nothing_was_sealed() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("sparring.key");
+    let mut server = common::process::serve_with(dir.path(), &["--secret-key-file", key_file.to_str().unwrap()]);
+    server.proc.expect("the first-start key on stdout", |o| o.stdout.contains("/v1/api-keys\n"));
+    let key = keys_in(&server.proc.stdout())[0].clone();
+    let resp = http()
+        .post(server.url("/v1/projects"))
+        .header("x-api-key", &key)
+        .json(&serde_json::json!({"name": "p", "webhook_url": "https://hooks.example.com/x", "webhook_secret": "whsec_0123456789"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(server.proc.terminate().success());
+
+    let (status, _, stderr) = run(&["admin", "rotate-secret-key", "--data-dir", dir.path().to_str().unwrap()]);
+    assert!(!status.success(), "{stderr}");
+    assert!(!stderr.contains("nothing was ever sealed"), "a false reason: {stderr}");
+    assert!(stderr.contains("--secret-key-file"), "the error does not point at --secret-key-file: {stderr}");
+}

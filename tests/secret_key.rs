@@ -53,3 +53,40 @@ async fn rotation_reseals_everything_and_needs_the_server_stopped() {
     // Every value opens with the new key (a second rotation opens them all).
     assert_eq!(sparring_impl::rotate_secret_key(s.data_dir.path(), None).await.unwrap(), 1);
 }
+
+/// A secret sent in the wrong shape (a string where the credentials object
+/// goes, a number for a webhook secret, a header value that is not a
+/// string) is refused without being echoed: not in the error the client
+/// gets, not in the log.
+#[tokio::test]
+async fn a_misshapen_secret_is_not_echoed_in_the_error_or_the_log() {
+    let s = TestServer::start().await;
+    let project = s.create_project(&s.admin_key, "p").await;
+    let cases = [
+        (
+            "/v1/integrations",
+            json!({"project_id": project, "provider": "openai_compatible", "name": "llm",
+                   "config": {"base_url": "https://llm.example.com/v1", "model": "m"},
+                   "credentials": "sk-live-misshapen-0123456789"}),
+            "sk-live-misshapen-0123456789",
+        ),
+        ("/v1/projects", json!({"name": "q", "webhook_secret": 918273645546372819_i64}), "918273645546372819"),
+        (
+            "/v1/channels",
+            json!({"project_id": project, "name": "c", "kind": "http", "target": "https://agent.example.com",
+                   "headers": {"authorization": ["Bearer tok-misshapen-0123456789"]}}),
+            "tok-misshapen-0123456789",
+        ),
+    ];
+    for (path, body, secret) in &cases {
+        let resp = s.post_json(path, &s.admin_key, &body.to_string()).await;
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        assert_eq!(status, 400, "{path}: {text}");
+        assert!(!text.contains(secret), "{path}: the secret is in the error: {text}");
+    }
+    let log = s.log.contents();
+    for (_, _, secret) in &cases {
+        assert!(!log.contains(secret), "the secret {secret} is in the log");
+    }
+}

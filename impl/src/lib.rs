@@ -186,6 +186,14 @@ pub async fn rotate_secret_key(data_dir: &std::path::Path, key_file: Option<Path
     let store = open_store(data_dir)?;
     let key_path = key_file.unwrap_or_else(|| data_dir.join(secrets::KEY_FILE));
     if !key_path.exists() {
+        let sealed = store.read_blocking(|c| reseal::count_sealed(c).map_err(store::StoreError::from))?;
+        if sealed > 0 {
+            anyhow::bail!(
+                "no secret key at {}, but the database holds {sealed} secrets sealed with one: give the key file \
+                 the server uses with --secret-key-file",
+                key_path.display()
+            );
+        }
         anyhow::bail!("no secret key at {}: nothing was ever sealed with it", key_path.display());
     }
     let resealed = tokio::task::spawn_blocking(move || {
@@ -251,10 +259,24 @@ pub fn dropshot_config(bind: SocketAddr) -> ConfigDropshot {
 pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningServer> {
     let lock = lock_data_dir(&config.data_dir)?;
     let store = open_store(&config.data_dir)?;
-    let secrets = Secrets::load_or_create(&config.secret_key_path())?;
+    let key_path = config.secret_key_path();
+    if !key_path.exists() {
+        // A new key opens none of what the old one sealed, and the next
+        // start would take it for the key: only a database with nothing
+        // sealed gets one.
+        let sealed = store.read_blocking(|c| reseal::count_sealed(c).map_err(store::StoreError::from))?;
+        if sealed > 0 {
+            anyhow::bail!(
+                "no secret key at {}, but {} holds {sealed} secrets sealed with one: restore the key file (or \
+                 give its path with --secret-key-file); a new key would open none of them",
+                key_path.display(),
+                store.path().display()
+            );
+        }
+    }
+    let secrets = Secrets::load_or_create(&key_path)?;
     let starting_credits = config.starting_credits;
     store.write(move |tx| credits::set_starting_credits(tx, starting_credits).map_err(store::StoreError::from)).await?;
-    let first_start_key = users::bootstrap_admin(&store).await?.map(RawKey::expose);
     let oidc = Oidc::new(config.oidc.clone(), config.oidc_refetch_interval, &log).await?;
     let test_cache = test_cache::TestCache::watching(&store);
     let key_pages = api_keys::KeyPages::watching(&store);
@@ -294,6 +316,10 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     };
 
     Engine::start(state.clone()).await?;
+
+    // Last of what can fail: the admin's key is shown only by the start
+    // that makes it, so a start that failed after making it would lose it.
+    let first_start_key = users::bootstrap_admin(&state.store).await?.map(RawKey::expose);
 
     // Without the socket the server still serves; `sparring admin
     // create-key` beside it then says it cannot reach it.

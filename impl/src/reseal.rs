@@ -14,6 +14,17 @@ const SEALED: &[(&str, &str, &str)] = &[
     ("channels", "headers", "channel"),
 ];
 
+/// How many sealed values the database holds.
+pub fn count_sealed(conn: &rusqlite::Connection) -> rusqlite::Result<usize> {
+    let mut count = 0;
+    for (table, column, _) in SEALED {
+        let n: i64 =
+            conn.query_row(&format!("SELECT count(*) FROM {table} WHERE {column} IS NOT NULL"), [], |r| r.get(0))?;
+        count += n as usize;
+    }
+    Ok(count)
+}
+
 /// Opens every sealed value (with any key `secrets` holds) and seals it
 /// again with the current key. Returns how many values were re-sealed.
 pub fn reseal_all(tx: &rusqlite::Transaction<'_>, secrets: &Secrets) -> Result<usize> {

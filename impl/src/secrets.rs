@@ -61,7 +61,7 @@ impl Secrets {
             write_key_file(path, &bytes).map_err(|e| key_err(e.to_string()))?;
         }
         let current = read_key_file(path).map_err(key_err)?;
-        let others = read_previous(path).map_err(key_err)?.iter().map(Key::new).collect();
+        let others = read_previous(path)?.iter().map(Key::new).collect();
         Ok(Secrets { current: Key::new(&current), others })
     }
 
@@ -122,13 +122,16 @@ fn parse_key(hex: &str) -> Result<[u8; 32], String> {
     bytes.try_into().map_err(|_| "must hold 64 hex digits (32 bytes)".to_string())
 }
 
-/// The keys of unfinished rotations, one per line, if any.
-fn read_previous(path: &Path) -> Result<Vec<[u8; 32]>, String> {
-    match std::fs::read_to_string(previous_path(path)) {
+/// The keys of unfinished rotations, one per line, if any; an error names
+/// the file they are in (`<key file>.previous`), not the key file.
+fn read_previous(path: &Path) -> Result<Vec<[u8; 32]>, SecretError> {
+    let previous = previous_path(path);
+    let read = match std::fs::read_to_string(&previous) {
         Ok(text) => text.lines().filter(|l| !l.trim().is_empty()).map(|l| parse_key(l.trim())).collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(e.to_string()),
-    }
+    };
+    read.map_err(|problem| SecretError::KeyFile { path: previous, problem })
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
@@ -171,7 +174,7 @@ pub fn rotate<E>(path: &Path, reseal: impl FnOnce(&Secrets) -> Result<usize, E>)
     let io = |e: std::io::Error| RotateError::Key(SecretError::KeyFile { path: path.into(), problem: e.to_string() });
     // Every key a stored value may still be sealed with: those of earlier
     // unfinished rotations, and the current one.
-    let mut old = read_previous(path).map_err(key_err)?;
+    let mut old = read_previous(path).map_err(RotateError::Key)?;
     old.push(read_key_file(path).map_err(key_err)?);
     write_keys(&previous, &old).map_err(io)?;
     let mut new = [0u8; 32];

@@ -267,6 +267,22 @@ fn check_json_content_type(request: &hyper::Request<dropshot::Body>) -> Result<(
     ))
 }
 
+/// serde's message without the value it quotes (`invalid type: string
+/// "sk-…", expected a map` → `invalid type: string, expected a map`): a
+/// misshapen value may be a secret (credentials, a header value, a webhook
+/// secret), and the message is both answered and logged.
+fn without_value(text: &str) -> String {
+    for prefix in ["invalid type: ", "invalid value: "] {
+        // The last `, expected`: the quoted value may hold one too.
+        if let Some((unexpected, expected)) = text.strip_prefix(prefix).and_then(|rest| rest.rsplit_once(", expected "))
+        {
+            let kind = unexpected.split(['`', '"']).next().unwrap_or("").trim_end();
+            return format!("{prefix}{kind}, expected {expected}");
+        }
+    }
+    text.to_string()
+}
+
 fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
     // Every request body of the API is an object; serde would otherwise
     // also accept a struct written as an array (`["ci"]`).
@@ -282,7 +298,7 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
         let inner = e.into_inner();
         // The field the error is about: where it happened, or the one
         // serde reports missing.
-        let text = inner.to_string();
+        let text = without_value(&inner.to_string());
         let missing = text.strip_prefix("missing field `").and_then(|rest| rest.split('`').next()).map(str::to_string);
         let field = if text.starts_with("unknown field") {
             // The field is not ours to name a code after.
@@ -309,7 +325,7 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
             }
             _ => ErrorCode::INVALID_BODY.to_string(),
         };
-        let message = if path != "." { format!("{path}: {inner}") } else { inner.to_string() };
+        let message = if path != "." { format!("{path}: {text}") } else { text };
         HttpError::for_bad_request(Some(code), format!("invalid JSON body: {message}"))
     })?;
     // Trailing characters after the value are an error too.
