@@ -139,6 +139,41 @@ async fn admin_create_key_prints_the_key_alone() {
     assert!(!server.proc.stdout().contains("spk_"), "{}", server.proc.stdout());
 }
 
+/// A data dir the server or an admin command creates is its owner's alone:
+/// it holds transcripts, emails and the secret key. One that exists keeps
+/// its mode.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_new_data_dir_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let by_admin = dir.path().join("ops/data");
+    let (status, _, stderr) = run(&[
+        "admin",
+        "create-key",
+        "--data-dir",
+        by_admin.to_str().unwrap(),
+        "--user",
+        "ops@example.com",
+        "--label",
+        "deploy",
+    ]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(mode(&by_admin), 0o700);
+    let by_server = dir.path().join("served");
+    let mut server = serve(&by_server);
+    assert_eq!(mode(&by_server), 0o700);
+    assert!(server.proc.terminate().success());
+
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o750)).unwrap();
+    let mut server = serve(&shared);
+    assert_eq!(mode(&shared), 0o750, "an existing data dir keeps its mode");
+    assert!(server.proc.terminate().success());
+}
+
 /// Beside a running server, `sparring admin create-key` makes the key
 /// through it (its admin socket): the key works, and a listing the server
 /// kept shows it at once. With the server gone, it writes directly again.

@@ -117,9 +117,23 @@ pub struct AppState {
     pub log: slog::Logger,
 }
 
+/// Creates `data_dir` if it is missing, readable by its owner only: it holds
+/// transcripts, emails and the secret key. An existing one keeps the mode
+/// its operator gave it.
+pub fn create_data_dir(data_dir: &std::path::Path) -> anyhow::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt as _;
+        builder.mode(0o700);
+    }
+    builder.create(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))
+}
+
 /// Opens (creating if needed) the database in `data_dir`.
 pub fn open_store(data_dir: &std::path::Path) -> anyhow::Result<Store> {
-    std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    create_data_dir(data_dir)?;
     let path = data_dir.join(DATABASE_FILE);
     Store::open(&path).with_context(|| format!("opening database {}", path.display()))
 }
@@ -163,7 +177,7 @@ pub fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<DataDirLock> 
 
 /// [`lock_data_dir`], or `None` if another process holds the lock.
 pub fn try_lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<Option<DataDirLock>> {
-    std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    create_data_dir(data_dir)?;
     let path = data_dir.join(LOCK_FILE);
     let file = std::fs::OpenOptions::new()
         .create(true)

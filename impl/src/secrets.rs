@@ -161,7 +161,15 @@ fn write_keys(path: &Path, keys: &[[u8; 32]]) -> std::io::Result<()> {
         writeln!(f, "{hex}")?;
     }
     f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path)?;
+    // The rename is durable once the directory is: without this a power
+    // loss could keep a committed re-seal but lose the key it used.
+    #[cfg(unix)]
+    if let Some(dir) = path.parent() {
+        let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Key rotation, in the order that keeps every value readable after a crash
