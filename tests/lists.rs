@@ -3,9 +3,10 @@
 
 mod common;
 
-use common::TestServer;
+use base64::Engine as _;
+use common::{error_body, TestServer};
 use reqwest::Method;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn ids(page: &Value, field: &str) -> Vec<String> {
     page[field].as_array().unwrap().iter().map(|v| v["id"].as_str().unwrap().to_string()).collect()
@@ -25,4 +26,47 @@ async fn until_leaves_out_a_record_made_at_that_time() {
     assert_eq!(ids(&before, "activity"), Vec::<String>::new(), "a record made at `until` is not before it");
     let since = s.expect(Method::GET, &format!("/v1/activity?project_id={project}&since={at}"), &key, None, 200).await;
     assert_eq!(ids(&since, "activity"), [created["id"].as_str().unwrap()], "`since` is at or after");
+}
+
+/// A cursor is opaque: one a list did not issue (made up, cut short, or
+/// another list's) is a 400 `invalid_cursor`, never some other page.
+#[tokio::test]
+async fn a_cursor_the_list_did_not_issue_is_refused() {
+    let s = TestServer::start().await;
+    let t = s.team("cursors").await;
+    let p = &t.project_id;
+    for i in 0..2 {
+        s.expect(Method::POST, "/v1/personas", &t.owner, Some(json!({"project_id": p, "name": format!("p{i}")})), 200)
+            .await;
+        s.expect(
+            Method::POST,
+            "/v1/channels",
+            &t.owner,
+            Some(json!({"project_id": p, "name": format!("c{i}"), "kind": "http", "target": "http://127.0.0.1:9/a"})),
+            200,
+        )
+        .await;
+    }
+    let cursor_of = async |path: &str| -> String {
+        s.expect(Method::GET, path, &t.owner, None, 200).await["next_cursor"].as_str().unwrap().to_string()
+    };
+    let channels = cursor_of("/v1/channels?limit=1").await;
+    let personas = cursor_of("/v1/personas?limit=1").await;
+    // The list's own cursor works.
+    let next = s.expect(Method::GET, &format!("/v1/personas?limit=1&cursor={personas}"), &t.owner, None, 200).await;
+    assert_eq!(ids(&next, "personas").len(), 1);
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    let decoded =
+        String::from_utf8(base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&personas).unwrap()).unwrap();
+    for (what, path) in [
+        ("another list's", format!("/v1/personas?cursor={channels}")),
+        ("another list's", format!("/v1/activity?cursor={personas}")),
+        ("another list's", format!("/v1/projects/{p}/members?cursor={personas}")),
+        ("made up", format!("/v1/personas?cursor={}", b64("zzzz"))),
+        ("made up", format!("/v1/activity?cursor={}", b64("0"))),
+        ("cut short", format!("/v1/personas?cursor={}", b64(&decoded[..decoded.len() - 4]))),
+    ] {
+        let (status, e) = error_body(s.send_json(Method::GET, &path, &t.owner, None).await).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_cursor"), "{what} cursor: {path}: {e}");
+    }
 }

@@ -103,7 +103,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Activity> {
 }
 
 fn page_of(query_limit: Option<i32>, cursor: Option<&str>) -> Result<PageRequest> {
-    PageRequest::parse(query_limit, cursor).map_err(|e| Failure::invalid("cursor", e))
+    PageRequest::parse(query_limit, cursor, "act").map_err(|e| Failure::invalid("cursor", e))
 }
 
 /// `GET /activity`: newest first, filtered by project, resource type,

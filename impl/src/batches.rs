@@ -145,7 +145,8 @@ pub(crate) fn load(tx: &rusqlite::Connection, user_id: &str, id: &str) -> Result
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListBatchesQuery) -> Result<types::BatchList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "bat").map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {

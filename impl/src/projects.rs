@@ -143,7 +143,8 @@ fn load(tx: &rusqlite::Connection, user_id: &str, project_id: &str) -> Result<ty
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListProjectsQuery) -> Result<types::ProjectList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "prj").map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {
@@ -362,7 +363,8 @@ pub async fn list_members(
     path: p::ListProjectMembersPath,
     query: p::ListProjectMembersQuery,
 ) -> Result<types::ProjectMemberList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "usr").map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {

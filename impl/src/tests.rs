@@ -313,7 +313,8 @@ fn page_sql(by_project: bool, given: [bool; 4]) -> String {
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) -> Result<Json<types::TestList>> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "tst").map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {
