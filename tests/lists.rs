@@ -70,3 +70,37 @@ async fn a_cursor_the_list_did_not_issue_is_refused() {
         assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_cursor"), "{what} cursor: {path}: {e}");
     }
 }
+
+/// `GET /projects/{id}/members`: "newest first" is the member added last
+/// first, whenever their account was made.
+#[tokio::test]
+async fn members_are_listed_newest_first() {
+    let s = TestServer::start().await;
+    let owner = s.key_for_user("owner@example.com").await;
+    // Accounts made in this order...
+    s.key_for_user("older@example.com").await;
+    s.key_for_user("newer@example.com").await;
+    let project = s.create_project(&owner, "members").await;
+    let members = format!("/v1/projects/{project}/members");
+    // ...added in the other.
+    for email in ["newer@example.com", "older@example.com"] {
+        s.expect(Method::POST, &members, &owner, Some(json!({"email": email, "role": "viewer"})), 200).await;
+    }
+    let emails = |page: &Value| -> Vec<String> {
+        page["members"].as_array().unwrap().iter().map(|m| m["email"].as_str().unwrap().to_string()).collect()
+    };
+    let all = s.expect(Method::GET, &members, &owner, None, 200).await;
+    assert_eq!(emails(&all), ["older@example.com", "newer@example.com", "owner@example.com"]);
+    // And page by page, each once.
+    let mut seen = Vec::new();
+    let mut path = format!("{members}?limit=1");
+    loop {
+        let page = s.expect(Method::GET, &path, &owner, None, 200).await;
+        seen.extend(emails(&page));
+        match page["next_cursor"].as_str() {
+            Some(c) => path = format!("{members}?limit=1&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, emails(&all));
+}

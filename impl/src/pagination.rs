@@ -43,6 +43,26 @@ impl PageRequest {
         Ok((page, after))
     }
 
+    /// A page of a list ordered by a time, then by an id made with `prefix`
+    /// (members, by when they were added): the cursor is the last item's
+    /// [`timed_cursor`](Self::timed_cursor). Gives the time as stored
+    /// (`ids::format_time`) and the id to page after.
+    pub fn parse_timed(
+        limit: Option<i32>,
+        cursor: Option<&str>,
+        prefix: &str,
+    ) -> Result<(PageRequest, Option<(String, String)>), InvalidCursor> {
+        let page = Self::parse_with(limit, cursor, |c| split_timed(c, prefix).is_some())?;
+        let after = page.after.as_deref().and_then(|c| split_timed(c, prefix));
+        Ok((page, after))
+    }
+
+    /// What [`parse_timed`](Self::parse_timed) takes: `<time in Unix
+    /// microseconds>.<id>`.
+    pub fn timed_cursor(time: &chrono::DateTime<chrono::Utc>, id: &str) -> String {
+        format!("{}.{id}", time.timestamp_micros())
+    }
+
     fn parse_with(
         limit: Option<i32>,
         cursor: Option<&str>,
@@ -78,6 +98,19 @@ impl PageRequest {
         };
         Page { items: rows, next_cursor }
     }
+}
+
+fn split_timed(cursor: &str, prefix: &str) -> Option<(String, String)> {
+    let (micros, id) = cursor.split_once('.')?;
+    if micros.is_empty()
+        || micros.len() > 18
+        || !micros.bytes().all(|b| b.is_ascii_digit())
+        || !crate::ids::is_id(id, prefix)
+    {
+        return None;
+    }
+    let time = chrono::DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+    Some((crate::ids::format_time(&time), id.to_string()))
 }
 
 pub struct Page<T> {
