@@ -699,6 +699,36 @@ async fn a_test_in_a_batch_cannot_be_deleted() {
     s.expect(Method::DELETE, &format!("/v1/tests/{other}"), &t.editor, None, 200).await;
 }
 
+/// DELETE /tests/{id} and /batches/{id}: 409 while one of its runs is
+/// active (spec); once the runs are over, they go.
+#[tokio::test]
+async fn a_test_or_a_batch_with_an_active_run_cannot_be_deleted() {
+    // No workers: what is started stays queued.
+    let s = TestServer::start_configured(Vec::new(), |c| c.engine.workers = 0).await;
+    let t = s.team("active runs").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let tst = id(&create(&s, "/v1/tests", &t.owner, x.test("flow")).await);
+    let batched = id(&create(&s, "/v1/tests", &t.owner, x.test("batched")).await);
+    let bat = id(&create(&s, "/v1/batches", &t.owner, x.batch("nightly", &[&batched])).await);
+    let by_test = id(&s.expect(Method::POST, &format!("/v1/tests/{tst}/run"), &t.editor, Some(json!({})), 200).await);
+    let by_batch =
+        id(&s.expect(Method::POST, &format!("/v1/batches/{bat}/run"), &t.editor, Some(json!({})), 200).await);
+    let before = activity_count(&s, &t.owner, &x.project_id).await;
+    for path in [format!("/v1/tests/{tst}"), format!("/v1/batches/{bat}")] {
+        let (status, e) = error_body(s.send_json(Method::DELETE, &path, &t.editor, None).await).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "runs_active"), "{path}: {e}");
+        s.expect(Method::GET, &path, &t.owner, None, 200).await;
+    }
+    assert_eq!(activity_count(&s, &t.owner, &x.project_id).await, before, "a refused delete records nothing");
+    // Cancelled, the runs are over: both can go.
+    for run in [&by_test, &by_batch] {
+        s.expect(Method::POST, &format!("/v1/batch-runs/{run}/cancel"), &t.editor, None, 200).await;
+    }
+    s.expect(Method::DELETE, &format!("/v1/tests/{tst}"), &t.editor, None, 200).await;
+    s.expect(Method::DELETE, &format!("/v1/batches/{bat}"), &t.editor, None, 200).await;
+    s.expect(Method::GET, &format!("/v1/batch-runs/{by_batch}"), &t.viewer, None, 200).await;
+}
+
 #[tokio::test]
 async fn tests_are_listed_by_filter_and_page() {
     let s = TestServer::start().await;

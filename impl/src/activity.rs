@@ -103,7 +103,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Activity> {
 }
 
 fn page_of(query_limit: Option<i32>, cursor: Option<&str>) -> Result<PageRequest> {
-    PageRequest::parse(query_limit, cursor).map_err(|e| Failure::invalid("cursor", e))
+    PageRequest::parse(query_limit, cursor, "act").map_err(|e| Failure::invalid("cursor", e))
 }
 
 /// `GET /activity`: newest first, filtered by project, resource type,
@@ -125,7 +125,7 @@ pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) ->
                     "SELECT {COLUMNS} FROM activity a WHERE {visible}
                        AND (?2 IS NULL OR a.project_id = ?2) AND (?3 IS NULL OR a.resource_type = ?3)
                        AND (?4 IS NULL OR a.action = ?4) AND (?5 IS NULL OR a.created_at >= ?5)
-                       AND (?6 IS NULL OR a.created_at <= ?6) AND (?7 IS NULL OR a.id < ?7)
+                       AND (?6 IS NULL OR a.created_at < ?6) AND (?7 IS NULL OR a.id < ?7)
                      ORDER BY a.id DESC LIMIT ?8"
                 ))?
                 .query_map(

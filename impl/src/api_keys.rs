@@ -533,7 +533,8 @@ mod tests {
             .unwrap();
         let (pages, last_used) = (KeyPages::watching(&store), LastUsed::default());
         let listed = || async {
-            let json = list(&store, &pages, user_id.clone(), PageRequest::parse(None, None).unwrap(), &last_used);
+            let json =
+                list(&store, &pages, user_id.clone(), PageRequest::parse(None, None, "key").unwrap(), &last_used);
             let page: serde_json::Value = serde_json::from_str(&json.await.unwrap()).unwrap();
             page["keys"][0]["last_used_at"].clone()
         };

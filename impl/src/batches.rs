@@ -145,7 +145,8 @@ pub(crate) fn load(tx: &rusqlite::Connection, user_id: &str, id: &str) -> Result
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListBatchesQuery) -> Result<types::BatchList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "bat").map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {
@@ -277,9 +278,23 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteBatchPath) 
         .write(move |tx| {
             let (project_id, _) =
                 access::require_resource(tx, &caller.user_id, "batches", "batch", &path.id, Need::Edit)?;
-            // No batch runs exist yet. When the engine adds them, deleting a
-            // batch with an active (queued or running) run becomes a 409
-            // here; finished runs keep their record without the batch.
+            // A batch with an active (queued or running) run stays; finished
+            // runs keep their record without the batch.
+            let active: i64 = tx.query_row(
+                "SELECT count(*) FROM batch_runs WHERE batch_id = ?1 AND status IN ('queued', 'running')",
+                params![path.id],
+                |r| r.get(0),
+            )?;
+            if active > 0 {
+                return Err(Failure::Conflict {
+                    code: "runs_active",
+                    message: format!(
+                        "batch `{}` has {active} batch runs queued or running; cancel them \
+                         (POST /batch-runs/{{id}}/cancel) or let them finish first",
+                        path.id
+                    ),
+                });
+            }
             let name: String =
                 tx.query_row("SELECT name FROM batches WHERE id = ?1", params![path.id], |r| r.get(0))?;
             // Its list of tests goes with it (ON DELETE CASCADE); the tests stay.

@@ -283,7 +283,8 @@ pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Channel
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListChannelsQuery) -> Result<types::ChannelList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "chn").map_err(|e| Failure::invalid("cursor", e))?;
     let kind = query.kind.map(|k| k.to_string());
     state
         .store

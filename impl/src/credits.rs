@@ -159,7 +159,8 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Transaction> {
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListTransactionsQuery) -> Result<types::TransactionList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "txn").map_err(|e| Failure::invalid("cursor", e))?;
     let kind = query.kind.map(|k| k.to_string());
     state
         .store

@@ -83,7 +83,7 @@ impl SparringApi for ServerImpl {
         query: params::ListApiKeysQuery,
     ) -> Result<Json<types::ApiKeyList>, ApiError<types::ApiKeyError>> {
         let state = state(&rqctx);
-        let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(cursor_error)?;
+        let page = PageRequest::parse(query.limit, query.cursor.as_deref(), "key").map_err(cursor_error)?;
         let json = api_keys::list(&state.store, &state.key_pages, caller.user_id, page, &state.last_used)
             .await
             .map_err(api_key_error)?;

@@ -7,6 +7,13 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::now_v7().simple())
 }
 
+/// Whether `id` is one [`new_id`] made with `prefix`.
+pub fn is_id(id: &str, prefix: &str) -> bool {
+    id.strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix('_'))
+        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+}
+
 /// The current time as stored and shown: RFC 3339 UTC with microseconds.
 pub fn now() -> chrono::DateTime<chrono::Utc> {
     let t = chrono::Utc::now();
@@ -34,5 +41,7 @@ mod tests {
         sorted.sort();
         assert_eq!(ids, sorted);
         assert!(ids[0].starts_with("key_") && ids[0].len() == 4 + 32);
+        assert!(ids.iter().all(|id| is_id(id, "key")));
+        assert!(!is_id(&ids[0], "usr") && !is_id(&ids[0][..30], "key") && !is_id("key_zzzz", "key"));
     }
 }

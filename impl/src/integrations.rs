@@ -279,7 +279,8 @@ fn check_name_free(tx: &rusqlite::Transaction<'_>, project_id: &str, name: &str,
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListIntegrationsQuery) -> Result<types::IntegrationList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "int").map_err(|e| Failure::invalid("cursor", e))?;
     let provider = query.provider.map(|p| p.to_string());
     state
         .store
@@ -535,9 +536,8 @@ pub async fn list_phone_numbers(
     path: p::ListIntegrationPhoneNumbersPath,
     query: p::ListIntegrationPhoneNumbersQuery,
 ) -> Result<types::PhoneNumberList> {
-    let bad_cursor = || Failure::invalid("cursor", "not a cursor this server issued");
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|_| bad_cursor())?;
-    let after: Option<i64> = page.after.as_deref().map(|a| a.parse::<i64>().map_err(|_| bad_cursor())).transpose()?;
+    let (page, after) =
+        PageRequest::parse_position(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {

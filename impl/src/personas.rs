@@ -171,7 +171,8 @@ pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Persona
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListPersonasQuery) -> Result<types::PersonaList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "per").map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {

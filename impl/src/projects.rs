@@ -143,7 +143,8 @@ fn load(tx: &rusqlite::Connection, user_id: &str, project_id: &str) -> Result<ty
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListProjectsQuery) -> Result<types::ProjectList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "prj").map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {
@@ -362,7 +363,11 @@ pub async fn list_members(
     path: p::ListProjectMembersPath,
     query: p::ListProjectMembersQuery,
 ) -> Result<types::ProjectMemberList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    // Newest first: the member added last first, whenever their account
+    // was made.
+    let (page, after) = PageRequest::parse_timed(query.limit, query.cursor.as_deref(), "usr")
+        .map_err(|e| Failure::invalid("cursor", e))?;
+    let (after_added, after_user) = after.unzip();
     state
         .store
         .read(move |tx| {
@@ -370,11 +375,13 @@ pub async fn list_members(
             let rows = tx
                 .prepare_cached(&format!(
                     "SELECT {MEMBER_COLUMNS} FROM project_members m JOIN users u ON u.id = m.user_id
-                     WHERE m.project_id = ?1 AND (?2 IS NULL OR u.id < ?2) ORDER BY u.id DESC LIMIT ?3"
+                     WHERE m.project_id = ?1
+                       AND (?2 IS NULL OR m.added_at < ?2 OR (m.added_at = ?2 AND m.user_id < ?3))
+                     ORDER BY m.added_at DESC, m.user_id DESC LIMIT ?4"
                 ))?
-                .query_map(params![path.id, page.after, page.fetch_limit()], member_from_row)?
+                .query_map(params![path.id, after_added, after_user, page.fetch_limit()], member_from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |m| m.user_id.clone());
+            let page = page.finish(rows, |m| PageRequest::timed_cursor(&m.added_at, &m.user_id));
             Ok(types::ProjectMemberList { members: page.items, next_cursor: page.next_cursor })
         })
         .await

@@ -520,7 +520,8 @@ pub async fn list_batch_runs(
     caller: Caller,
     query: p::ListBatchRunsQuery,
 ) -> Result<types::BatchRunList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "brn").map_err(|e| Failure::invalid("cursor", e))?;
     let status = query.status.map(|s| s.to_string());
     state
         .store
@@ -587,7 +588,8 @@ pub async fn list_runs(
     path: p::ListBatchRunRunsPath,
     query: p::ListBatchRunRunsQuery,
 ) -> Result<types::RunList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "run").map_err(|e| Failure::invalid("cursor", e))?;
     let status = query.status.map(|s| s.to_string());
     state
         .store
@@ -701,7 +703,8 @@ pub async fn list_test_results(
     path: p::ListTestResultsPath,
     query: p::ListTestResultsQuery,
 ) -> Result<Json<types::TestResultList>> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "trs").map_err(|e| Failure::invalid("cursor", e))?;
     let status = query.status.map(|s| s.to_string());
     state
         .store

@@ -277,7 +277,8 @@ pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Scenari
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListScenariosQuery) -> Result<types::ScenarioList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "scn").map_err(|e| Failure::invalid("cursor", e))?;
     let mode = query.mode.map(|m| m.to_string());
     state
         .store

@@ -313,7 +313,8 @@ fn page_sql(by_project: bool, given: [bool; 4]) -> String {
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) -> Result<Json<types::TestList>> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "tst").map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {
@@ -477,6 +478,22 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteTestPath) -
         .store
         .write(move |tx| {
             let (project_id, _) = access::require_resource(tx, &caller.user_id, "tests", "test", &path.id, Need::Edit)?;
+            let active: i64 = tx.query_row(
+                "SELECT count(*) FROM runs WHERE test_id = ?1 AND status IN ('queued', 'running')
+                   AND batch_run_id IN (SELECT id FROM batch_runs WHERE status IN ('queued', 'running'))",
+                params![path.id],
+                |r| r.get(0),
+            )?;
+            if active > 0 {
+                return Err(Failure::Conflict {
+                    code: "runs_active",
+                    message: format!(
+                        "test `{}` has {active} runs queued or running; cancel their batch runs \
+                         (POST /batch-runs/{{id}}/cancel) or let them finish first",
+                        path.id
+                    ),
+                });
+            }
             let using = referrers(tx, &path.id)?;
             if !using.is_empty() {
                 return Err(Failure::in_use("test", &path.id, &using));

@@ -236,7 +236,8 @@ pub async fn list(
     path: p::ListWebhookDeliveriesPath,
     query: p::ListWebhookDeliveriesQuery,
 ) -> Result<types::WebhookDeliveryList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "whd").map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {

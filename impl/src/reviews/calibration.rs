@@ -233,7 +233,8 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetCalibrationPath) 
 
 /// `GET /reviews/calibration`: newest first.
 pub async fn list(state: &AppState, caller: Caller, query: p::ListCalibrationsQuery) -> Result<types::CalibrationList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "cal").map_err(|e| Failure::invalid("cursor", e))?;
     let status = query.status.map(|s| s.to_string());
     state
         .store

@@ -255,7 +255,8 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteReviewPath)
 /// `GET /reviews`: the reviews in the caller's projects, newest first,
 /// without other people's reviews of the results the caller labels blind.
 pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewsQuery) -> Result<types::ReviewList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "rev").map_err(|e| Failure::invalid("cursor", e))?;
     let verdict = query.verdict.map(|v| v.to_string());
     state
         .store

@@ -69,7 +69,8 @@ fn share(agree: u64, total: u64) -> Option<f64> {
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery) -> Result<types::ReviewerList> {
-    let page = PageRequest::parse(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "usr").map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {
