@@ -86,6 +86,17 @@ async fn a_project_keeps_an_owner() {
         .to_string();
     s.expect(Method::PATCH, &format!("{members}/{editor_id}"), &t.owner, Some(json!({"role": "owner"})), 200).await;
     s.expect(Method::PATCH, &format!("{members}/{owner_id}"), &t.owner, Some(json!({"role": "viewer"})), 200).await;
+    // Each change is one record; giving someone the role they have changes
+    // nothing and records nothing.
+    let history = format!("/v1/activity?project_id={}&action=project_member.update", t.project_id);
+    let before = s.expect(Method::GET, &history, &t.editor, None, 200).await["activity"].as_array().unwrap().len();
+    assert_eq!(before, 2);
+    let same = s
+        .expect(Method::PATCH, &format!("{members}/{owner_id}"), &t.editor, Some(json!({"role": "viewer"})), 200)
+        .await;
+    assert_eq!(same["role"], "viewer");
+    let after = s.expect(Method::GET, &history, &t.editor, None, 200).await["activity"].as_array().unwrap().len();
+    assert_eq!(after, before, "a role given again is not a change");
     // Adding someone twice is a conflict; an unknown email a 400.
     let (status, e) = error_body(
         s.send_json(Method::POST, &members, &t.editor, Some(json!({"user_id": owner_id, "role": "viewer"}))).await,

@@ -456,6 +456,10 @@ pub async fn update_member(
             access::require(tx, &caller.user_id, &path.id, Need::Own)?;
             let before = access::role_in(tx, &path.user_id, &path.id)?
                 .ok_or_else(|| Failure::NotFound(format!("user `{}` is not a member of this project", path.user_id)))?;
+            // The role they have already: nothing changes, nothing to record.
+            if before == role {
+                return load_member(tx, &path.id, &path.user_id);
+            }
             if before == Role::Owner && role != Role::Owner && owners(tx, &path.id)? == 1 {
                 return Err(Failure::Conflict {
                     code: "last_owner",
