@@ -85,8 +85,8 @@ enum Decision {
 /// which and in what order). Judges run concurrently, each bounded by
 /// [`JUDGE_TIMEOUT`]; `judges` maps an `llm_judge`'s `integration_id` to its
 /// endpoint (a missing one is an errored evaluation). When the conversation
-/// itself failed the rules still run (they may say what went wrong) but no
-/// judge is asked.
+/// itself failed, or was cancelled, the rules still run (they may say what
+/// went wrong) but no judge is asked.
 pub async fn evaluate(
     http: &reqwest::Client,
     scenario: &types::Scenario,
@@ -95,8 +95,14 @@ pub async fn evaluate(
     judges: &HashMap<String, LlmEndpoint>,
 ) -> Vec<Evaluated> {
     let plan = plan(scenario, test_evaluators, outcome);
-    let failed = conversation_failure(outcome).is_some();
-    futures::future::join_all(plan.iter().map(|p| run(http, p, outcome, judges, failed))).await
+    // A judge costs a call to the user's LLM: none is asked about a
+    // conversation whose result is an error whatever it would say.
+    let not_judged = match (conversation_failure(outcome), outcome.ended_reason) {
+        (Some(_), _) => Some("not judged: the conversation failed"),
+        (None, EndedReason::Cancelled) => Some("not judged: the conversation was cancelled"),
+        (None, _) => None,
+    };
+    futures::future::join_all(plan.iter().map(|p| run(http, p, outcome, judges, not_judged))).await
 }
 
 /// The evaluators of `scenario` and the test, in result order, each with
@@ -128,7 +134,7 @@ async fn run(
     planned: &Planned<'_>,
     outcome: &Outcome,
     judges: &HashMap<String, LlmEndpoint>,
-    conversation_failed: bool,
+    not_judged: Option<&str>,
 ) -> Evaluated {
     let evaluator = planned.evaluator;
     let decision = match (planned.scope, evaluator) {
@@ -136,8 +142,8 @@ async fn run(
             score: 0.0,
             reason: format!("the call ended before step {}", planned.step.map_or(0, |s| s + 1)),
         },
-        (Some(_), Evaluator::LlmJudge { .. }) if conversation_failed => {
-            Decision::Error("not judged: the conversation failed".to_string())
+        (Some(_), Evaluator::LlmJudge { .. }) if not_judged.is_some() => {
+            Decision::Error(not_judged.unwrap_or_default().to_string())
         }
         (Some(scope), Evaluator::LlmJudge { integration_id, prompt, .. }) => match judges.get(integration_id) {
             None => Decision::Error(format!(
@@ -404,6 +410,23 @@ mod tests {
         assert_eq!(v.status, TestResultStatus::Error);
         assert_eq!(v.failure_reason.as_deref(), Some("the agent answered HTTP 502 on turn 2"));
         assert_eq!(v.score, 0.5);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_conversation_is_not_judged() {
+        let double = ChatDouble::start(|_| (200, r#"{"passed": true, "reason": "fine"}"#.to_string())).await;
+        let scenario = scenario(json!([]), json!([]));
+        let test = evaluators(
+            json!([{"type": "llm_judge", "name": "polite", "integration_id": "int_j", "prompt": "Polite?"}]),
+        );
+        let outcome = OutcomeBuilder::new().caller("Hi").agent("Hello!", 50).ended(EndedReason::Cancelled).build();
+        let judges = HashMap::from([("int_j".to_string(), double.endpoint(None))]);
+        let results = evaluate(&reqwest::Client::new(), &scenario, &test, &outcome, &judges).await;
+        assert_eq!(
+            summary(&results),
+            vec![("polite".into(), false, true, "not judged: the conversation was cancelled".into())]
+        );
+        assert!(double.requests().is_empty(), "no judge may be asked about a cancelled conversation");
     }
 
     #[test]
