@@ -260,7 +260,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "\nbatch run {}: {:?}, pass rate {:.0}%, passed: {} (the CI gate), {} credits charged",
+        "\nbatch run {}: {}, pass rate {:.0}%, passed: {} (the CI gate), {} credits charged",
         done.id,
         done.status,
         done.pass_rate.unwrap_or(0.0) * 100.0,
@@ -278,6 +278,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     ] {
         println!("  curl -s -H 'x-api-key: {key}' {base}{path}");
     }
+    println!("\nThe same batch as a CI gate (exit 0 if it passes, 1 if not; see README):");
+    println!("  SPARRING_API_KEY={key} sparring run --url {base} --batch {}", batch.id);
     if args.keep_running {
         println!("\nThe server and agents keep running; Ctrl-C to stop.");
         tokio::signal::ctrl_c().await?;

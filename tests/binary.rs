@@ -312,6 +312,7 @@ fn the_demo_runs_a_batch_and_prints_its_results() {
     assert!(buggy.contains(" 0%") && buggy.contains("right day"), "{buggy}");
     assert!(stdout.contains("passed: false (the CI gate)"), "{stdout}");
     assert!(stdout.contains("/v1/batch-runs/brn_"), "{stdout}");
+    assert!(stdout.contains(" sparring run --url http://127.0.0.1:") && stdout.contains(" --batch bat_"), "{stdout}");
 }
 
 #[test]
