@@ -997,3 +997,38 @@ async fn stored_secrets_go_only_where_they_were_set() {
         (&json!("https://other.example.net/v1"), &json!(true))
     );
 }
+
+/// A PATCH that gives the values already stored changes nothing: the
+/// resource's `updated_at` ("time of the last change") stays, and nothing is
+/// recorded, as for personas and tests.
+#[tokio::test]
+async fn a_patch_giving_the_stored_values_changes_nothing() {
+    let s = TestServer::start().await;
+    let t = s.team("same values").await;
+    let p = &t.project_id;
+    let chn = s
+        .expect(
+            Method::POST,
+            "/v1/channels",
+            &t.editor,
+            Some(with(http_channel(p, "agent"), json!({"turn_timeout_ms": 5000, "max_call_duration_s": 90}))),
+            200,
+        )
+        .await;
+    let path = format!("/v1/channels/{}", id(&chn));
+    let same = json!({"name": "agent", "target": "https://agent.example.com/turn", "integration_id": null,
+                      "headers": null, "turn_timeout_ms": 5000, "max_call_duration_s": 90});
+    let got = s.expect(Method::PATCH, &path, &t.editor, Some(same), 200).await;
+    assert_eq!(got, chn, "nothing changed");
+    assert_eq!(s.expect(Method::GET, &path, &t.viewer, None, 200).await, chn);
+    assert_eq!(history(&s, &t.viewer, "channel", &id(&chn)).await.len(), 1, "nothing recorded");
+
+    let int = s.expect(Method::POST, "/v1/integrations", &t.editor, Some(twilio(p, "tel")), 200).await;
+    let path = format!("/v1/integrations/{}", id(&int));
+    let same = json!({"name": "tel", "config": int["config"], "phone_numbers": int["phone_numbers"],
+                      "credentials": null});
+    let got = s.expect(Method::PATCH, &path, &t.editor, Some(same), 200).await;
+    assert_eq!(got, int, "nothing changed");
+    assert_eq!(s.expect(Method::GET, &path, &t.viewer, None, 200).await, int);
+    assert_eq!(history(&s, &t.viewer, "integration", &id(&int)).await.len(), 1, "nothing recorded");
+}

@@ -1137,3 +1137,35 @@ async fn each_change_is_recorded_once() {
         .collect();
     assert_eq!(ours.len(), 6);
 }
+
+// Names.
+
+/// The spec: `POST /personas` answers 409 when "a persona with this name
+/// already exists in the project", and `PATCH` 409 on "a duplicate name",
+/// as for channels and integrations.
+#[tokio::test]
+async fn persona_names_are_unique_within_a_project() {
+    let s = TestServer::start().await;
+    let t = s.team("persona names").await;
+    let p = &t.project_id;
+    let a = id(&create(&s, "/v1/personas", &t.editor, persona(p, "caller")).await);
+    let b = id(&create(&s, "/v1/personas", &t.editor, persona(p, "other")).await);
+    let (status, e) =
+        error_body(s.send_json(Method::POST, "/v1/personas", &t.editor, Some(persona(p, "caller"))).await).await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "name_taken"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains(&a), "{e}");
+    let (status, e) = error_body(
+        s.send_json(Method::PATCH, &format!("/v1/personas/{b}"), &t.editor, Some(json!({"name": "caller"}))).await,
+    )
+    .await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "name_taken"), "{e}");
+    // Its own name is no conflict; another project may reuse it.
+    s.expect(Method::PATCH, &format!("/v1/personas/{a}"), &t.editor, Some(json!({"name": "caller"})), 200).await;
+    let elsewhere = s.create_project(&t.owner, "elsewhere").await;
+    create(&s, "/v1/personas", &t.owner, persona(&elsewhere, "caller")).await;
+    // The refused rename changed nothing and recorded nothing; one persona is named so.
+    assert_eq!(s.expect(Method::GET, &format!("/v1/personas/{b}"), &t.viewer, None, 200).await["name"], "other");
+    assert_eq!(history(&s, &t.viewer, "persona", &b).await.len(), 1);
+    let listed = s.expect(Method::GET, &format!("/v1/personas?project_id={p}"), &t.viewer, None, 200).await;
+    assert_eq!(listed["personas"].as_array().unwrap().len(), 2);
+}

@@ -173,3 +173,22 @@ async fn pages_return_every_project_once_while_others_are_created() {
     assert_eq!(seen, before, "every project created before the first page, once, newest first");
     assert_eq!(inserted, 3);
 }
+
+/// A `PUT` that gives the project it already is changes nothing: its
+/// `updated_at` ("time of the last change") stays and nothing is recorded.
+#[tokio::test]
+async fn a_put_giving_the_stored_project_changes_nothing() {
+    let s = TestServer::start().await;
+    let t = s.team("same project").await;
+    let p = format!("/v1/projects/{}", t.project_id);
+    let body = json!({"name": "same project", "description": "d", "webhook_url": "https://hooks.example.com/x",
+                      "settings": {"max_call_duration_s": 120, "default_concurrency": 4}});
+    let set = s.expect(Method::PUT, &p, &t.owner, Some(body.clone()), 200).await;
+    let history = format!("/v1/activity/resource/project/{}", t.project_id);
+    let records = s.expect(Method::GET, &history, &t.owner, None, 200).await["activity"].as_array().unwrap().len();
+    let got = s.expect(Method::PUT, &p, &t.owner, Some(body), 200).await;
+    assert_eq!(got, set, "nothing changed");
+    assert_eq!(s.expect(Method::GET, &p, &t.owner, None, 200).await, set);
+    let after = s.expect(Method::GET, &history, &t.owner, None, 200).await["activity"].as_array().unwrap().len();
+    assert_eq!(after, records, "nothing recorded");
+}

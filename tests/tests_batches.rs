@@ -985,3 +985,21 @@ async fn a_first_hour_through_the_generated_client() {
     let tests = client.list_tests().project_id(&made.project.id).tag("smoke").send().await.unwrap().into_inner();
     assert_eq!(tests.tests.len(), 1);
 }
+
+/// A `PUT` that gives the batch it already is changes nothing: its
+/// `updated_at` ("time of the last change") stays and nothing is recorded,
+/// as for a `PATCH` of a test that changes nothing.
+#[tokio::test]
+async fn a_put_giving_the_stored_batch_changes_nothing() {
+    let s = TestServer::start().await;
+    let t = s.team("same batch").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let tst = id(&create(&s, "/v1/tests", &t.owner, x.test("t")).await);
+    let bat = create(&s, "/v1/batches", &t.editor, with(x.batch("nightly", &[&tst]), json!({"concurrency": 3}))).await;
+    let path = format!("/v1/batches/{}", id(&bat));
+    let same = json!({"name": "nightly", "description": "", "test_ids": [tst], "concurrency": 3});
+    let got = s.expect(Method::PUT, &path, &t.editor, Some(same), 200).await;
+    assert_eq!(got, bat, "nothing changed");
+    assert_eq!(s.expect(Method::GET, &path, &t.viewer, None, 200).await, bat);
+    assert_eq!(history(&s, &t.owner, "batch", &id(&bat)).await.len(), 1, "nothing recorded");
+}

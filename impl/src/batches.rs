@@ -221,7 +221,8 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetBatchPath) -> Res
 }
 
 /// `PUT`: replaces the editable part (absent optional fields reset to their
-/// defaults). Runs already started keep what they were started with.
+/// defaults). Runs already started keep what they were started with. A
+/// body that is the batch as it is writes nothing.
 pub async fn replace(
     state: &AppState,
     caller: Caller,
@@ -243,11 +244,6 @@ pub async fn replace(
             let concurrency = input.resolve(tx, &project_id)?;
             let user_id = caller.user_id.clone();
             let before = load(tx, &user_id, &path.id)?;
-            tx.execute(
-                "UPDATE batches SET name = ?2, description = ?3, concurrency = ?4, updated_at = ?5 WHERE id = ?1",
-                params![path.id, input.name, input.description, concurrency, ids::format_time(&ids::now())],
-            )?;
-            write_tests(tx, &path.id, &input.test_ids)?;
             // What changed: the fields whose value differs from before.
             let before_shown = match serde_json::to_value(&before) {
                 Ok(Value::Object(m)) => m,
@@ -255,6 +251,15 @@ pub async fn replace(
             };
             let changes: Map<String, Value> =
                 input.shown().into_iter().filter(|(k, v)| before_shown.get(k) != Some(v)).collect();
+            // The batch it already is: nothing written, nothing recorded.
+            if changes.is_empty() {
+                return Ok(before);
+            }
+            tx.execute(
+                "UPDATE batches SET name = ?2, description = ?3, concurrency = ?4, updated_at = ?5 WHERE id = ?1",
+                params![path.id, input.name, input.description, concurrency, ids::format_time(&ids::now())],
+            )?;
+            write_tests(tx, &path.id, &input.test_ids)?;
             activity::record(
                 tx,
                 &Actor::Caller(caller),

@@ -423,7 +423,8 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteChannelPath
 /// `PATCH`: absent fields are unchanged; `integration_id: null` removes the
 /// integration (refused where the kind needs one), `headers: null` (or `{}`)
 /// removes every header, an object replaces them all. The kind cannot be
-/// changed. A body that changes nothing writes nothing.
+/// changed. Only what differs is written and recorded; a body that changes
+/// nothing writes nothing.
 pub async fn update(
     state: &AppState,
     caller: Caller,
@@ -474,6 +475,15 @@ pub async fn update(
             if let Some(integration_id) = &integration_id {
                 check_integration(tx, before.kind, integration_id.as_deref(), &project_id)?;
             }
+            // Only what differs from the stored channel is written and
+            // recorded; header values are write-only, so given ones count
+            // as a change unless there are none either side.
+            let name = name.filter(|n| *n != before.name);
+            let target = target.filter(|t| *t != before.target);
+            let integration_id = integration_id.filter(|i| *i != before.integration_id);
+            let headers = headers.filter(|h| h.sealed.is_some() || !before.header_names.is_empty());
+            let turn_timeout_ms = turn_timeout_ms.filter(|t| *t != before.turn_timeout_ms);
+            let max_call_duration_s = max_call_duration_s.filter(|d| *d != before.max_call_duration_s.get());
             let mut changes = Map::new();
             if let Some(name) = &name {
                 check_name_free(tx, &project_id, name, &path.id)?;

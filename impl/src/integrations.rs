@@ -427,7 +427,8 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteIntegration
 /// `PATCH`: `name`, `config` (replaced whole, checked against the
 /// provider), `credentials` (an object replaces them, `null` or `{}` removes
 /// them) and `phone_numbers` (the list replaced whole); absent fields are
-/// unchanged. A body that changes nothing writes nothing.
+/// unchanged. Only what differs is written and recorded; a body that
+/// changes nothing writes nothing.
 pub async fn update(
     state: &AppState,
     caller: Caller,
@@ -481,6 +482,19 @@ pub async fn update(
             if let Some(numbers) = &numbers {
                 check_numbers_allowed(before.provider, numbers)?;
             }
+            // Only what differs from the stored integration is written and
+            // recorded; credentials are write-only, so given ones count as a
+            // change unless there are none either side.
+            let name = name.filter(|n| *n != before.name);
+            let config = config.filter(|c| *c != before.config);
+            let credentials = credentials.filter(|(_, sealed)| sealed.is_some() || before.credentials_configured);
+            let numbers = numbers.filter(|numbers| {
+                numbers.len() != before.phone_numbers.len()
+                    || numbers
+                        .iter()
+                        .zip(&before.phone_numbers)
+                        .any(|(n, b)| n.number != *b.number || n.label != *b.label || n.direction != b.direction)
+            });
             if name.is_none() && config.is_none() && credentials.is_none() && numbers.is_none() {
                 return Ok(before);
             }

@@ -11,7 +11,8 @@
 //! `gender: null` clear those (the other fields cannot be null), `tags: []`
 //! removes every tag. A body that changes nothing writes nothing.
 //!
-//! Viewers and reviewers read; editors and owners create, change and delete.
+//! Names are unique within a project (409 `name_taken`). Viewers and
+//! reviewers read; editors and owners create, change and delete.
 //! Deleting a persona that a scenario (its `default_persona_id`) or a test
 //! (`persona_ids`) still uses is a 409 `in_use` naming them.
 
@@ -123,6 +124,21 @@ fn tags<T: std::ops::Deref<Target = String>>(values: &[T]) -> Result<Vec<String>
     validate::tags("tags", &values)
 }
 
+/// 409 `name_taken` if another persona of the project has this name.
+fn check_name_free(tx: &rusqlite::Transaction<'_>, project_id: &str, name: &str, except: &str) -> Result<()> {
+    let other: Option<String> = tx
+        .prepare_cached("SELECT id FROM personas WHERE project_id = ?1 AND name = ?2 AND id <> ?3 LIMIT 1")?
+        .query_row(params![project_id, name, except], |r| r.get(0))
+        .optional()?;
+    match other {
+        None => Ok(()),
+        Some(other) => Err(Failure::Conflict {
+            code: "name_taken",
+            message: format!("name: a persona named \"{name}\" already exists in this project (`{other}`)"),
+        }),
+    }
+}
+
 /// The persona as the activity log shows it (every editable field).
 fn shown(name: &str, doc: &PersonaDoc) -> Value {
     let mut v = serde_json::to_value(doc).unwrap_or_default();
@@ -226,6 +242,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreatePersona
         .store
         .write(move |tx| {
             access::require(tx, &caller.user_id, &project_id, Need::Edit)?;
+            check_name_free(tx, &project_id, &name, &id)?;
             let now = ids::format_time(&ids::now());
             tx.execute(
                 "INSERT INTO personas (id, project_id, name, document, created_at, updated_at)
@@ -410,6 +427,7 @@ pub async fn update(
             let mut changes = Map::new();
             if let Some(name) = &patch.name {
                 if *name != before_name {
+                    check_name_free(tx, &project_id, name, &path.id)?;
                     changes.insert("name".into(), json!(name));
                 }
             }

@@ -219,7 +219,8 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetProjectPath) -> R
 }
 
 /// `PUT`: replaces the editable part. Editors may change everything but the
-/// webhook, which is the owners'.
+/// webhook, which is the owners'. A body that is the project as it is writes
+/// nothing.
 pub async fn replace(
     state: &AppState,
     caller: Caller,
@@ -246,6 +247,20 @@ pub async fn replace(
             if webhook_changes {
                 access::check(role, Need::Own)
                     .map_err(|_| Failure::Forbidden("only owners change a project's webhook".into()))?;
+            }
+            // The project as it is (a secret given is a change, since it
+            // cannot be compared; clearing none is not): nothing to write.
+            let unchanged = before.name == input.name
+                && before.description == input.description
+                && before.webhook_url == input.webhook_url
+                && before.settings.max_call_duration_s.get() == input.max_call_duration_s
+                && before.settings.default_concurrency.get() == input.default_concurrency
+                && match &input.webhook_secret {
+                    None => true,
+                    Some(secret) => secret.is_none() && !before.webhook_secret_configured,
+                };
+            if unchanged {
+                return Ok(before);
             }
             let now = ids::format_time(&ids::now());
             tx.execute(
