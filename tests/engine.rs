@@ -979,3 +979,47 @@ async fn a_huge_answer_of_the_callers_llm_is_a_caller_error_not_the_agents() {
     let said: usize = result["transcript"].as_array().unwrap().iter().map(|t| t["text"].as_str().unwrap().len()).sum();
     assert!(said < 1 << 20, "nothing of it was said: {said} bytes");
 }
+
+/// A test changed while its runs wait in the queue: they call the channel
+/// and are judged by the evaluators it had when they were queued, as they
+/// keep its scenario, personas and iterations; runs queued after the change
+/// use the changed test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_runs_keep_the_test_as_it_was_queued() {
+    let good = Agent::start(&["--latency-ms", "300"]);
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    // One conversation at a time: the later runs wait in the queue.
+    let s = TestServer::start_configured(Vec::new(), |c| c.engine.workers = 1).await;
+    let t = s.team("as queued").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", booking(p, &persona)).await;
+    let over_http = channel(&s, &t.editor, p, "http", &good.http_target()).await;
+    let buggy = channel(&s, &t.editor, p, "http", &wrong_day.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "books", &over_http, &scenario, 3)).await;
+
+    let started = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    let change = json!({"channel_id": buggy,
+                        "evaluators": [{"type": "contains", "name": "added later", "text": "never said"}]});
+    s.expect(Method::PATCH, &format!("/v1/tests/{test}"), &t.editor, Some(change), 200).await;
+    let done = wait_for_end(&s, &t.viewer, started["id"].as_str().unwrap()).await;
+    assert_eq!((done["counts"]["passed"].as_i64(), done["passed"].as_bool()), (Some(3), Some(true)), "{done:#}");
+    let results = results_of(&s, &t.viewer, &test).await;
+    assert_eq!(results.len(), 3);
+    for r in &results {
+        assert_eq!(r["channel_id"], json!(over_http), "{r:#}");
+        assert!(r["evaluations"].as_array().unwrap().iter().all(|e| e["name"] != "added later"), "{r:#}");
+    }
+
+    // Queued after the change: the changed test.
+    let again = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    let done = wait_for_end(&s, &t.viewer, again["id"].as_str().unwrap()).await;
+    assert_eq!((done["counts"]["failed"].as_i64(), done["passed"].as_bool()), (Some(3), Some(false)), "{done:#}");
+    let results = results_of(&s, &t.viewer, &test).await;
+    let later: Vec<&Value> = results.iter().filter(|r| r["batch_run_id"] == again["id"]).collect();
+    assert_eq!(later.len(), 3);
+    for r in later {
+        assert_eq!(r["channel_id"], json!(buggy), "{r:#}");
+        assert!(r["evaluations"].as_array().unwrap().iter().any(|e| e["name"] == "added later"), "{r:#}");
+    }
+}

@@ -62,12 +62,22 @@ fn metadata(given: Map<String, Value>) -> Result<Map<String, Value>> {
     Ok(given)
 }
 
-/// The runs of `test_ids` and the credits their worst case needs.
+/// What a batch run keeps of each of its tests as it was when the runs were
+/// queued (`batch_run_tests`): a change to the test while they wait does
+/// not change what they run or how they are judged.
+struct AsQueued {
+    pass_threshold: f64,
+    channel_id: String,
+    evaluators: String,
+}
+
+/// The runs of `test_ids`, the credits their worst case needs, and each
+/// test as queued.
 fn expand(
     tx: &rusqlite::Transaction<'_>,
     project_id: &str,
     test_ids: &[String],
-) -> Result<(Vec<Planned>, i64, BTreeMap<String, f64>)> {
+) -> Result<(Vec<Planned>, i64, BTreeMap<String, AsQueued>)> {
     let project_limit: u32 =
         tx.query_row("SELECT max_call_duration_s FROM projects WHERE id = ?1", params![project_id], |r| r.get(0))?;
     let mut planned = Vec::new();
@@ -105,7 +115,12 @@ fn expand(
                 worst += credits::worst_case(limit);
             }
         }
-        thresholds.insert(test.id.clone(), test.pass_threshold);
+        let evaluators = serde_json::to_string(&test.evaluators)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        thresholds.insert(
+            test.id.clone(),
+            AsQueued { pass_threshold: test.pass_threshold, channel_id: test.channel_id.clone(), evaluators },
+        );
         if planned.len() > MAX_RUNS_PER_REQUEST {
             return Err(Failure::invalid(
                 "test_ids",
@@ -172,10 +187,11 @@ async fn start(
                 ],
             )?;
             let mut insert_test = tx.prepare_cached(
-                "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold) VALUES (?1, ?2, ?3)",
+                "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold, channel_id, evaluators)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
             )?;
-            for (test_id, threshold) in &thresholds {
-                insert_test.execute(params![id, test_id, threshold])?;
+            for (test_id, t) in &thresholds {
+                insert_test.execute(params![id, test_id, t.pass_threshold, t.channel_id, t.evaluators])?;
             }
             if enough {
                 credits::append(

@@ -243,11 +243,22 @@ impl Loaded {
 struct Unrunnable(String);
 
 fn load(state: &AppState, tx: &rusqlite::Connection, run: &Claimed) -> Result<Result<Loaded, Unrunnable>> {
-    let test = match crate::tests::load(tx, &run.test_id) {
+    let mut test = match crate::tests::load(tx, &run.test_id) {
         Ok(t) => t,
         Err(Failure::NotFound(_)) => return Ok(Err(Unrunnable("the test was deleted before the run started".into()))),
         Err(e) => return Err(e),
     };
+    // The channel and evaluators the test had when the run was queued
+    // (none kept for batch runs queued before they were).
+    let as_queued: Option<(Option<String>, Option<String>)> = tx
+        .prepare_cached("SELECT channel_id, evaluators FROM batch_run_tests WHERE batch_run_id = ?1 AND test_id = ?2")?
+        .query_row(params![run.batch_run_id, run.test_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    if let Some((Some(channel_id), Some(evaluators))) = as_queued {
+        test.channel_id = channel_id;
+        test.evaluators = serde_json::from_str(&evaluators)
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, Box::new(e)))?;
+    }
     let scenario = match crate::scenarios::load(tx, &run.scenario_id) {
         Ok(s) => s,
         Err(Failure::NotFound(_)) => {
