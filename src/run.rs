@@ -199,7 +199,7 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&ended)?);
     } else {
-        summary(&api, &ended).await?;
+        summary(&api, &ended).await;
     }
     Ok(verdict)
 }
@@ -395,38 +395,16 @@ struct TestRuns {
 }
 
 /// The batch run's verdict, and per test how its runs ended and why one
-/// failed.
-async fn summary(api: &sparring_client::Client, run: &types::BatchRun) -> anyhow::Result<()> {
-    let mut per_test: BTreeMap<String, TestRuns> = BTreeMap::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let mut page = api.list_batch_run_runs().batch_id(&run.id).limit(std::num::NonZeroU32::new(200).unwrap());
-        if let Some(c) = &cursor {
-            page = page.cursor(c);
+/// failed. The verdict is known already: a table that cannot be read (the
+/// server gone since) is said on stderr and left out.
+async fn summary(api: &sparring_client::Client, run: &types::BatchRun) {
+    let per_test = match runs_per_test(api, run).await {
+        Ok(per_test) => per_test,
+        Err(e) => {
+            eprintln!("no per-test summary: {e:#}");
+            BTreeMap::new()
         }
-        let page = page.send().await.map_err(api_error).context("listing the batch run's runs")?.into_inner();
-        for r in &page.runs {
-            let t = per_test.entry(r.test_id.clone()).or_default();
-            match r.status {
-                Some(types::RunStatus::Cancelled) => {}
-                Some(types::RunStatus::Passed) => {
-                    t.total += 1;
-                    t.passed += 1;
-                }
-                Some(types::RunStatus::Failed | types::RunStatus::Error) => {
-                    t.total += 1;
-                    if t.failure.is_none() {
-                        t.failure.clone_from(&r.test_result_id);
-                    }
-                }
-                _ => t.total += 1,
-            }
-        }
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
-    }
+    };
 
     let hidden = run.passed.is_none() && run.blinded.is_some();
     if !hidden && !per_test.is_empty() {
@@ -483,7 +461,43 @@ async fn summary(api: &sparring_client::Client, run: &types::BatchRun) -> anyhow
         run.pass_rate.map_or_else(|| "-".to_string(), |r| format!("{:.0}%", r * 100.0)),
         run.credits_charged
     );
-    Ok(())
+}
+
+/// How each test's runs ended.
+async fn runs_per_test(
+    api: &sparring_client::Client,
+    run: &types::BatchRun,
+) -> anyhow::Result<BTreeMap<String, TestRuns>> {
+    let mut per_test: BTreeMap<String, TestRuns> = BTreeMap::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut page = api.list_batch_run_runs().batch_id(&run.id).limit(std::num::NonZeroU32::new(200).unwrap());
+        if let Some(c) = &cursor {
+            page = page.cursor(c);
+        }
+        let page = page.send().await.map_err(api_error).context("listing the batch run's runs")?.into_inner();
+        for r in &page.runs {
+            let t = per_test.entry(r.test_id.clone()).or_default();
+            match r.status {
+                Some(types::RunStatus::Cancelled) => {}
+                Some(types::RunStatus::Passed) => {
+                    t.total += 1;
+                    t.passed += 1;
+                }
+                Some(types::RunStatus::Failed | types::RunStatus::Error) => {
+                    t.total += 1;
+                    if t.failure.is_none() {
+                        t.failure.clone_from(&r.test_result_id);
+                    }
+                }
+                _ => t.total += 1,
+            }
+        }
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return Ok(per_test),
+        }
+    }
 }
 
 fn truncate(text: &str, width: usize) -> String {

@@ -235,3 +235,123 @@ async fn a_run_given_up_is_cancelled_unless_told_to_keep_it() {
     let done = common::engine::wait_for_end(&s, &key, &id).await;
     assert_eq!((done["status"].as_str(), done["passed"].as_bool()), (Some("completed"), Some(true)), "{done:#}");
 }
+
+/// How the server's front answers a request instead of passing it on.
+#[derive(Clone)]
+enum Answer {
+    /// This status with this `content-type` and body, as a load balancer
+    /// answers while the server behind it is away.
+    With(u16, &'static str, &'static str),
+}
+
+/// A loopback stand-in for a load balancer in front of the real server: it
+/// passes every request through to `upstream`, unless `fail(method, path)`
+/// answers it first (a server failing).
+struct Front {
+    base: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type FailFn = dyn Fn(&Method, &str) -> Option<Answer> + Send + Sync;
+
+impl Front {
+    async fn start(upstream: &str, fail: impl Fn(&Method, &str) -> Option<Answer> + Send + Sync + 'static) -> Front {
+        use http_body_util::BodyExt as _;
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let fail: Arc<FailFn> = Arc::new(fail);
+        let upstream = upstream.to_string();
+        let http = reqwest::Client::new();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let (fail, upstream, http) = (fail.clone(), upstream.clone(), http.clone());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (fail, upstream, http) = (fail.clone(), upstream.clone(), http.clone());
+                        async move {
+                            let method = req.method().clone();
+                            let path = req.uri().path().to_string();
+                            let target = format!("{upstream}{}", req.uri());
+                            let headers = req.headers().clone();
+                            let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                            let (status, content_type, body) = match fail(&method, &path) {
+                                Some(Answer::With(status, content_type, body)) => {
+                                    (status, content_type.to_string(), bytes::Bytes::from_static(body.as_bytes()))
+                                }
+                                None => {
+                                    let mut forward = http.request(method, target).body(body);
+                                    for name in ["x-api-key", "content-type"] {
+                                        if let Some(v) = headers.get(name) {
+                                            forward = forward.header(name, v.as_bytes());
+                                        }
+                                    }
+                                    let resp = forward.send().await.unwrap();
+                                    let status = resp.status().as_u16();
+                                    let content_type = resp
+                                        .headers()
+                                        .get("content-type")
+                                        .map(|v| v.to_str().unwrap().to_string())
+                                        .unwrap_or_default();
+                                    (status, content_type, resp.bytes().await.unwrap())
+                                }
+                            };
+                            Ok::<_, std::convert::Infallible>(
+                                hyper::Response::builder()
+                                    .status(status)
+                                    .header("content-type", content_type)
+                                    .body(http_body_util::Full::new(body))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Front { base, task }
+    }
+}
+
+/// `sparring run ARGS` against `url` with the key in the environment.
+fn run_at(url: &str, key: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut all = vec!["run", "--url", url];
+    all.extend_from_slice(args);
+    let mut p = Proc::spawn_with_env(&all, &[("SPARRING_API_KEY", key)]);
+    let status = p.wait_exit();
+    let (stdout, stderr) = (p.stdout(), p.stderr());
+    assert!(!stdout.contains(key) && !stderr.contains(key), "the key was printed:\n{stdout}\n{stderr}");
+    (status.code(), stdout, stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_that_cannot_be_read_keeps_the_verdict() {
+    let good = Agent::start(&[]);
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &wrong_day).await;
+    // The batch run ends; then the server goes away before its runs are read.
+    let front = Front::start(&s.base, |method, path| {
+        (method == Method::GET && path.ends_with("/runs")).then_some(Answer::With(503, "text/html", "<h1>503</h1>"))
+    })
+    .await;
+
+    let (code, stdout, stderr) = run_at(&front.base, &key, &["--test", &suite.good_test]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains(": PASSED;"), "{stdout}");
+    assert!(stderr.contains("503"), "the summary says why it is missing: {stderr}");
+    let (code, stdout, stderr) = run_at(&front.base, &key, &["--test", &suite.bad_test]);
+    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains(": FAILED"), "{stdout}");
+}
