@@ -134,6 +134,11 @@ fn transient(e: &sparring_client::Error<types::Error>) -> bool {
         sparring_client::Error::ErrorResponse(r) => r.status().is_server_error(),
         sparring_client::Error::CommunicationError(_) | sparring_client::Error::ResponseBodyError(_) => true,
         sparring_client::Error::UnexpectedResponse(r) => r.status().is_server_error(),
+        // Not JSON at all: a page of a proxy or load balancer in front of a
+        // server that is away (JSON of another shape is not tried again).
+        sparring_client::Error::InvalidResponsePayload(_, e) => {
+            matches!(e.classify(), serde_json::error::Category::Syntax | serde_json::error::Category::Eof)
+        }
         _ => false,
     }
 }

@@ -333,6 +333,12 @@ fn run_at(url: &str, key: &str, args: &[&str]) -> (Option<i32>, String, String) 
     (status.code(), stdout, stderr)
 }
 
+/// Whether `path` is the batch run itself (`/v1/batch-runs/brn_…`), not its
+/// runs or its cancel.
+fn is_batch_run(method: &Method, path: &str) -> bool {
+    method == Method::GET && path.starts_with("/v1/batch-runs/brn_") && path.matches('/').count() == 3
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_summary_that_cannot_be_read_keeps_the_verdict() {
     let good = Agent::start(&[]);
@@ -354,4 +360,29 @@ async fn a_summary_that_cannot_be_read_keeps_the_verdict() {
     let (code, stdout, stderr) = run_at(&front.base, &key, &["--test", &suite.bad_test]);
     assert_eq!(code, Some(1), "{stdout}\n{stderr}");
     assert!(stdout.contains(": FAILED"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_answered_by_a_5xx_page_is_tried_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &good).await;
+    // A proxy's own error page, not the API's JSON, for the first reads.
+    let reads = AtomicUsize::new(0);
+    let front = Front::start(&s.base, move |method, path| {
+        (is_batch_run(method, path) && reads.fetch_add(1, Ordering::SeqCst) < 3).then_some(Answer::With(
+            500,
+            "text/html",
+            "<html><body>500 Internal Server Error</body></html>",
+        ))
+    })
+    .await;
+
+    let (code, stdout, stderr) = run_at(&front.base, &key, &["--test", &suite.good_test]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stderr.contains("trying again"), "{stderr}");
+    assert!(stdout.contains(": PASSED;"), "{stdout}");
 }
