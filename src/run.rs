@@ -232,22 +232,24 @@ async fn wait(
             return Ok(Waited::Ended(Box::new(current)));
         }
         let pause = POLL * 2u32.pow(failed_polls.min(4));
-        let sleep = match deadline {
-            Some(d) if d <= Instant::now() + pause => {
-                tokio::time::sleep_until(d.into()).await;
+        // The pause and the read: a read that hangs (a server overloaded)
+        // holds up neither an interrupt nor the timeout.
+        let read = async {
+            tokio::time::sleep(pause).await;
+            api.get_batch_run().id(&started.id).send().await
+        };
+        let read = tokio::select! {
+            read = read => read,
+            () = past(deadline) => {
                 progress.abandon();
                 return Ok(Waited::GaveUp(format!("timed out after {} s", args.timeout.unwrap_or_default())));
             }
-            _ => tokio::time::sleep(pause),
-        };
-        tokio::select! {
-            () = sleep => {}
             signal = interrupts.recv() => {
                 progress.abandon();
                 return Ok(Waited::GaveUp(format!("interrupted ({signal})")));
             }
-        }
-        match api.get_batch_run().id(&started.id).send().await {
+        };
+        match read {
             Ok(run) => {
                 failed_polls = 0;
                 current = run.into_inner();
@@ -262,6 +264,14 @@ async fn wait(
                 return Err(api_error(e).context(format!("reading batch run {}", started.id)));
             }
         }
+    }
+}
+
+/// Resolves once `deadline` has passed; never without one.
+async fn past(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
     }
 }
 

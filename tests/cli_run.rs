@@ -242,6 +242,8 @@ enum Answer {
     /// This status with this `content-type` and body, as a load balancer
     /// answers while the server behind it is away.
     With(u16, &'static str, &'static str),
+    /// Nothing, ever: an overloaded server.
+    Hang,
 }
 
 /// A loopback stand-in for a load balancer in front of the real server: it
@@ -286,6 +288,7 @@ impl Front {
                                 Some(Answer::With(status, content_type, body)) => {
                                     (status, content_type.to_string(), bytes::Bytes::from_static(body.as_bytes()))
                                 }
+                                Some(Answer::Hang) => std::future::pending().await,
                                 None => {
                                     let mut forward = http.request(method, target).body(body);
                                     for name in ["x-api-key", "content-type"] {
@@ -385,4 +388,37 @@ async fn a_read_answered_by_a_5xx_page_is_tried_again() {
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(stderr.contains("trying again"), "{stderr}");
     assert!(stdout.contains(": PASSED;"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_or_the_timeout_is_not_held_up_by_a_read_that_hangs() {
+    use std::time::{Duration, Instant};
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let test = slow_suite(&s, &key, &slow).await;
+    // The server stops answering reads of the batch run; a cancel still gets
+    // through.
+    let front = Front::start(&s.base, |method, path| is_batch_run(method, path).then_some(Answer::Hang)).await;
+
+    // The CI job is cancelled while a read hangs: the runner kills the job
+    // a few seconds after its SIGTERM.
+    let mut p = Proc::spawn_with_env(&["run", "--url", &front.base, "--test", &test], &[("SPARRING_API_KEY", &key)]);
+    p.expect("the batch run to start", |o| o.stderr.contains("started batch run brn_"));
+    let id = started_id(&p.stderr());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let at = Instant::now();
+    let code = p.terminate().code();
+    assert!(at.elapsed() < Duration::from_secs(5), "{:?} after SIGTERM: {}", at.elapsed(), p.stderr());
+    assert_eq!(code, Some(2), "{}", p.stderr());
+    assert!(p.stderr().contains(&format!("interrupted (SIGTERM); cancelled batch run {id}")), "{}", p.stderr());
+    assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+
+    // The timeout holds too.
+    let at = Instant::now();
+    let (code, _, stderr) = run_at(&front.base, &key, &["--test", &test, "--timeout", "2"]);
+    assert!(at.elapsed() < Duration::from_secs(8), "{:?} with --timeout 2: {stderr}", at.elapsed());
+    assert_eq!(code, Some(2), "{stderr}");
+    let id = started_id(&stderr);
+    assert!(stderr.contains(&format!("timed out after 2 s; cancelled batch run {id}")), "{stderr}");
 }
