@@ -88,8 +88,9 @@ impl RunArgs {
 
 /// How long to wait between two reads of the batch run.
 const POLL: Duration = Duration::from_millis(500);
-/// A line of progress when stderr is not a terminal (a CI log): when the
-/// counts change, at most this often.
+/// A line of progress when stderr is not a terminal (a CI log) this often,
+/// changed or not: a batch run queued behind others, or a long conversation,
+/// does not leave the log silent for minutes.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 /// Reads of the batch run that fail in a row (the server restarting, the
 /// network) before giving up.
@@ -308,11 +309,12 @@ impl Interrupts {
 }
 
 /// Progress on stderr: a bar on a terminal, otherwise (a CI log) a line
-/// when the counts change, at most every `LOG_EVERY`.
+/// every `LOG_EVERY`.
 struct Progress {
     id: String,
     bar: Option<indicatif::ProgressBar>,
-    last_line: Option<(Instant, String)>,
+    /// When the last line was written.
+    last_line: Option<Instant>,
 }
 
 /// Null counts are hidden from a blind reviewer.
@@ -363,14 +365,9 @@ impl Progress {
                 bar.set_message(counts_detail(run));
             }
             None => {
-                let line = counts_line(run);
-                let due = match &self.last_line {
-                    None => true,
-                    Some((at, last)) => *last != line && at.elapsed() >= LOG_EVERY,
-                };
-                if due {
-                    eprintln!("{}: {line}", self.id);
-                    self.last_line = Some((Instant::now(), line));
+                if self.last_line.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+                    eprintln!("{}: {}", self.id, counts_line(run));
+                    self.last_line = Some(Instant::now());
                 }
             }
         }

@@ -422,3 +422,51 @@ async fn an_interrupt_or_the_timeout_is_not_held_up_by_a_read_that_hangs() {
     let id = started_id(&stderr);
     assert!(stderr.contains(&format!("timed out after 2 s; cancelled batch run {id}")), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ci_log_gets_a_line_every_10_s_while_nothing_changes() {
+    use std::time::{Duration, Instant};
+    // One conversation of ~30 s (two replies): its counts change once, when
+    // it starts.
+    let slow = Agent::start(&["--latency-ms", "15000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let p = s.create_project(&key, "slow").await;
+    let persona =
+        create(&s, &key, "/v1/personas", json!({"project_id": p, "name": "Dana", "prompt": "A parent"})).await;
+    let scenario = create(&s, &key, "/v1/scenarios", booking(&p, &persona)).await;
+    let channel = create(
+        &s,
+        &key,
+        "/v1/channels",
+        json!({"project_id": p, "name": "slow", "kind": "http", "target": slow.http_target(), "turn_timeout_ms": 20000}),
+    )
+    .await;
+    let test = create(
+        &s,
+        &key,
+        "/v1/tests",
+        json!({"project_id": p, "name": "slow", "channel_id": channel, "scenario_id": scenario, "iterations": 1}),
+    )
+    .await;
+
+    let mut proc = Proc::spawn_with_env(&["run", "--url", &s.base, "--test", &test], &[("SPARRING_API_KEY", &key)]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut arrived: Vec<Instant> = Vec::new();
+    let status = loop {
+        if proc.child.try_wait().unwrap().is_some() {
+            let status = proc.wait_exit();
+            arrived.resize(proc.stderr().lines().count(), Instant::now());
+            break status;
+        }
+        arrived.resize(proc.stderr().lines().count(), Instant::now());
+        assert!(Instant::now() < deadline, "{}", proc.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status.code(), Some(0), "{}", proc.stderr());
+    let longest = arrived.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    let took = arrived.last().unwrap().duration_since(arrived[0]);
+    assert!(took > Duration::from_secs(25), "the run took {took:?}: {}", proc.stderr());
+    assert!(longest < Duration::from_secs(15), "silent for {longest:?} in a CI log:\n{}", proc.stderr());
+    assert!(arrived.len() < 10, "too many lines:\n{}", proc.stderr());
+}
