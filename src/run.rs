@@ -96,6 +96,9 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 /// network) before giving up.
 const MAX_FAILED_POLLS: u32 = 8;
 
+/// Cancels that fail in a row before giving up (1.5 s of pauses in all).
+const MAX_FAILED_CANCELS: u32 = 3;
+
 /// Runs `sparring run` and gives its exit code.
 pub async fn main(args: RunArgs) -> ExitCode {
     match run(args).await {
@@ -191,8 +194,12 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
             if args.keep_running {
                 eprintln!("{why}; batch run {} keeps running", started.id);
             } else {
-                api.cancel_batch_run().id(&started.id).send().await.map_err(api_error).context("cancelling")?;
-                eprintln!("{why}; cancelled batch run {}", started.id);
+                match cancel(&api, &started.id).await {
+                    Ok(()) => eprintln!("{why}; cancelled batch run {}", started.id),
+                    Err(e) => {
+                        eprintln!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
+                    }
+                }
             }
             return Ok(Verdict::None);
         }
@@ -208,6 +215,23 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
         summary(&api, &ended).await;
     }
     Ok(verdict)
+}
+
+/// Cancels the batch run. A failure that may pass (the server restarting) is
+/// tried again, briefly: a CI runner kills a cancelled job seconds after its
+/// SIGTERM. Cancelling twice is harmless.
+async fn cancel(api: &sparring_client::Client, id: &str) -> anyhow::Result<()> {
+    let mut failed = 0;
+    loop {
+        match api.cancel_batch_run().id(id).send().await {
+            Ok(_) => return Ok(()),
+            Err(e) if transient(&e) && failed + 1 < MAX_FAILED_CANCELS => {
+                failed += 1;
+                tokio::time::sleep(POLL * failed).await;
+            }
+            Err(e) => return Err(api_error(e)),
+        }
+    }
 }
 
 enum Waited {

@@ -470,3 +470,43 @@ async fn a_ci_log_gets_a_line_every_10_s_while_nothing_changes() {
     assert!(longest < Duration::from_secs(15), "silent for {longest:?} in a CI log:\n{}", proc.stderr());
     assert!(arrived.len() < 10, "too many lines:\n{}", proc.stderr());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_fails_is_tried_again_then_said_with_the_batch_run() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let test = slow_suite(&s, &key, &slow).await;
+    let is_cancel = |method: &Method, path: &str| method == Method::POST && path.ends_with("/cancel");
+
+    // The server is away for a moment when the cancel is sent.
+    let cancels = AtomicUsize::new(0);
+    let front = Front::start(&s.base, move |method, path| {
+        (is_cancel(method, path) && cancels.fetch_add(1, Ordering::SeqCst) < 2).then_some(Answer::With(
+            503,
+            "text/html",
+            "<h1>503 Service Unavailable</h1>",
+        ))
+    })
+    .await;
+    let (code, _, stderr) = run_at(&front.base, &key, &["--test", &test, "--timeout", "1"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let id = started_id(&stderr);
+    assert!(stderr.contains(&format!("timed out after 1 s; cancelled batch run {id}")), "{stderr}");
+    assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+
+    // It stays away: the log says why it gave up and which batch run may
+    // still be spending credits.
+    let front = Front::start(&s.base, move |method, path| {
+        is_cancel(method, path).then_some(Answer::With(503, "text/html", "<h1>503 Service Unavailable</h1>"))
+    })
+    .await;
+    let (code, _, stderr) = run_at(&front.base, &key, &["--test", &test, "--timeout", "1"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let id = started_id(&stderr);
+    assert!(stderr.contains(&format!("timed out after 1 s; could not cancel batch run {id}")), "{stderr}");
+    assert!(stderr.contains("503"), "{stderr}");
+    let run_ = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &key, None, 200).await;
+    assert_ne!(run_["status"], "cancelled", "{run_:#}");
+}
