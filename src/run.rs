@@ -195,7 +195,20 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
                 eprintln!("{why}; batch run {} keeps running", started.id);
             } else {
                 match cancel(&api, &started.id).await {
-                    Ok(()) => eprintln!("{why}; cancelled batch run {}", started.id),
+                    // It ended before the cancel (unseen: the last reads
+                    // failed): its verdict stands.
+                    Ok(run)
+                        if !matches!(
+                            run.status,
+                            types::BatchRunStatus::Queued
+                                | types::BatchRunStatus::Running
+                                | types::BatchRunStatus::Cancelled
+                        ) =>
+                    {
+                        eprintln!("{why}, but batch run {} had already ended: {}", started.id, run.status);
+                        return finish(&api, &run, &args).await;
+                    }
+                    Ok(_) => eprintln!("{why}; cancelled batch run {}", started.id),
                     Err(e) => {
                         eprintln!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
                     }
@@ -204,27 +217,32 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
             return Ok(Verdict::None);
         }
     };
+    finish(&api, &ended, &args).await
+}
+
+/// The verdict of a batch run that ended, and its summary (or JSON).
+async fn finish(api: &sparring_client::Client, ended: &types::BatchRun, args: &RunArgs) -> anyhow::Result<Verdict> {
     let verdict = match (&ended.status, ended.passed) {
         (types::BatchRunStatus::Completed, Some(true)) => Verdict::Passed,
         (types::BatchRunStatus::Completed, Some(false)) => Verdict::Failed,
         _ => Verdict::None,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&ended)?);
+        println!("{}", serde_json::to_string_pretty(ended)?);
     } else {
-        summary(&api, &ended).await;
+        summary(api, ended).await;
     }
     Ok(verdict)
 }
 
-/// Cancels the batch run. A failure that may pass (the server restarting) is
+/// Cancels the batch run, and gives it as the cancel left it. A failure that may pass (the server restarting) is
 /// tried again, briefly: a CI runner kills a cancelled job seconds after its
 /// SIGTERM. Cancelling twice is harmless.
-async fn cancel(api: &sparring_client::Client, id: &str) -> anyhow::Result<()> {
+async fn cancel(api: &sparring_client::Client, id: &str) -> anyhow::Result<types::BatchRun> {
     let mut failed = 0;
     loop {
         match api.cancel_batch_run().id(id).send().await {
-            Ok(_) => return Ok(()),
+            Ok(run) => return Ok(run.into_inner()),
             Err(e) if transient(&e) && failed + 1 < MAX_FAILED_CANCELS => {
                 failed += 1;
                 tokio::time::sleep(POLL * failed).await;

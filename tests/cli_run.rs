@@ -510,3 +510,27 @@ async fn a_cancel_that_fails_is_tried_again_then_said_with_the_batch_run() {
     let run_ = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &key, None, 200).await;
     assert_ne!(run_["status"], "cancelled", "{run_:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_run_that_ended_before_the_cancel_keeps_its_verdict() {
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &good).await;
+    // Reads of the batch run fail while it runs to its end (in about a
+    // second); the timeout then sends the cancel, which finds it completed.
+    let front = Front::start(&s.base, |method, path| {
+        is_batch_run(method, path).then_some(Answer::With(503, "text/html", "<h1>503 Service Unavailable</h1>"))
+    })
+    .await;
+
+    let (code, stdout, stderr) = run_at(&front.base, &key, &["--test", &suite.good_test, "--timeout", "4"]);
+    let id = started_id(&stderr);
+    let stored = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &key, None, 200).await;
+    assert_eq!((stored["status"].as_str(), stored["passed"].as_bool()), (Some("completed"), Some(true)));
+    assert!(!stderr.contains("cancelled batch run"), "it was not cancelled: {stderr}");
+    assert!(stderr.contains(&format!("batch run {id} had already ended")), "{stderr}");
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains(": PASSED;"), "{stdout}");
+}
