@@ -88,12 +88,16 @@ impl RunArgs {
 
 /// How long to wait between two reads of the batch run.
 const POLL: Duration = Duration::from_millis(500);
-/// A line of progress when stderr is not a terminal (a CI log): when the
-/// counts change, at most this often.
+/// A line of progress when stderr is not a terminal (a CI log) this often,
+/// changed or not: a batch run queued behind others, or a long conversation,
+/// does not leave the log silent for minutes.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 /// Reads of the batch run that fail in a row (the server restarting, the
 /// network) before giving up.
 const MAX_FAILED_POLLS: u32 = 8;
+
+/// Cancels that fail in a row before giving up (1.5 s of pauses in all).
+const MAX_FAILED_CANCELS: u32 = 3;
 
 /// Runs `sparring run` and gives its exit code.
 pub async fn main(args: RunArgs) -> ExitCode {
@@ -134,6 +138,11 @@ fn transient(e: &sparring_client::Error<types::Error>) -> bool {
         sparring_client::Error::ErrorResponse(r) => r.status().is_server_error(),
         sparring_client::Error::CommunicationError(_) | sparring_client::Error::ResponseBodyError(_) => true,
         sparring_client::Error::UnexpectedResponse(r) => r.status().is_server_error(),
+        // Not JSON at all: a page of a proxy or load balancer in front of a
+        // server that is away (JSON of another shape is not tried again).
+        sparring_client::Error::InvalidResponsePayload(_, e) => {
+            matches!(e.classify(), serde_json::error::Category::Syntax | serde_json::error::Category::Eof)
+        }
         _ => false,
     }
 }
@@ -185,23 +194,62 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
             if args.keep_running {
                 eprintln!("{why}; batch run {} keeps running", started.id);
             } else {
-                api.cancel_batch_run().id(&started.id).send().await.map_err(api_error).context("cancelling")?;
-                eprintln!("{why}; cancelled batch run {}", started.id);
+                match cancel(&api, &started.id).await {
+                    // It ended before the cancel (unseen: the last reads
+                    // failed): its verdict stands.
+                    Ok(run)
+                        if !matches!(
+                            run.status,
+                            types::BatchRunStatus::Queued
+                                | types::BatchRunStatus::Running
+                                | types::BatchRunStatus::Cancelled
+                        ) =>
+                    {
+                        eprintln!("{why}, but batch run {} had already ended: {}", started.id, run.status);
+                        return finish(&api, &run, &args).await;
+                    }
+                    Ok(_) => eprintln!("{why}; cancelled batch run {}", started.id),
+                    Err(e) => {
+                        eprintln!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
+                    }
+                }
             }
             return Ok(Verdict::None);
         }
     };
+    finish(&api, &ended, &args).await
+}
+
+/// The verdict of a batch run that ended, and its summary (or JSON).
+async fn finish(api: &sparring_client::Client, ended: &types::BatchRun, args: &RunArgs) -> anyhow::Result<Verdict> {
     let verdict = match (&ended.status, ended.passed) {
         (types::BatchRunStatus::Completed, Some(true)) => Verdict::Passed,
         (types::BatchRunStatus::Completed, Some(false)) => Verdict::Failed,
         _ => Verdict::None,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&ended)?);
+        println!("{}", serde_json::to_string_pretty(ended)?);
     } else {
-        summary(&api, &ended).await?;
+        summary(api, ended).await;
     }
     Ok(verdict)
+}
+
+/// Cancels the batch run, and gives it as the cancel left it. A failure that may pass (the server restarting) is
+/// tried again, briefly: a CI runner kills a cancelled job seconds after its
+/// SIGTERM. Cancelling twice is harmless.
+async fn cancel(api: &sparring_client::Client, id: &str) -> anyhow::Result<types::BatchRun> {
+    let mut failed = 0;
+    loop {
+        match api.cancel_batch_run().id(id).send().await {
+            Ok(run) => return Ok(run.into_inner()),
+            Err(e) if transient(&e) && failed + 1 < MAX_FAILED_CANCELS => {
+                failed += 1;
+                tokio::time::sleep(POLL * failed).await;
+            }
+            Err(e) => return Err(api_error(e)),
+        }
+    }
 }
 
 enum Waited {
@@ -227,22 +275,24 @@ async fn wait(
             return Ok(Waited::Ended(Box::new(current)));
         }
         let pause = POLL * 2u32.pow(failed_polls.min(4));
-        let sleep = match deadline {
-            Some(d) if d <= Instant::now() + pause => {
-                tokio::time::sleep_until(d.into()).await;
+        // The pause and the read: a read that hangs (a server overloaded)
+        // holds up neither an interrupt nor the timeout.
+        let read = async {
+            tokio::time::sleep(pause).await;
+            api.get_batch_run().id(&started.id).send().await
+        };
+        let read = tokio::select! {
+            read = read => read,
+            () = past(deadline) => {
                 progress.abandon();
                 return Ok(Waited::GaveUp(format!("timed out after {} s", args.timeout.unwrap_or_default())));
             }
-            _ => tokio::time::sleep(pause),
-        };
-        tokio::select! {
-            () = sleep => {}
             signal = interrupts.recv() => {
                 progress.abandon();
                 return Ok(Waited::GaveUp(format!("interrupted ({signal})")));
             }
-        }
-        match api.get_batch_run().id(&started.id).send().await {
+        };
+        match read {
             Ok(run) => {
                 failed_polls = 0;
                 current = run.into_inner();
@@ -257,6 +307,14 @@ async fn wait(
                 return Err(api_error(e).context(format!("reading batch run {}", started.id)));
             }
         }
+    }
+}
+
+/// Resolves once `deadline` has passed; never without one.
+async fn past(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -293,11 +351,12 @@ impl Interrupts {
 }
 
 /// Progress on stderr: a bar on a terminal, otherwise (a CI log) a line
-/// when the counts change, at most every `LOG_EVERY`.
+/// every `LOG_EVERY`.
 struct Progress {
     id: String,
     bar: Option<indicatif::ProgressBar>,
-    last_line: Option<(Instant, String)>,
+    /// When the last line was written.
+    last_line: Option<Instant>,
 }
 
 /// Null counts are hidden from a blind reviewer.
@@ -348,14 +407,9 @@ impl Progress {
                 bar.set_message(counts_detail(run));
             }
             None => {
-                let line = counts_line(run);
-                let due = match &self.last_line {
-                    None => true,
-                    Some((at, last)) => *last != line && at.elapsed() >= LOG_EVERY,
-                };
-                if due {
-                    eprintln!("{}: {line}", self.id);
-                    self.last_line = Some((Instant::now(), line));
+                if self.last_line.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+                    eprintln!("{}: {}", self.id, counts_line(run));
+                    self.last_line = Some(Instant::now());
                 }
             }
         }
@@ -395,38 +449,16 @@ struct TestRuns {
 }
 
 /// The batch run's verdict, and per test how its runs ended and why one
-/// failed.
-async fn summary(api: &sparring_client::Client, run: &types::BatchRun) -> anyhow::Result<()> {
-    let mut per_test: BTreeMap<String, TestRuns> = BTreeMap::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let mut page = api.list_batch_run_runs().batch_id(&run.id).limit(std::num::NonZeroU32::new(200).unwrap());
-        if let Some(c) = &cursor {
-            page = page.cursor(c);
+/// failed. The verdict is known already: a table that cannot be read (the
+/// server gone since) is said on stderr and left out.
+async fn summary(api: &sparring_client::Client, run: &types::BatchRun) {
+    let per_test = match runs_per_test(api, run).await {
+        Ok(per_test) => per_test,
+        Err(e) => {
+            eprintln!("no per-test summary: {e:#}");
+            BTreeMap::new()
         }
-        let page = page.send().await.map_err(api_error).context("listing the batch run's runs")?.into_inner();
-        for r in &page.runs {
-            let t = per_test.entry(r.test_id.clone()).or_default();
-            match r.status {
-                Some(types::RunStatus::Cancelled) => {}
-                Some(types::RunStatus::Passed) => {
-                    t.total += 1;
-                    t.passed += 1;
-                }
-                Some(types::RunStatus::Failed | types::RunStatus::Error) => {
-                    t.total += 1;
-                    if t.failure.is_none() {
-                        t.failure.clone_from(&r.test_result_id);
-                    }
-                }
-                _ => t.total += 1,
-            }
-        }
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
-    }
+    };
 
     let hidden = run.passed.is_none() && run.blinded.is_some();
     if !hidden && !per_test.is_empty() {
@@ -483,7 +515,43 @@ async fn summary(api: &sparring_client::Client, run: &types::BatchRun) -> anyhow
         run.pass_rate.map_or_else(|| "-".to_string(), |r| format!("{:.0}%", r * 100.0)),
         run.credits_charged
     );
-    Ok(())
+}
+
+/// How each test's runs ended.
+async fn runs_per_test(
+    api: &sparring_client::Client,
+    run: &types::BatchRun,
+) -> anyhow::Result<BTreeMap<String, TestRuns>> {
+    let mut per_test: BTreeMap<String, TestRuns> = BTreeMap::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut page = api.list_batch_run_runs().batch_id(&run.id).limit(std::num::NonZeroU32::new(200).unwrap());
+        if let Some(c) = &cursor {
+            page = page.cursor(c);
+        }
+        let page = page.send().await.map_err(api_error).context("listing the batch run's runs")?.into_inner();
+        for r in &page.runs {
+            let t = per_test.entry(r.test_id.clone()).or_default();
+            match r.status {
+                Some(types::RunStatus::Cancelled) => {}
+                Some(types::RunStatus::Passed) => {
+                    t.total += 1;
+                    t.passed += 1;
+                }
+                Some(types::RunStatus::Failed | types::RunStatus::Error) => {
+                    t.total += 1;
+                    if t.failure.is_none() {
+                        t.failure.clone_from(&r.test_result_id);
+                    }
+                }
+                _ => t.total += 1,
+            }
+        }
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return Ok(per_test),
+        }
+    }
 }
 
 fn truncate(text: &str, width: usize) -> String {

@@ -235,3 +235,302 @@ async fn a_run_given_up_is_cancelled_unless_told_to_keep_it() {
     let done = common::engine::wait_for_end(&s, &key, &id).await;
     assert_eq!((done["status"].as_str(), done["passed"].as_bool()), (Some("completed"), Some(true)), "{done:#}");
 }
+
+/// How the server's front answers a request instead of passing it on.
+#[derive(Clone)]
+enum Answer {
+    /// This status with this `content-type` and body, as a load balancer
+    /// answers while the server behind it is away.
+    With(u16, &'static str, &'static str),
+    /// Nothing, ever: an overloaded server.
+    Hang,
+}
+
+/// A loopback stand-in for a load balancer in front of the real server: it
+/// passes every request through to `upstream`, unless `fail(method, path)`
+/// answers it first (a server failing).
+struct Front {
+    base: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type FailFn = dyn Fn(&Method, &str) -> Option<Answer> + Send + Sync;
+
+impl Front {
+    async fn start(upstream: &str, fail: impl Fn(&Method, &str) -> Option<Answer> + Send + Sync + 'static) -> Front {
+        use http_body_util::BodyExt as _;
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let fail: Arc<FailFn> = Arc::new(fail);
+        let upstream = upstream.to_string();
+        let http = reqwest::Client::new();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let (fail, upstream, http) = (fail.clone(), upstream.clone(), http.clone());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (fail, upstream, http) = (fail.clone(), upstream.clone(), http.clone());
+                        async move {
+                            let method = req.method().clone();
+                            let path = req.uri().path().to_string();
+                            let target = format!("{upstream}{}", req.uri());
+                            let headers = req.headers().clone();
+                            let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                            let (status, content_type, body) = match fail(&method, &path) {
+                                Some(Answer::With(status, content_type, body)) => {
+                                    (status, content_type.to_string(), bytes::Bytes::from_static(body.as_bytes()))
+                                }
+                                Some(Answer::Hang) => std::future::pending().await,
+                                None => {
+                                    let mut forward = http.request(method, target).body(body);
+                                    for name in ["x-api-key", "content-type"] {
+                                        if let Some(v) = headers.get(name) {
+                                            forward = forward.header(name, v.as_bytes());
+                                        }
+                                    }
+                                    let resp = forward.send().await.unwrap();
+                                    let status = resp.status().as_u16();
+                                    let content_type = resp
+                                        .headers()
+                                        .get("content-type")
+                                        .map(|v| v.to_str().unwrap().to_string())
+                                        .unwrap_or_default();
+                                    (status, content_type, resp.bytes().await.unwrap())
+                                }
+                            };
+                            Ok::<_, std::convert::Infallible>(
+                                hyper::Response::builder()
+                                    .status(status)
+                                    .header("content-type", content_type)
+                                    .body(http_body_util::Full::new(body))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Front { base, task }
+    }
+}
+
+/// `sparring run ARGS` against `url` with the key in the environment.
+fn run_at(url: &str, key: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut all = vec!["run", "--url", url];
+    all.extend_from_slice(args);
+    let mut p = Proc::spawn_with_env(&all, &[("SPARRING_API_KEY", key)]);
+    let status = p.wait_exit();
+    let (stdout, stderr) = (p.stdout(), p.stderr());
+    assert!(!stdout.contains(key) && !stderr.contains(key), "the key was printed:\n{stdout}\n{stderr}");
+    (status.code(), stdout, stderr)
+}
+
+/// Whether `path` is the batch run itself (`/v1/batch-runs/brn_…`), not its
+/// runs or its cancel.
+fn is_batch_run(method: &Method, path: &str) -> bool {
+    method == Method::GET && path.starts_with("/v1/batch-runs/brn_") && path.matches('/').count() == 3
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_that_cannot_be_read_keeps_the_verdict() {
+    let good = Agent::start(&[]);
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &wrong_day).await;
+    // The batch run ends; then the server goes away before its runs are read.
+    let front = Front::start(&s.base, |method, path| {
+        (method == Method::GET && path.ends_with("/runs")).then_some(Answer::With(503, "text/html", "<h1>503</h1>"))
+    })
+    .await;
+
+    let (code, stdout, stderr) = run_at(&front.base, &key, &["--test", &suite.good_test]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains(": PASSED;"), "{stdout}");
+    assert!(stderr.contains("503"), "the summary says why it is missing: {stderr}");
+    let (code, stdout, stderr) = run_at(&front.base, &key, &["--test", &suite.bad_test]);
+    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains(": FAILED"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_answered_by_a_5xx_page_is_tried_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &good).await;
+    // A proxy's own error page, not the API's JSON, for the first reads.
+    let reads = AtomicUsize::new(0);
+    let front = Front::start(&s.base, move |method, path| {
+        (is_batch_run(method, path) && reads.fetch_add(1, Ordering::SeqCst) < 3).then_some(Answer::With(
+            500,
+            "text/html",
+            "<html><body>500 Internal Server Error</body></html>",
+        ))
+    })
+    .await;
+
+    let (code, stdout, stderr) = run_at(&front.base, &key, &["--test", &suite.good_test]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stderr.contains("trying again"), "{stderr}");
+    assert!(stdout.contains(": PASSED;"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_or_the_timeout_is_not_held_up_by_a_read_that_hangs() {
+    use std::time::{Duration, Instant};
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let test = slow_suite(&s, &key, &slow).await;
+    // The server stops answering reads of the batch run; a cancel still gets
+    // through.
+    let front = Front::start(&s.base, |method, path| is_batch_run(method, path).then_some(Answer::Hang)).await;
+
+    // The CI job is cancelled while a read hangs: the runner kills the job
+    // a few seconds after its SIGTERM.
+    let mut p = Proc::spawn_with_env(&["run", "--url", &front.base, "--test", &test], &[("SPARRING_API_KEY", &key)]);
+    p.expect("the batch run to start", |o| o.stderr.contains("started batch run brn_"));
+    let id = started_id(&p.stderr());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let at = Instant::now();
+    let code = p.terminate().code();
+    assert!(at.elapsed() < Duration::from_secs(5), "{:?} after SIGTERM: {}", at.elapsed(), p.stderr());
+    assert_eq!(code, Some(2), "{}", p.stderr());
+    assert!(p.stderr().contains(&format!("interrupted (SIGTERM); cancelled batch run {id}")), "{}", p.stderr());
+    assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+
+    // The timeout holds too.
+    let at = Instant::now();
+    let (code, _, stderr) = run_at(&front.base, &key, &["--test", &test, "--timeout", "2"]);
+    assert!(at.elapsed() < Duration::from_secs(8), "{:?} with --timeout 2: {stderr}", at.elapsed());
+    assert_eq!(code, Some(2), "{stderr}");
+    let id = started_id(&stderr);
+    assert!(stderr.contains(&format!("timed out after 2 s; cancelled batch run {id}")), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ci_log_gets_a_line_every_10_s_while_nothing_changes() {
+    use std::time::{Duration, Instant};
+    // One conversation of ~30 s (two replies): its counts change once, when
+    // it starts.
+    let slow = Agent::start(&["--latency-ms", "15000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let p = s.create_project(&key, "slow").await;
+    let persona =
+        create(&s, &key, "/v1/personas", json!({"project_id": p, "name": "Dana", "prompt": "A parent"})).await;
+    let scenario = create(&s, &key, "/v1/scenarios", booking(&p, &persona)).await;
+    let channel = create(
+        &s,
+        &key,
+        "/v1/channels",
+        json!({"project_id": p, "name": "slow", "kind": "http", "target": slow.http_target(), "turn_timeout_ms": 20000}),
+    )
+    .await;
+    let test = create(
+        &s,
+        &key,
+        "/v1/tests",
+        json!({"project_id": p, "name": "slow", "channel_id": channel, "scenario_id": scenario, "iterations": 1}),
+    )
+    .await;
+
+    let mut proc = Proc::spawn_with_env(&["run", "--url", &s.base, "--test", &test], &[("SPARRING_API_KEY", &key)]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut arrived: Vec<Instant> = Vec::new();
+    let status = loop {
+        if proc.child.try_wait().unwrap().is_some() {
+            let status = proc.wait_exit();
+            arrived.resize(proc.stderr().lines().count(), Instant::now());
+            break status;
+        }
+        arrived.resize(proc.stderr().lines().count(), Instant::now());
+        assert!(Instant::now() < deadline, "{}", proc.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status.code(), Some(0), "{}", proc.stderr());
+    let longest = arrived.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    let took = arrived.last().unwrap().duration_since(arrived[0]);
+    assert!(took > Duration::from_secs(25), "the run took {took:?}: {}", proc.stderr());
+    assert!(longest < Duration::from_secs(15), "silent for {longest:?} in a CI log:\n{}", proc.stderr());
+    assert!(arrived.len() < 10, "too many lines:\n{}", proc.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_fails_is_tried_again_then_said_with_the_batch_run() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let test = slow_suite(&s, &key, &slow).await;
+    let is_cancel = |method: &Method, path: &str| method == Method::POST && path.ends_with("/cancel");
+
+    // The server is away for a moment when the cancel is sent.
+    let cancels = AtomicUsize::new(0);
+    let front = Front::start(&s.base, move |method, path| {
+        (is_cancel(method, path) && cancels.fetch_add(1, Ordering::SeqCst) < 2).then_some(Answer::With(
+            503,
+            "text/html",
+            "<h1>503 Service Unavailable</h1>",
+        ))
+    })
+    .await;
+    let (code, _, stderr) = run_at(&front.base, &key, &["--test", &test, "--timeout", "1"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let id = started_id(&stderr);
+    assert!(stderr.contains(&format!("timed out after 1 s; cancelled batch run {id}")), "{stderr}");
+    assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+
+    // It stays away: the log says why it gave up and which batch run may
+    // still be spending credits.
+    let front = Front::start(&s.base, move |method, path| {
+        is_cancel(method, path).then_some(Answer::With(503, "text/html", "<h1>503 Service Unavailable</h1>"))
+    })
+    .await;
+    let (code, _, stderr) = run_at(&front.base, &key, &["--test", &test, "--timeout", "1"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let id = started_id(&stderr);
+    assert!(stderr.contains(&format!("timed out after 1 s; could not cancel batch run {id}")), "{stderr}");
+    assert!(stderr.contains("503"), "{stderr}");
+    let run_ = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &key, None, 200).await;
+    assert_ne!(run_["status"], "cancelled", "{run_:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_run_that_ended_before_the_cancel_keeps_its_verdict() {
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &good).await;
+    // Reads of the batch run fail while it runs to its end (in about a
+    // second); the timeout then sends the cancel, which finds it completed.
+    let front = Front::start(&s.base, |method, path| {
+        is_batch_run(method, path).then_some(Answer::With(503, "text/html", "<h1>503 Service Unavailable</h1>"))
+    })
+    .await;
+
+    let (code, stdout, stderr) = run_at(&front.base, &key, &["--test", &suite.good_test, "--timeout", "4"]);
+    let id = started_id(&stderr);
+    let stored = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &key, None, 200).await;
+    assert_eq!((stored["status"].as_str(), stored["passed"].as_bool()), (Some("completed"), Some(true)));
+    assert!(!stderr.contains("cancelled batch run"), "it was not cancelled: {stderr}");
+    assert!(stderr.contains(&format!("batch run {id} had already ended")), "{stderr}");
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains(": PASSED;"), "{stdout}");
+}
