@@ -235,9 +235,10 @@ async fn finish(api: &sparring_client::Client, ended: &types::BatchRun, args: &R
     Ok(verdict)
 }
 
-/// Cancels the batch run, and gives it as the cancel left it. A failure that may pass (the server restarting) is
-/// tried again, briefly: a CI runner kills a cancelled job seconds after its
-/// SIGTERM. Cancelling twice is harmless.
+/// Cancels the batch run, and gives it as the cancel left it. A failure that
+/// may pass (the server restarting) is tried again, briefly: a CI runner
+/// kills a cancelled job seconds after its SIGTERM. Cancelling twice is
+/// harmless.
 async fn cancel(api: &sparring_client::Client, id: &str) -> anyhow::Result<types::BatchRun> {
     let mut failed = 0;
     loop {
