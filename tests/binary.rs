@@ -383,6 +383,18 @@ fn a_first_start_that_cannot_bind_does_not_lose_the_admin_key() {
     assert!(printed.is_ok(), "the admin key was never shown: {}", server.proc.stdout());
 }
 
+/// A project with a webhook secret: the database then holds a sealed value.
+async fn seal_a_secret(server: &common::process::Server, key: &str) {
+    let resp = http()
+        .post(server.url("/v1/projects"))
+        .header("x-api-key", key)
+        .json(&serde_json::json!({"name": "p", "webhook_url": "https://hooks.example.com/x", "webhook_secret": "whsec_0123456789"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+}
+
 /// A data dir whose database holds sealed secrets and whose secret key file
 /// is gone: the server refuses to start, rather than make a new key that
 /// opens none of them (and that the next start would take as the key).
@@ -390,14 +402,7 @@ fn a_first_start_that_cannot_bind_does_not_lose_the_admin_key() {
 async fn a_missing_secret_key_is_not_replaced_under_sealed_secrets() {
     let dir = tempfile::tempdir().unwrap();
     let (mut server, key) = first_start(dir.path());
-    let resp = http()
-        .post(server.url("/v1/projects"))
-        .header("x-api-key", &key)
-        .json(&serde_json::json!({"name": "p", "webhook_url": "https://hooks.example.com/x", "webhook_secret": "whsec_0123456789"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
+    seal_a_secret(&server, &key).await;
     assert!(server.proc.terminate().success());
 
     let key_file = dir.path().join("secret.key");
@@ -445,14 +450,7 @@ async fn a_rotation_without_the_key_file_does_not_say_nothing_was_sealed() {
     let mut server = common::process::serve_with(dir.path(), &["--secret-key-file", key_file.to_str().unwrap()]);
     server.proc.expect("the first-start key on stdout", |o| o.stdout.contains("/v1/api-keys\n"));
     let key = keys_in(&server.proc.stdout())[0].clone();
-    let resp = http()
-        .post(server.url("/v1/projects"))
-        .header("x-api-key", &key)
-        .json(&serde_json::json!({"name": "p", "webhook_url": "https://hooks.example.com/x", "webhook_secret": "whsec_0123456789"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
+    seal_a_secret(&server, &key).await;
     assert!(server.proc.terminate().success());
 
     let (status, _, stderr) = run(&["admin", "rotate-secret-key", "--data-dir", dir.path().to_str().unwrap()]);

@@ -51,13 +51,7 @@ async fn suite(s: &TestServer, key: &str, project_id: &str, good: &Agent, bad: &
 /// `sparring run ARGS` against `s` with the key in the environment, to its
 /// end: the exit code, stdout and stderr.
 fn run(s: &TestServer, key: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    let mut all = vec!["run", "--url", &s.base];
-    all.extend_from_slice(args);
-    let mut p = Proc::spawn_with_env(&all, &[("SPARRING_API_KEY", key)]);
-    let status = p.wait_exit();
-    let (stdout, stderr) = (p.stdout(), p.stderr());
-    assert!(!stdout.contains(key) && !stderr.contains(key), "the key was printed:\n{stdout}\n{stderr}");
-    (status.code(), stdout, stderr)
+    run_at(&s.base, key, args)
 }
 
 /// The batch run id the command said it started.

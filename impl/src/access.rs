@@ -134,6 +134,29 @@ pub fn require_reference(
     }
 }
 
+/// 409 `name_taken` if another row of `table` in `project_id` (other than
+/// `except`) has this name; `a_kind` names one ("a persona").
+pub fn check_name_free(
+    tx: &rusqlite::Transaction<'_>,
+    table: &'static str,
+    a_kind: &str,
+    project_id: &str,
+    name: &str,
+    except: &str,
+) -> Result<()> {
+    let other: Option<String> = tx
+        .prepare_cached(&format!("SELECT id FROM {table} WHERE project_id = ?1 AND name = ?2 AND id <> ?3 LIMIT 1"))?
+        .query_row(params![project_id, name, except], |r| r.get(0))
+        .optional()?;
+    match other {
+        None => Ok(()),
+        Some(other) => Err(Failure::Conflict {
+            code: "name_taken",
+            message: format!("name: {a_kind} named \"{name}\" already exists in this project (`{other}`)"),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

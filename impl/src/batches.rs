@@ -291,14 +291,10 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteBatchPath) 
                 |r| r.get(0),
             )?;
             if active > 0 {
-                return Err(Failure::Conflict {
-                    code: "runs_active",
-                    message: format!(
-                        "batch `{}` has {active} batch runs queued or running; cancel them \
-                         (POST /batch-runs/{{id}}/cancel) or let them finish first",
-                        path.id
-                    ),
-                });
+                return Err(Failure::runs_active(
+                    format_args!("batch `{}` has {active} batch runs", path.id),
+                    "cancel them",
+                ));
             }
             let name: String =
                 tx.query_row("SELECT name FROM batches WHERE id = ?1", params![path.id], |r| r.get(0))?;

@@ -233,17 +233,7 @@ fn check_integration(
 
 /// 409 `name_taken` if another channel of the project has this name.
 fn check_name_free(tx: &rusqlite::Transaction<'_>, project_id: &str, name: &str, except: &str) -> Result<()> {
-    let other: Option<String> = tx
-        .prepare_cached("SELECT id FROM channels WHERE project_id = ?1 AND name = ?2 AND id <> ?3 LIMIT 1")?
-        .query_row(params![project_id, name, except], |r| r.get(0))
-        .optional()?;
-    match other {
-        None => Ok(()),
-        Some(other) => Err(Failure::Conflict {
-            code: "name_taken",
-            message: format!("name: a channel named \"{name}\" already exists in this project (`{other}`)"),
-        }),
-    }
+    access::check_name_free(tx, "channels", "a channel", project_id, name, except)
 }
 
 // Reading.

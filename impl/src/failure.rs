@@ -47,6 +47,17 @@ impl Failure {
     }
 
     /// 409 `in_use`, naming what still refers to the resource.
+    /// 409 `runs_active`: `held` ("batch `bat_…` has 2 batch runs") stays
+    /// while they are queued or running; `cancel` says what to cancel.
+    pub fn runs_active(held: std::fmt::Arguments<'_>, cancel: &str) -> Failure {
+        Failure::Conflict {
+            code: "runs_active",
+            message: format!(
+                "{held} queued or running; {cancel} (POST /batch-runs/{{id}}/cancel) or let them finish first"
+            ),
+        }
+    }
+
     pub fn in_use(what: &str, id: &str, referrers: &[String]) -> Failure {
         Failure::Conflict {
             code: "in_use",

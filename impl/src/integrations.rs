@@ -265,17 +265,7 @@ fn replace_numbers(tx: &rusqlite::Transaction<'_>, id: &str, numbers: &[Number])
 
 /// 409 `name_taken` if another integration of the project has this name.
 fn check_name_free(tx: &rusqlite::Transaction<'_>, project_id: &str, name: &str, except: &str) -> Result<()> {
-    let other: Option<String> = tx
-        .prepare_cached("SELECT id FROM integrations WHERE project_id = ?1 AND name = ?2 AND id <> ?3 LIMIT 1")?
-        .query_row(params![project_id, name, except], |r| r.get(0))
-        .optional()?;
-    match other {
-        None => Ok(()),
-        Some(other) => Err(Failure::Conflict {
-            code: "name_taken",
-            message: format!("name: an integration named \"{name}\" already exists in this project (`{other}`)"),
-        }),
-    }
+    access::check_name_free(tx, "integrations", "an integration", project_id, name, except)
 }
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListIntegrationsQuery) -> Result<types::IntegrationList> {

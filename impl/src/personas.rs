@@ -126,17 +126,7 @@ fn tags<T: std::ops::Deref<Target = String>>(values: &[T]) -> Result<Vec<String>
 
 /// 409 `name_taken` if another persona of the project has this name.
 fn check_name_free(tx: &rusqlite::Transaction<'_>, project_id: &str, name: &str, except: &str) -> Result<()> {
-    let other: Option<String> = tx
-        .prepare_cached("SELECT id FROM personas WHERE project_id = ?1 AND name = ?2 AND id <> ?3 LIMIT 1")?
-        .query_row(params![project_id, name, except], |r| r.get(0))
-        .optional()?;
-    match other {
-        None => Ok(()),
-        Some(other) => Err(Failure::Conflict {
-            code: "name_taken",
-            message: format!("name: a persona named \"{name}\" already exists in this project (`{other}`)"),
-        }),
-    }
+    access::check_name_free(tx, "personas", "a persona", project_id, name, except)
 }
 
 /// The persona as the activity log shows it (every editable field).

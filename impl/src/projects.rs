@@ -310,14 +310,10 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteProjectPath
                 |r| r.get(0),
             )?;
             if active > 0 {
-                return Err(Failure::Conflict {
-                    code: "runs_active",
-                    message: format!(
-                        "project `{}` has {active} batch runs queued or running; cancel them \
-                         (POST /batch-runs/{{id}}/cancel) or let them finish first",
-                        path.id
-                    ),
-                });
+                return Err(Failure::runs_active(
+                    format_args!("project `{}` has {active} batch runs", path.id),
+                    "cancel them",
+                ));
             }
             // Everything in the project goes with it (ON DELETE CASCADE).
             tx.execute("DELETE FROM projects WHERE id = ?1", params![path.id])?;

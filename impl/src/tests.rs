@@ -485,14 +485,10 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteTestPath) -
                 |r| r.get(0),
             )?;
             if active > 0 {
-                return Err(Failure::Conflict {
-                    code: "runs_active",
-                    message: format!(
-                        "test `{}` has {active} runs queued or running; cancel their batch runs \
-                         (POST /batch-runs/{{id}}/cancel) or let them finish first",
-                        path.id
-                    ),
-                });
+                return Err(Failure::runs_active(
+                    format_args!("test `{}` has {active} runs", path.id),
+                    "cancel their batch runs",
+                ));
             }
             let using = referrers(tx, &path.id)?;
             if !using.is_empty() {

@@ -122,13 +122,8 @@ pub async fn complete(
     };
     let mut response = request.send().await.map_err(failed)?;
     let status = response.status();
-    let mut bytes = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(failed)? {
-        bytes.extend_from_slice(&chunk);
-        if bytes.len() > MAX_ANSWER_BYTES {
-            return Err(LlmError::TooLarge);
-        }
-    }
+    let bytes =
+        super::body_at_most(&mut response, MAX_ANSWER_BYTES).await.map_err(failed)?.ok_or(LlmError::TooLarge)?;
     let text = String::from_utf8_lossy(&bytes);
     if !status.is_success() {
         return Err(LlmError::Status { status: status.as_u16(), body: clip(&text, 300) });

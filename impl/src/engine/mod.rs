@@ -40,6 +40,20 @@ pub(crate) fn redact(text: String, secrets: &[&str]) -> String {
     })
 }
 
+/// A response's body read chunk by chunk, given up (`None`) once it is
+/// past `max` bytes: what an agent or an LLM endpoint sends costs at most
+/// that much memory, however much it sends.
+pub(crate) async fn body_at_most(response: &mut reqwest::Response, max: usize) -> reqwest::Result<Option<Vec<u8>>> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        bytes.extend_from_slice(&chunk);
+        if bytes.len() > max {
+            return Ok(None);
+        }
+    }
+    Ok(Some(bytes))
+}
+
 /// How the agent under test is reached: a channel with its header values
 /// opened (they never leave the engine).
 #[derive(Clone, Debug)]

@@ -127,19 +127,10 @@ impl<'a> HttpAgent<'a> {
                 },
             )?;
         let status = response.status();
-        let mut bytes = Vec::new();
-        loop {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
-                    bytes.extend_from_slice(&chunk);
-                    if bytes.len() > MAX_REPLY_BYTES {
-                        return Err(format!("the agent's reply to turn {turn} is larger than {MAX_REPLY_BYTES} bytes"));
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => return Err(format!("the agent's reply to turn {turn} broke off: {}", innermost(&e))),
-            }
-        }
+        let bytes = crate::engine::body_at_most(&mut response, MAX_REPLY_BYTES)
+            .await
+            .map_err(|e| format!("the agent's reply to turn {turn} broke off: {}", innermost(&e)))?
+            .ok_or_else(|| format!("the agent's reply to turn {turn} is larger than {MAX_REPLY_BYTES} bytes"))?;
         let text = String::from_utf8_lossy(&bytes).into_owned();
         if !status.is_success() {
             return Err(format!(
