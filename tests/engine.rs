@@ -213,6 +213,92 @@ async fn a_batch_passes_and_fails_for_real_reasons() {
     assert_eq!(listed["batch_runs"][0]["id"], again["id"], "newest first");
 }
 
+/// `GET /batch-runs/{id}/tests`: how each test did, judged by the test as it
+/// was when the batch run started, with the first failures' reasons.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_run_says_how_each_test_did() {
+    let good = Agent::start(&["--latency-ms", "100"]);
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("per test").await;
+    let other = s.team("someone else").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", booking(p, &persona)).await;
+    let over_http = channel(&s, &t.editor, p, "http", &good.http_target()).await;
+    let buggy = channel(&s, &t.editor, p, "http", &wrong_day.http_target()).await;
+    let passing = create(&s, &t.editor, "/v1/tests", test_body(p, "books", &over_http, &scenario, 2)).await;
+    let failing = create(&s, &t.editor, "/v1/tests", test_body(p, "books the right day", &buggy, &scenario, 4)).await;
+    let batch = create(
+        &s,
+        &t.editor,
+        "/v1/batches",
+        json!({"project_id": p, "name": "nightly", "test_ids": [passing, failing]}),
+    )
+    .await;
+    let started = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = started["id"].as_str().unwrap();
+    let path = format!("/v1/batch-runs/{id}/tests");
+
+    // Changed while it runs: the batch run keeps the name and the threshold
+    // it started with (at 0 the failing test would pass).
+    let change = json!({"name": "renamed", "pass_threshold": 0.0});
+    s.expect(Method::PATCH, &format!("/v1/tests/{failing}"), &t.editor, Some(change), 200).await;
+    let running = s.expect(Method::GET, &path, &t.viewer, None, 200).await;
+    let done = wait_for_end(&s, &t.viewer, id).await;
+    if running["tests"].as_array().unwrap().iter().any(|t| t["counts"]["queued"] != 0 || t["counts"]["running"] != 0) {
+        assert!(running["tests"].as_array().unwrap().iter().all(|t| t["passed"].is_null()), "{running:#}");
+    }
+    assert_eq!((done["status"].as_str(), done["passed"].as_bool()), (Some("completed"), Some(false)), "{done:#}");
+
+    let listed = s.expect(Method::GET, &path, &t.viewer, None, 200).await;
+    assert!(listed["blinded"].is_null() && listed["next_cursor"].is_null(), "{listed:#}");
+    let tests = listed["tests"].as_array().unwrap();
+    let ids: Vec<&str> = tests.iter().map(|t| t["test_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [failing.as_str(), passing.as_str()], "newest first");
+    let (f, ok) = (&tests[0], &tests[1]);
+    assert_eq!((f["name"].as_str(), f["pass_threshold"].as_f64()), (Some("books the right day"), Some(1.0)));
+    assert_eq!(
+        f["counts"],
+        json!({"total": 4, "queued": 0, "running": 0, "passed": 0, "failed": 4, "errored": 0, "cancelled": 0})
+    );
+    assert_eq!((f["pass_rate"].as_f64(), f["passed"].as_bool()), (Some(0.0), Some(false)), "{f:#}");
+    assert_eq!(
+        ok["counts"],
+        json!({"total": 2, "queued": 0, "running": 0, "passed": 2, "failed": 0, "errored": 0, "cancelled": 0})
+    );
+    assert_eq!((ok["name"].as_str(), ok["pass_rate"].as_f64()), (Some("books"), Some(1.0)));
+    assert_eq!((ok["passed"].as_bool(), ok["failures"].as_array().map(Vec::len)), (Some(true), Some(0)));
+
+    // Three of the four failures, the earliest first, each with its result's
+    // reason and the run it ended.
+    let mut results: Vec<Value> = results_of(&s, &t.viewer, &failing).await;
+    results.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    let failures = f["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 3, "{f:#}");
+    for (failure, result) in failures.iter().zip(&results) {
+        assert_eq!(failure["test_result_id"], result["id"], "{failure:#}");
+        assert_eq!(failure["run_id"], result["run_id"], "{failure:#}");
+        assert_eq!(
+            (failure["status"].as_str(), &failure["failure_reason"]),
+            (Some("failed"), &result["failure_reason"])
+        );
+        assert!(failure["failure_reason"].as_str().unwrap().contains("right day"), "{failure:#}");
+    }
+
+    // Paged, by a cursor of its own.
+    let first = s.expect(Method::GET, &format!("{path}?limit=1"), &t.viewer, None, 200).await;
+    assert_eq!(first["tests"][0]["test_id"], json!(failing));
+    let cursor = first["next_cursor"].as_str().unwrap();
+    let second = s.expect(Method::GET, &format!("{path}?limit=1&cursor={cursor}"), &t.viewer, None, 200).await;
+    assert_eq!((&second["tests"][0]["test_id"], &second["next_cursor"]), (&json!(passing), &Value::Null));
+    let refused = s.expect(Method::GET, &format!("{path}?cursor={id}"), &t.viewer, None, 400).await;
+    assert_eq!(refused["error_code"], "invalid_cursor", "{refused:#}");
+    // Not someone else's.
+    let hidden = s.expect(Method::GET, &path, &other.owner, None, 404).await;
+    assert_eq!(hidden["error_code"], "not_found");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_agent_failure_is_an_error_with_a_reason() {
     let five_hundred = Agent::start(&["--error-rate", "1.0"]);

@@ -309,6 +309,29 @@ async fn assert_batch_run_blind(s: &TestServer, key: &str, id: &str, blind_in: O
     }
     let rate = if blind_in.is_some() { Value::Null } else { json!(0.5) };
     assert_eq!(last_run["pass_rate"], rate, "{last_run:#}");
+
+    // Per test: one passed, the other failed, with its result.
+    let per_test = s.expect(Method::GET, &format!("/v1/batch-runs/{id}/tests"), key, None, 200).await;
+    let tests = per_test["tests"].as_array().unwrap();
+    assert_eq!(tests.len(), 2, "{per_test:#}");
+    for test in tests {
+        let c = &test["counts"];
+        assert_eq!((&c["total"], &c["cancelled"]), (&json!(1), &json!(0)), "{test:#}");
+        match blind_in {
+            Some(calibration) => {
+                assert_eq!(per_test["blinded"]["calibration_id"], calibration, "{per_test:#}");
+                assert_eq!((&c["passed"], &c["failed"], &c["errored"]), (&Value::Null, &Value::Null, &Value::Null));
+                assert_eq!((&test["pass_rate"], &test["passed"]), (&Value::Null, &Value::Null), "{test:#}");
+                assert_eq!(test["failures"], json!([]), "a failed result's id would give its verdict away");
+            }
+            None => {
+                assert!(per_test["blinded"].is_null(), "{per_test:#}");
+                let passed = test["passed"].as_bool().unwrap();
+                assert_eq!(c["passed"], json!(u8::from(passed)), "{test:#}");
+                assert_eq!(test["failures"].as_array().unwrap().len(), usize::from(!passed), "{test:#}");
+            }
+        }
+    }
 }
 
 fn assert_sees_all(r: &Value, status: &str) {

@@ -505,6 +505,14 @@ impl SparringApi for ServerImpl {
     ) -> Result<Json<types::RunList>, ApiError<types::Error>> {
         crate::runs::list_runs(state(&rqctx), caller, path, query).await.map(Json::from).map_err(failure)
     }
+    async fn list_batch_run_tests(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::ListBatchRunTestsPath,
+        query: params::ListBatchRunTestsQuery,
+    ) -> Result<Json<types::BatchRunTestList>, ApiError<types::Error>> {
+        crate::runs::list_tests(state(&rqctx), caller, path, query).await.map(Json::from).map_err(failure)
+    }
     async fn get_batch_run(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,

@@ -66,6 +66,7 @@ fn metadata(given: Map<String, Value>) -> Result<Map<String, Value>> {
 /// queued (`batch_run_tests`): a change to the test while they wait does
 /// not change what they run or how they are judged.
 struct AsQueued {
+    name: String,
     pass_threshold: f64,
     channel_id: String,
     evaluators: String,
@@ -119,7 +120,12 @@ fn expand(
             .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
         thresholds.insert(
             test.id.clone(),
-            AsQueued { pass_threshold: test.pass_threshold, channel_id: test.channel_id.clone(), evaluators },
+            AsQueued {
+                name: test.name.clone(),
+                pass_threshold: test.pass_threshold,
+                channel_id: test.channel_id.clone(),
+                evaluators,
+            },
         );
         if planned.len() > MAX_RUNS_PER_REQUEST {
             return Err(Failure::invalid(
@@ -187,11 +193,11 @@ async fn start(
                 ],
             )?;
             let mut insert_test = tx.prepare_cached(
-                "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold, channel_id, evaluators)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold, channel_id, evaluators, name)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?;
             for (test_id, t) in &thresholds {
-                insert_test.execute(params![id, test_id, t.pass_threshold, t.channel_id, t.evaluators])?;
+                insert_test.execute(params![id, test_id, t.pass_threshold, t.channel_id, t.evaluators, t.name])?;
             }
             if enough {
                 credits::append(
@@ -568,6 +574,126 @@ pub async fn list_batch_runs(
             Ok(types::BatchRunList { batch_runs: page.items, next_cursor: page.next_cursor })
         })
         .await
+}
+
+/// How each test of a batch run did: its runs by state, the pass threshold
+/// kept when the batch run started, the verdict once it completed (as
+/// `queue::end` reaches the batch run's), and up to three failures with
+/// their reasons.
+pub async fn list_tests(
+    state: &AppState,
+    caller: Caller,
+    path: p::ListBatchRunTestsPath,
+    query: p::ListBatchRunTestsQuery,
+) -> Result<types::BatchRunTestList> {
+    let page =
+        PageRequest::parse(query.limit, query.cursor.as_deref(), "tst").map_err(|e| Failure::invalid("cursor", e))?;
+    state
+        .store
+        .read(move |tx| {
+            access::require_resource(tx, &caller.user_id, "batch_runs", "batch run", &path.id, Need::Read)?;
+            let run = seen_by(tx, &caller.user_id, load_batch_run(tx, &path.id)?)?;
+            let completed = matches!(run.status, types::BatchRunStatus::Completed);
+            let rows = tx
+                .prepare_cached(
+                    "SELECT t.test_id, t.name, t.pass_threshold, count(r.id),
+                            coalesce(sum(r.status = 'queued'), 0), coalesce(sum(r.status = 'running'), 0),
+                            coalesce(sum(r.status = 'passed'), 0), coalesce(sum(r.status = 'failed'), 0),
+                            coalesce(sum(r.status = 'error'), 0), coalesce(sum(r.status = 'cancelled'), 0)
+                     FROM batch_run_tests t
+                     LEFT JOIN runs r ON r.batch_run_id = t.batch_run_id AND r.test_id = t.test_id
+                     WHERE t.batch_run_id = ?1 AND (?2 IS NULL OR t.test_id < ?2)
+                     GROUP BY t.test_id ORDER BY t.test_id DESC LIMIT ?3",
+                )?
+                .query_map(params![path.id, page.after, page.fetch_limit()], |r| {
+                    let count = |i: usize| r.get::<_, i64>(i).map(|n| n.max(0));
+                    let (passed, failed, errored) = (count(6)?, count(7)?, count(8)?);
+                    let (total, threshold): (i64, f64) = (count(3)?, r.get(2)?);
+                    Ok(types::BatchRunTest {
+                        test_id: r.get(0)?,
+                        name: r.get(1)?,
+                        pass_threshold: threshold,
+                        counts: types::BatchRunCounts {
+                            total,
+                            queued: count(4)?,
+                            running: count(5)?,
+                            passed: Some(passed),
+                            failed: Some(failed),
+                            errored: Some(errored),
+                            cancelled: count(9)?,
+                        },
+                        pass_rate: pass_rate(passed, failed, errored),
+                        // The batch run's own verdict is this, over every test.
+                        passed: completed
+                            .then(|| crate::engine::evaluate::test_passed(passed as u32, total as u32, threshold)),
+                        failures: Vec::new(),
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let mut page = page.finish(rows, |t| t.test_id.clone());
+            if run.blinded.is_some() {
+                for test in &mut page.items {
+                    test.counts.passed = None;
+                    test.counts.failed = None;
+                    test.counts.errored = None;
+                    test.pass_rate = None;
+                    test.passed = None;
+                }
+            } else {
+                let failed: Vec<&str> = page
+                    .items
+                    .iter()
+                    .filter(|t| t.counts.failed.unwrap_or(0) + t.counts.errored.unwrap_or(0) > 0)
+                    .map(|t| t.test_id.as_str())
+                    .collect();
+                let mut failures = first_failures(tx, &path.id, &failed)?;
+                for test in &mut page.items {
+                    test.failures = failures.remove(&test.test_id).unwrap_or_default();
+                }
+            }
+            Ok(types::BatchRunTestList { tests: page.items, next_cursor: page.next_cursor, blinded: run.blinded })
+        })
+        .await
+}
+
+/// The first three runs of each of `test_ids` in the batch run that failed
+/// or ended in error, with their results' reasons. The documents are read
+/// for those three only.
+fn first_failures(
+    tx: &rusqlite::Connection,
+    batch_run_id: &str,
+    test_ids: &[&str],
+) -> Result<BTreeMap<String, Vec<types::BatchRunTestFailure>>> {
+    let mut failures: BTreeMap<String, Vec<types::BatchRunTestFailure>> = BTreeMap::new();
+    if test_ids.is_empty() {
+        return Ok(failures);
+    }
+    let rows = tx
+        .prepare_cached(
+            "SELECT f.test_id, f.run_id, f.id, f.status, json_extract(f.document, '$.failure_reason')
+             FROM test_results f JOIN (
+                 SELECT id, row_number() OVER (PARTITION BY test_id ORDER BY id) AS n FROM test_results
+                 WHERE batch_run_id = ?1 AND status != 'passed' AND test_id IN (SELECT value FROM json_each(?2))
+             ) k ON k.id = f.id
+             WHERE k.n <= 3 ORDER BY f.test_id, f.id",
+        )?
+        .query_map(params![batch_run_id, serde_json::to_string(test_ids).unwrap_or_default()], |r| {
+            let status: String = r.get(3)?;
+            Ok((
+                r.get::<_, String>(0)?,
+                types::BatchRunTestFailure {
+                    run_id: r.get(1)?,
+                    test_result_id: r.get(2)?,
+                    status: status.parse().map_err(|e| conversion(3, e))?,
+                    failure_reason: r.get(4)?,
+                },
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    for (test_id, failure) in rows {
+        failures.entry(test_id).or_default().push(failure);
+    }
+    Ok(failures)
 }
 
 const RUN_COLUMNS: &str =

@@ -63,6 +63,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0009_payer", include_str!("../migrations/0009_payer.sql"), None),
     ("0010_run_limits", include_str!("../migrations/0010_run_limits.sql"), None),
     ("0011_tests_as_queued", include_str!("../migrations/0011_tests_as_queued.sql"), None),
+    ("0012_test_names_as_queued", include_str!("../migrations/0012_test_names_as_queued.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
