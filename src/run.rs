@@ -12,7 +12,6 @@
 //! the batch run it started, so an abandoned pipeline spends no more credits;
 //! `--keep-running` leaves it going instead.
 
-use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -20,6 +19,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 use sparring_client::types;
+
+mod report;
 
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
@@ -57,6 +58,11 @@ pub struct RunArgs {
     /// Print the batch run as JSON on stdout instead of the summary.
     #[arg(long)]
     json: bool,
+    /// Also write a JUnit XML report here (one test case per test), for the
+    /// CI system's test report; written whenever a batch run was started,
+    /// verdict or not.
+    #[arg(long, value_name = "PATH", conflicts_with = "no_wait")]
+    junit: Option<std::path::PathBuf>,
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -188,9 +194,10 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
     }
     eprintln!("started batch run {} ({} runs)", started.id, started.counts.total);
 
-    let ended = match wait(&api, &started, &args, &mut interrupts).await? {
-        Waited::Ended(run) => run,
-        Waited::GaveUp(why) => {
+    let (ended, gave_up) = match wait(&api, &started, &args, &mut interrupts).await? {
+        Waited::Ended(run) => (*run, None),
+        Waited::GaveUp(why, last_seen) => {
+            let mut last = *last_seen;
             if args.keep_running {
                 eprintln!("{why}; batch run {} keeps running", started.id);
             } else {
@@ -206,31 +213,51 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
                         ) =>
                     {
                         eprintln!("{why}, but batch run {} had already ended: {}", started.id, run.status);
-                        return finish(&api, &run, &args).await;
+                        return finish(&api, &run, &args, None).await;
                     }
-                    Ok(_) => eprintln!("{why}; cancelled batch run {}", started.id),
+                    Ok(run) => {
+                        eprintln!("{why}; cancelled batch run {}", started.id);
+                        last = run;
+                    }
                     Err(e) => {
                         eprintln!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
                     }
                 }
             }
-            return Ok(Verdict::None);
+            (last, Some(why))
         }
     };
-    finish(&api, &ended, &args).await
+    finish(&api, &ended, &args, gave_up.as_deref()).await
 }
 
-/// The verdict of a batch run that ended, and its summary (or JSON).
-async fn finish(api: &sparring_client::Client, ended: &types::BatchRun, args: &RunArgs) -> anyhow::Result<Verdict> {
-    let verdict = match (&ended.status, ended.passed) {
-        (types::BatchRunStatus::Completed, Some(true)) => Verdict::Passed,
-        (types::BatchRunStatus::Completed, Some(false)) => Verdict::Failed,
+/// The verdict of a batch run as last seen (`gave_up` says why the wait
+/// ended before it did), its summary or JSON, and the JUnit report.
+async fn finish(
+    api: &sparring_client::Client,
+    ended: &types::BatchRun,
+    args: &RunArgs,
+    gave_up: Option<&str>,
+) -> anyhow::Result<Verdict> {
+    let verdict = match (gave_up, &ended.status, ended.passed) {
+        (None, types::BatchRunStatus::Completed, Some(true)) => Verdict::Passed,
+        (None, types::BatchRunStatus::Completed, Some(false)) => Verdict::Failed,
         _ => Verdict::None,
     };
+    // The summary and the report need the tests; JSON alone does not.
+    let tests = match (args.json, &args.junit) {
+        (true, None) => None,
+        _ => Some(tests_of(api, ended).await),
+    };
+    if let Some(path) = &args.junit {
+        let tests = tests.as_ref().expect("read for the report");
+        let xml = report::junit(ended, tests.as_ref().map_err(|e| format!("{e:#}")), gave_up)
+            .context("writing the JUnit report")?;
+        std::fs::write(path, xml).with_context(|| format!("writing the JUnit report to {}", path.display()))?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(ended)?);
-    } else {
-        summary(api, ended).await;
+    } else if gave_up.is_none() {
+        summary(ended, tests.expect("read for the summary"));
     }
     Ok(verdict)
 }
@@ -255,7 +282,8 @@ async fn cancel(api: &sparring_client::Client, id: &str) -> anyhow::Result<types
 
 enum Waited {
     Ended(Box<types::BatchRun>),
-    GaveUp(String),
+    /// Why, and the batch run as last seen.
+    GaveUp(String, Box<types::BatchRun>),
 }
 
 /// Shows progress until the batch run ends, the timeout passes or the
@@ -286,11 +314,12 @@ async fn wait(
             read = read => read,
             () = past(deadline) => {
                 progress.abandon();
-                return Ok(Waited::GaveUp(format!("timed out after {} s", args.timeout.unwrap_or_default())));
+                let why = format!("timed out after {} s", args.timeout.unwrap_or_default());
+                return Ok(Waited::GaveUp(why, Box::new(current)));
             }
             signal = interrupts.recv() => {
                 progress.abandon();
-                return Ok(Waited::GaveUp(format!("interrupted ({signal})")));
+                return Ok(Waited::GaveUp(format!("interrupted ({signal})"), Box::new(current)));
             }
         };
         match read {
@@ -440,63 +469,60 @@ impl Progress {
     }
 }
 
-/// One test's runs in the batch run.
-#[derive(Default)]
-struct TestRuns {
-    total: u32,
-    passed: u32,
-    /// The result of one run that failed or ended in error, to show why.
-    failure: Option<String>,
+/// The batch run's tests as the server judged them (every page), and
+/// whether how they ended is hidden from the caller.
+async fn tests_of(api: &sparring_client::Client, run: &types::BatchRun) -> anyhow::Result<Vec<types::BatchRunTest>> {
+    let mut tests = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut page = api.list_batch_run_tests().id(&run.id).limit(std::num::NonZeroU32::new(200).unwrap());
+        if let Some(c) = &cursor {
+            page = page.cursor(c);
+        }
+        let page = page.send().await.map_err(api_error).context("listing the batch run's tests")?.into_inner();
+        tests.extend(page.tests);
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return Ok(tests),
+        }
+    }
 }
 
-/// The batch run's verdict, and per test how its runs ended and why one
-/// failed. The verdict is known already: a table that cannot be read (the
-/// server gone since) is said on stderr and left out.
-async fn summary(api: &sparring_client::Client, run: &types::BatchRun) {
-    let per_test = match runs_per_test(api, run).await {
-        Ok(per_test) => per_test,
-        Err(e) => {
-            eprintln!("no per-test summary: {e:#}");
-            BTreeMap::new()
-        }
-    };
+/// Runs that ended (not cancelled) and those of them that passed; `None`
+/// when how they ended is hidden.
+fn passed_of(counts: &types::BatchRunCounts) -> Option<(i64, i64)> {
+    let ended = counts.total - counts.queued - counts.running - counts.cancelled;
+    counts.passed.map(|passed| (passed, ended))
+}
 
-    let hidden = run.passed.is_none() && run.blinded.is_some();
-    if !hidden && !per_test.is_empty() {
-        let mut rows = Vec::new();
-        for (test_id, t) in &per_test {
-            // A test deleted since is shown by its id.
-            let test = api.get_test().id(test_id).send().await.ok().map(|t| t.into_inner());
-            let name = test.as_ref().map_or_else(|| test_id.clone(), |t| t.name.clone());
-            let threshold = test.as_ref().map(|t| t.pass_threshold);
-            let met = threshold.map(|th| sparring_impl::engine::evaluate::test_passed(t.passed, t.total, th));
-            let why = match (&t.failure, met) {
-                (Some(result_id), Some(false) | None) => {
-                    let reason = api
-                        .get_test_result()
-                        .id(result_id)
-                        .send()
-                        .await
-                        .ok()
-                        .and_then(|r| r.into_inner().failure_reason)
-                        .unwrap_or_default();
-                    format!("{}  ({result_id})", first_line(&reason))
-                }
-                _ => String::new(),
-            };
-            rows.push((name, t, threshold, met, why));
-        }
-        let width = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(4).clamp(4, 48);
+/// The batch run's verdict, and per test how its runs ended, judged by the
+/// pass threshold the batch run kept, and why one failed. The verdict is
+/// known already: a table that cannot be read (the server gone since) is
+/// said on stderr and left out.
+fn summary(run: &types::BatchRun, tests: anyhow::Result<Vec<types::BatchRunTest>>) {
+    let tests = tests.unwrap_or_else(|e| {
+        eprintln!("no per-test summary: {e:#}");
+        Vec::new()
+    });
+    if run.blinded.is_none() && !tests.is_empty() {
+        let name = |t: &types::BatchRunTest| t.name.clone().unwrap_or_else(|| t.test_id.clone());
+        let width = tests.iter().map(|t| name(t).chars().count()).max().unwrap_or(4).clamp(4, 48);
         println!("{:<width$}  {:>9}  {:>6}  {:<4}  why", "test", "passed", "needs", "met");
-        for (name, t, threshold, met, why) in rows {
-            let needs = threshold.map_or_else(|| "?".to_string(), |th| format!("{:.0}%", th * 100.0));
-            let met = match met {
+        for t in &tests {
+            let passed = passed_of(&t.counts).map_or_else(|| "?".to_string(), |(p, n)| format!("{p}/{n}"));
+            let needs = format!("{:.0}%", t.pass_threshold * 100.0);
+            let met = match t.passed {
                 Some(true) => "yes",
                 Some(false) => "NO",
                 None => "?",
             };
-            let passed = format!("{}/{}", t.passed, t.total);
-            let row = format!("{:<width$}  {passed:>9}  {needs:>6}  {met:<4}  {why}", truncate(&name, width));
+            let why = match (t.passed, t.failures.first()) {
+                (Some(false) | None, Some(f)) => {
+                    format!("{}  ({})", first_line(f.failure_reason.as_deref().unwrap_or_default()), f.test_result_id)
+                }
+                _ => String::new(),
+            };
+            let row = format!("{:<width$}  {passed:>9}  {needs:>6}  {met:<4}  {why}", truncate(&name(t), width));
             println!("{}", row.trim_end());
         }
         println!();
@@ -516,43 +542,6 @@ async fn summary(api: &sparring_client::Client, run: &types::BatchRun) {
         run.pass_rate.map_or_else(|| "-".to_string(), |r| format!("{:.0}%", r * 100.0)),
         run.credits_charged
     );
-}
-
-/// How each test's runs ended.
-async fn runs_per_test(
-    api: &sparring_client::Client,
-    run: &types::BatchRun,
-) -> anyhow::Result<BTreeMap<String, TestRuns>> {
-    let mut per_test: BTreeMap<String, TestRuns> = BTreeMap::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let mut page = api.list_batch_run_runs().batch_id(&run.id).limit(std::num::NonZeroU32::new(200).unwrap());
-        if let Some(c) = &cursor {
-            page = page.cursor(c);
-        }
-        let page = page.send().await.map_err(api_error).context("listing the batch run's runs")?.into_inner();
-        for r in &page.runs {
-            let t = per_test.entry(r.test_id.clone()).or_default();
-            match r.status {
-                Some(types::RunStatus::Cancelled) => {}
-                Some(types::RunStatus::Passed) => {
-                    t.total += 1;
-                    t.passed += 1;
-                }
-                Some(types::RunStatus::Failed | types::RunStatus::Error) => {
-                    t.total += 1;
-                    if t.failure.is_none() {
-                        t.failure.clone_from(&r.test_result_id);
-                    }
-                }
-                _ => t.total += 1,
-            }
-        }
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => return Ok(per_test),
-        }
-    }
 }
 
 fn truncate(text: &str, width: usize) -> String {

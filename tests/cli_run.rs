@@ -93,7 +93,10 @@ async fn the_exit_code_is_the_verdict_and_the_summary_says_what_failed() {
     assert_eq!(stored["batch_id"], json!(passing));
     assert_eq!(stored["passed"], true);
 
-    let (code, stdout, stderr) = run(&s, &t.editor, &["--batch", &failing]);
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let (code, stdout, stderr) =
+        run(&s, &t.editor, &["--batch", &failing, "--junit", junit.to_str().unwrap(), "--metadata", "commit=4d5e6f"]);
     assert_eq!(code, Some(1), "{stdout}\n{stderr}");
     let bad = stdout.lines().find(|l| l.starts_with("books the right day")).unwrap_or_else(|| panic!("{stdout}"));
     // Why, from a failed result, and which one to read.
@@ -105,6 +108,25 @@ async fn the_exit_code_is_the_verdict_and_the_summary_says_what_failed() {
     let id = started_id(&stderr);
     let stored = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &t.viewer, None, 200).await;
     assert_eq!(stored["passed"], false);
+
+    // The JUnit report: a case per test, the failing one with its results.
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains(r#"<testsuites name="sparring" tests="2" failures="1" errors="0""#), "{xml}");
+    assert!(xml.contains(&format!(r#"<testsuite name="sparring batch run {id}""#)), "{xml}");
+    assert!(xml.contains(r#"<property name="metadata.commit" value="4d5e6f"/>"#), "{xml}");
+    let case = |name: &str| {
+        let at = xml.find(&format!(r#"<testcase name="{name}""#)).unwrap_or_else(|| panic!("no {name}: {xml}"));
+        xml[at..at + xml[at..].find("</testcase>").unwrap()].to_string()
+    };
+    let failed = case("books the right day");
+    assert!(
+        failed.contains(r#"<failure message="0/2 runs passed, 100% needed" type="below_pass_threshold">"#),
+        "{failed}"
+    );
+    assert_eq!(failed.matches("trs_").count(), 2, "each failed result: {failed}");
+    assert!(failed.contains("right day") && failed.contains(&suite.bad_test), "{failed}");
+    let passed = case("books over http");
+    assert!(!passed.contains("<failure") && !passed.contains("<error") && passed.contains("2/2"), "{passed}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -214,12 +236,21 @@ async fn a_run_given_up_is_cancelled_unless_told_to_keep_it() {
     assert!(p.stderr().contains(&format!("interrupted (SIGTERM); cancelled batch run {id}")), "{}", p.stderr());
     assert_eq!(status_of(&s, &key, &id).await, "cancelled");
 
-    // Timed out.
-    let (code, _, stderr) = run(&s, &key, &["--test", &test, "--timeout", "1"]);
+    // Timed out: cancelled, and said so in the JSON and the report.
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let (code, stdout, stderr) =
+        run(&s, &key, &["--test", &test, "--timeout", "1", "--json", "--junit", junit.to_str().unwrap()]);
     assert_eq!(code, Some(2), "{stderr}");
     let id = started_id(&stderr);
     assert!(stderr.contains(&format!("timed out after 1 s; cancelled batch run {id}")), "{stderr}");
     assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+    let seen: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(seen["id"], json!(id));
+    assert!(seen["status"] == "cancelled" || seen["status"] == "running", "as the cancel left it: {seen:#}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains(r#"tests="1" failures="0" errors="1""#), "{xml}");
+    assert!(xml.contains(r#"<error message="no verdict: timed out after 1 s; the batch run is "#), "{xml}");
 
     // Left going: it ends on its own, and passes.
     let (code, _, stderr) = run(&s, &key, &["--test", &test, "--timeout", "1", "--keep-running"]);
@@ -346,7 +377,7 @@ async fn a_summary_that_cannot_be_read_keeps_the_verdict() {
     let suite = suite(&s, &key, &project, &good, &wrong_day).await;
     // The batch run ends; then the server goes away before its runs are read.
     let front = Front::start(&s.base, |method, path| {
-        (method == Method::GET && path.ends_with("/runs")).then_some(Answer::With(503, "text/html", "<h1>503</h1>"))
+        (method == Method::GET && path.ends_with("/tests")).then_some(Answer::With(503, "text/html", "<h1>503</h1>"))
     })
     .await;
 

@@ -1,0 +1,105 @@
+//! The JUnit XML report of `sparring run --junit PATH`: what CI systems
+//! (GitLab, Jenkins, GitHub's test-report actions, …) show as a test report.
+//! One test suite for the batch run, one test case per test: passed when the
+//! test met the pass threshold the batch run kept, a failure when it did
+//! not (with up to three failed results and their reasons), an error when
+//! there is no verdict (the batch run cancelled, timed out, hidden).
+
+use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, TestSuite};
+use sparring_client::types;
+
+use super::{first_line, passed_of};
+
+/// The report of batch run `run` with its `tests` (or why they could not be
+/// read); `gave_up` says why the command stopped waiting, if it did.
+pub fn junit(
+    run: &types::BatchRun,
+    tests: Result<&Vec<types::BatchRunTest>, String>,
+    gave_up: Option<&str>,
+) -> anyhow::Result<String> {
+    let mut suite = TestSuite::new(format!("sparring batch run {}", run.id));
+    suite.set_timestamp(run.started_at.unwrap_or(run.created_at));
+    if let (Some(start), Some(end)) = (run.started_at, run.finished_at) {
+        suite.set_time((end - start).to_std().unwrap_or_default());
+    }
+    suite.add_property(Property::new("batch_run_id", run.id.as_str()));
+    suite.add_property(Property::new("status", run.status.to_string()));
+    for (source, id) in [("batch_id", &run.batch_id), ("channel_id", &run.channel_id), ("test_id", &run.test_id)] {
+        if let Some(id) = id {
+            suite.add_property(Property::new(source, id.as_str()));
+        }
+    }
+    for (key, value) in &run.metadata {
+        let value = value.as_str().map_or_else(|| value.to_string(), str::to_string);
+        suite.add_property(Property::new(format!("metadata.{key}"), value));
+    }
+
+    // Why a test has no verdict, when it has none.
+    let no_verdict = match (gave_up, &run.status, &run.blinded) {
+        (Some(why), _, _) => format!("no verdict: {why}; the batch run is {}", run.status),
+        (None, _, Some(blinded)) => format!("no verdict: {}", blinded.reason),
+        (None, status, None) => format!("no verdict: the batch run is {status}"),
+    };
+    match tests {
+        Ok(tests) => {
+            for test in tests {
+                suite.add_test_case(case(test, &no_verdict));
+            }
+        }
+        Err(why) => {
+            // The tests could not be read: the batch run as one case.
+            let status = match (gave_up, run.passed) {
+                (None, Some(true)) => TestCaseStatus::success(),
+                (None, Some(false)) => {
+                    let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                    s.set_message("some test did not meet its pass threshold").set_type("below_pass_threshold");
+                    s
+                }
+                _ => no_verdict_status(&no_verdict),
+            };
+            let mut case = TestCase::new(format!("batch run {}", run.id), status);
+            case.set_classname("sparring").set_system_err(format!("the tests could not be read: {why}"));
+            suite.add_test_case(case);
+        }
+    }
+    let mut report = Report::new("sparring");
+    report.add_test_suite(suite);
+    Ok(report.to_string()?)
+}
+
+fn no_verdict_status(why: &str) -> TestCaseStatus {
+    let mut status = TestCaseStatus::non_success(NonSuccessKind::Error);
+    status.set_message(why).set_type("no_verdict");
+    status
+}
+
+fn case(test: &types::BatchRunTest, no_verdict: &str) -> TestCase {
+    let needs = format!("{:.0}%", test.pass_threshold * 100.0);
+    let passed = passed_of(&test.counts).map_or_else(|| "?".to_string(), |(p, n)| format!("{p}/{n}"));
+    let status = match test.passed {
+        Some(true) => TestCaseStatus::success(),
+        Some(false) => {
+            let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
+            status.set_message(format!("{passed} runs passed, {needs} needed")).set_type("below_pass_threshold");
+            let why: Vec<String> = test
+                .failures
+                .iter()
+                .map(|f| {
+                    let reason = f.failure_reason.as_deref().map(first_line).unwrap_or_default();
+                    format!("{} ({}, run {}): {reason}", f.test_result_id, f.status, f.run_id)
+                })
+                .collect();
+            if !why.is_empty() {
+                status.set_description(why.join("\n"));
+            }
+            status
+        }
+        None => no_verdict_status(no_verdict),
+    };
+    let mut case = TestCase::new(test.name.clone().unwrap_or_else(|| test.test_id.clone()), status);
+    case.set_classname("sparring");
+    case.add_property(Property::new("test_id", test.test_id.as_str()));
+    case.add_property(Property::new("pass_threshold", test.pass_threshold.to_string()));
+    case.set_system_out(format!("{passed} runs passed (pass threshold {needs}); test {}", test.test_id));
+    case
+}
