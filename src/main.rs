@@ -5,6 +5,8 @@
 
 mod agent;
 mod demo;
+mod remote;
+mod result;
 mod run;
 
 use std::net::SocketAddr;
@@ -40,6 +42,9 @@ enum Command {
     /// for the verdict (the CI gate): exit 0 if every test met its pass
     /// threshold, 1 if not, 2 without a verdict.
     Run(run::RunArgs),
+    /// Show one conversation: the verdict and why, the transcript with each
+    /// agent reply's latency, the tool calls and every evaluation.
+    Result(result::ResultArgs),
     /// Administer a data dir directly.
     Admin {
         #[command(subcommand)]
@@ -211,6 +216,7 @@ fn main() -> ExitCode {
             Some(Command::Agent(config)) => run_agent(config).await,
             Some(Command::Demo(args)) => demo::run(args).await,
             Some(Command::Run(args)) => return Ok(run::main(args).await),
+            Some(Command::Result(args)) => result::main(args).await,
         }
         .map(|()| ExitCode::SUCCESS)
     });

@@ -20,6 +20,8 @@ use anyhow::Context as _;
 use clap::Args;
 use sparring_client::types;
 
+use crate::remote::{api_error, Remote};
+
 mod report;
 
 #[derive(Args, Clone, Debug)]
@@ -34,13 +36,8 @@ pub struct RunArgs {
     /// (repeatable).
     #[arg(long = "test", value_name = "TEST", conflicts_with = "batch")]
     tests: Vec<String>,
-    /// The server (its `/v1` may be left out).
-    #[arg(long, env = "SPARRING_URL", default_value = "http://127.0.0.1:8080")]
-    url: String,
-    /// An API key of yours. Prefer the environment variable: a command's
-    /// arguments can be read by other users of the machine.
-    #[arg(long, env = "SPARRING_API_KEY", hide_env_values = true)]
-    api_key: String,
+    #[command(flatten)]
+    remote: Remote,
     /// Kept with the batch run, e.g. `--metadata commit=$GIT_SHA`
     /// (repeatable).
     #[arg(long = "metadata", value_name = "KEY=VALUE", value_parser = key_value)]
@@ -124,20 +121,6 @@ enum Verdict {
     None,
 }
 
-/// An API error as a person reads it: the status, the stable code and the
-/// server's message.
-fn api_error(e: sparring_client::Error<types::Error>) -> anyhow::Error {
-    match e {
-        sparring_client::Error::ErrorResponse(r) => {
-            let status = r.status();
-            let body = r.into_inner();
-            anyhow::anyhow!("{} {}: {} (request {})", status.as_u16(), body.error_code, body.message, body.request_id)
-        }
-        sparring_client::Error::CommunicationError(e) => anyhow::Error::new(e).context("could not reach the server"),
-        other => anyhow::anyhow!("{other}"),
-    }
-}
-
 /// Whether a failed read of the batch run is worth another try.
 fn transient(e: &sparring_client::Error<types::Error>) -> bool {
     match e {
@@ -153,20 +136,10 @@ fn transient(e: &sparring_client::Error<types::Error>) -> bool {
     }
 }
 
-fn base_url(url: &str) -> String {
-    let url = url.trim_end_matches('/');
-    if url.ends_with("/v1") {
-        url.to_string()
-    } else {
-        format!("{url}/v1")
-    }
-}
-
 async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
     let source = args.source()?;
     let mut interrupts = Interrupts::listen();
-    let api = sparring_client::Client::with_api_key(&base_url(&args.url), &args.api_key)
-        .map_err(|e| anyhow::anyhow!("the API key cannot be sent as a header: {e}"))?;
+    let api = args.remote.client()?;
     let metadata: serde_json::Map<String, serde_json::Value> =
         args.metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
     let started = match &source {
@@ -524,6 +497,9 @@ fn summary(run: &types::BatchRun, tests: anyhow::Result<Vec<types::BatchRunTest>
             };
             let row = format!("{:<width$}  {passed:>9}  {needs:>6}  {met:<4}  {why}", truncate(&name(t), width));
             println!("{}", row.trim_end());
+        }
+        if let Some(f) = tests.iter().find_map(|t| t.failures.first()) {
+            println!("(to read a conversation: sparring result {})", f.test_result_id);
         }
         println!();
     }

@@ -1,7 +1,8 @@
 //! `sparring run`, the CI gate: the real binary against the real server on an
 //! ephemeral port, running conversations with the real reference agent
 //! (`sparring agent`, a child process). Its exit code is the verdict: 0
-//! passed, 1 failed, 2 no verdict.
+//! passed, 1 failed, 2 no verdict. And `sparring result`, which shows one of
+//! the conversations.
 
 mod common;
 
@@ -352,7 +353,13 @@ impl Front {
 
 /// `sparring run ARGS` against `url` with the key in the environment.
 fn run_at(url: &str, key: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    let mut all = vec!["run", "--url", url];
+    command_at("run", url, key, args)
+}
+
+/// `sparring COMMAND --url URL ARGS` with the key in the environment, to its
+/// end; it must never print the key.
+fn command_at(command: &str, url: &str, key: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut all = vec![command, "--url", url];
     all.extend_from_slice(args);
     let mut p = Proc::spawn_with_env(&all, &[("SPARRING_API_KEY", key)]);
     let status = p.wait_exit();
@@ -558,4 +565,58 @@ async fn a_batch_run_that_ended_before_the_cancel_keeps_its_verdict() {
     assert!(stderr.contains(&format!("batch run {id} had already ended")), "{stderr}");
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(stdout.contains(": PASSED;"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparring_result_shows_a_conversation_and_why_it_failed() {
+    let good = Agent::start(&[]);
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("result").await;
+    let other = s.team("elsewhere").await;
+    let suite = suite(&s, &t.owner, &t.project_id, &good, &wrong_day).await;
+    let (code, _, stderr) = run(&s, &t.editor, &["--test", &suite.bad_test]);
+    assert_eq!(code, Some(1), "{stderr}");
+    let results = s.expect(Method::GET, &format!("/v1/tests/{}/results", suite.bad_test), &t.viewer, None, 200).await;
+    let result = &results["test_results"][0];
+    let id = result["id"].as_str().unwrap();
+
+    let (code, stdout, stderr) = command_at("result", &s.base, &t.viewer, &[id]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].starts_with(&format!("result {id}: FAILED (score ")), "{stdout}");
+    let reason = result["failure_reason"].as_str().unwrap();
+    assert_eq!(lines[1], format!("why: {reason}"), "{stdout}");
+    // Every turn of the transcript, in order, an agent's with its latency.
+    let transcript = result["transcript"].as_array().unwrap();
+    let at = lines.iter().position(|l| *l == "transcript:").unwrap();
+    let mut turns = lines[at + 1..].iter().filter(|l| l.contains(" caller ") || l.contains(" agent "));
+    for turn in transcript {
+        let line = turns.next().unwrap_or_else(|| panic!("{turn} missing: {stdout}"));
+        let text = turn["text"].as_str().unwrap().lines().next().unwrap();
+        assert!(line.contains(text), "{line} for {turn}");
+        if turn["role"] == "agent" {
+            assert!(line.contains(&format!(" {} ms ", turn["latency_ms"])), "{line} for {turn}");
+        }
+    }
+    for call in result["tool_calls"].as_array().unwrap() {
+        let line = " tool  ".to_string();
+        assert!(
+            stdout.lines().any(|l| l.contains(&line) && l.contains(&format!(" {}(", call["name"].as_str().unwrap()))),
+            "{stdout}"
+        );
+    }
+    let failed = lines.iter().find(|l| l.contains("FAIL  step 1: right day")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(failed.contains("contains (rule)"), "{failed}");
+
+    // By the call id the agent was sent, and as JSON: the API's document.
+    let (code, stdout, stderr) =
+        command_at("result", &s.base, &t.viewer, &[result["call_id"].as_str().unwrap(), "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(&serde_json::from_str::<Value>(&stdout).unwrap(), result);
+
+    // Someone else's: not found, and said so.
+    let (code, stdout, stderr) = command_at("result", &s.base, &other.owner, &[id]);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stderr.contains("404 not_found"), "{stderr}");
 }

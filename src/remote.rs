@@ -1,0 +1,48 @@
+//! What the client commands (`sparring run`, `sparring result`) share: where
+//! the server is, the key that acts for the user, and API errors as a
+//! person reads them.
+
+use clap::Args;
+use sparring_client::types;
+
+/// A Sparring server and an API key for it.
+#[derive(Args, Clone, Debug)]
+pub struct Remote {
+    /// The server (its `/v1` may be left out).
+    #[arg(long, env = "SPARRING_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// An API key of yours. Prefer the environment variable: a command's
+    /// arguments can be read by other users of the machine.
+    #[arg(long, env = "SPARRING_API_KEY", hide_env_values = true)]
+    pub api_key: String,
+}
+
+impl Remote {
+    pub fn client(&self) -> anyhow::Result<sparring_client::Client> {
+        sparring_client::Client::with_api_key(&base_url(&self.url), &self.api_key)
+            .map_err(|e| anyhow::anyhow!("the API key cannot be sent as a header: {e}"))
+    }
+}
+
+fn base_url(url: &str) -> String {
+    let url = url.trim_end_matches('/');
+    if url.ends_with("/v1") {
+        url.to_string()
+    } else {
+        format!("{url}/v1")
+    }
+}
+
+/// An API error as a person reads it: the status, the stable code and the
+/// server's message.
+pub fn api_error(e: sparring_client::Error<types::Error>) -> anyhow::Error {
+    match e {
+        sparring_client::Error::ErrorResponse(r) => {
+            let status = r.status();
+            let body = r.into_inner();
+            anyhow::anyhow!("{} {}: {} (request {})", status.as_u16(), body.error_code, body.message, body.request_id)
+        }
+        sparring_client::Error::CommunicationError(e) => anyhow::Error::new(e).context("could not reach the server"),
+        other => anyhow::anyhow!("{other}"),
+    }
+}
