@@ -976,6 +976,52 @@ async fn what_a_test_uses_is_in_use() {
     s.expect(Method::DELETE, &format!("/v1/scenarios/{scn}"), &t.editor, None, 200).await;
 }
 
+/// A test naming no personas plays its scenario's default persona: a `PUT`
+/// cannot take it away (as `POST` and `PATCH /tests` refuse a test without
+/// anyone to call).
+#[tokio::test]
+async fn a_default_persona_a_test_plays_cannot_be_replaced_away() {
+    let s = TestServer::start().await;
+    let t = s.team("default in use").await;
+    let p = &t.project_id;
+    let ch = id(&create(
+        &s,
+        "/v1/channels",
+        &t.editor,
+        json!({"project_id": p, "name": "web", "kind": "http", "target": "https://agent.example.com/turn"}),
+    )
+    .await);
+    let dana = id(&create(&s, "/v1/personas", &t.editor, persona(p, "Dana")).await);
+    let lee = id(&create(&s, "/v1/personas", &t.editor, persona(p, "Lee")).await);
+    let scn =
+        id(&create(&s, "/v1/scenarios", &t.editor, with(scripted(p, "booking"), json!({"default_persona_id": dana})))
+            .await);
+    let test = id(&create(
+        &s,
+        "/v1/tests",
+        &t.editor,
+        json!({"project_id": p, "name": "plays the default", "channel_id": ch, "scenario_id": scn}),
+    )
+    .await);
+    let path = format!("/v1/scenarios/{scn}");
+    let without = with(scripted(p, "booking"), json!({"project_id": null}));
+    let before = activity_count(&s, &t.owner, p).await;
+    let (status, e) = error_body(s.send_json(Method::PUT, &path, &t.editor, Some(without.clone())).await).await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "in_use"), "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains(&format!("test {test} \"plays the default\"")) && message.contains("persona_ids"), "{e}");
+    let kept = s.expect(Method::GET, &path, &t.viewer, None, 200).await;
+    assert_eq!((&kept["default_persona_id"], &kept["version"]), (&json!(dana), &json!(1)));
+    assert_eq!(activity_count(&s, &t.owner, p).await, before, "nothing recorded");
+
+    // Another default is fine; so is none once the test names its personas.
+    let other = with(without.clone(), json!({"default_persona_id": lee}));
+    s.expect(Method::PUT, &path, &t.editor, Some(other), 200).await;
+    s.expect(Method::PATCH, &format!("/v1/tests/{test}"), &t.editor, Some(json!({"persona_ids": [dana]})), 200).await;
+    let replaced = s.expect(Method::PUT, &path, &t.editor, Some(without), 200).await;
+    assert_eq!((&replaced["default_persona_id"], &replaced["version"]), (&Value::Null, &json!(3)));
+}
+
 // Lists.
 
 async fn walk(s: &TestServer, key: &str, path: &str, list: &str) -> Vec<String> {

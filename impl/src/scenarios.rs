@@ -370,6 +370,35 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetScenarioPath) -> 
         .await
 }
 
+/// A test that names no personas plays its scenario's default persona
+/// (`POST` and `PATCH /tests` refuse one whose scenario has none), so the
+/// default cannot be taken away from under such a test.
+fn check_no_test_needs_the_default(tx: &rusqlite::Transaction<'_>, scenario_id: &str) -> Result<()> {
+    let tests: Vec<(String, String)> = tx
+        .prepare_cached(
+            "SELECT t.id, t.name FROM tests t WHERE t.scenario_id = ?1
+               AND NOT EXISTS (SELECT 1 FROM test_personas p WHERE p.test_id = t.id)
+             ORDER BY t.id LIMIT 6",
+        )?
+        .query_map(params![scenario_id], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    if tests.is_empty() {
+        return Ok(());
+    }
+    let mut named: Vec<String> = tests.iter().take(5).map(|(id, name)| format!("test {id} {name:?}")).collect();
+    if tests.len() > 5 {
+        named.push("others".into());
+    }
+    Err(Failure::Conflict {
+        code: "in_use",
+        message: format!(
+            "`default_persona_id` is played by {} (naming no personas); keep it, or give those tests \
+             `persona_ids` first",
+            named.join(", ")
+        ),
+    })
+}
+
 /// `PUT`: replaces the editable part (absent optional fields reset to their
 /// defaults) and adds 1 to the version, even when nothing else changed.
 pub async fn replace(
@@ -399,6 +428,9 @@ pub async fn replace(
                 access::require_resource(tx, &caller.user_id, "scenarios", "scenario", &path.id, Need::Edit)?;
             input.resolve(tx, &project_id)?;
             let before = load(tx, &path.id)?;
+            if input.default_persona_id.is_none() {
+                check_no_test_needs_the_default(tx, &path.id)?;
+            }
             let version = before.version.get().checked_add(1).ok_or_else(|| Failure::Conflict {
                 code: "version_limit",
                 message: "this scenario cannot take another version; create a new one".into(),
