@@ -367,11 +367,10 @@ fn maybe_complete(tx: &rusqlite::Transaction<'_>, batch_run_id: &str) -> Result<
     }
     // Every test met its threshold over the runs it had.
     let tests: Vec<(i64, i64, f64)> = tx
-        .prepare_cached(
-            "SELECT coalesce(sum(r.status = 'passed'), 0), count(r.id), t.pass_threshold
-             FROM batch_run_tests t LEFT JOIN runs r ON r.batch_run_id = t.batch_run_id AND r.test_id = t.test_id
-             WHERE t.batch_run_id = ?1 GROUP BY t.test_id",
-        )?
+        .prepare_cached(&format!(
+            "SELECT coalesce(a.passed, 0), coalesce(a.total, 0), t.pass_threshold FROM {}",
+            crate::runs::TESTS_WITH_COUNTS
+        ))?
         .query_map(params![batch_run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<rusqlite::Result<_>>()?;
     let verdict = !cancel_requested
