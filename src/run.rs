@@ -95,9 +95,10 @@ const POLL: Duration = Duration::from_millis(500);
 /// changed or not: a batch run queued behind others, or a long conversation,
 /// does not leave the log silent for minutes.
 const LOG_EVERY: Duration = Duration::from_secs(10);
-/// Reads of the batch run that fail in a row (the server restarting, the
-/// network) before giving up.
-const MAX_FAILED_POLLS: u32 = 8;
+/// How long reads of the batch run may keep failing (a server restarting or
+/// being deployed, a proxy in front of it, the network) before the command
+/// gives up; it tries every 2 s meanwhile, and says so every `LOG_EVERY`.
+const KEEP_TRYING_FOR: Duration = Duration::from_secs(300);
 
 /// Cancels that fail in a row before giving up (1.5 s of pauses in all).
 const MAX_FAILED_CANCELS: u32 = 3;
@@ -270,13 +271,15 @@ async fn wait(
     let deadline = args.timeout.map(|s| Instant::now() + Duration::from_secs(s));
     let mut progress = Progress::new(started);
     let mut failed_polls = 0;
+    // Since when the reads fail, and when that was last said.
+    let mut failing: Option<(Instant, Instant)> = None;
     let mut current = started.clone();
     loop {
         if !matches!(current.status, types::BatchRunStatus::Queued | types::BatchRunStatus::Running) {
             progress.finish(&current);
             return Ok(Waited::Ended(Box::new(current)));
         }
-        let pause = POLL * 2u32.pow(failed_polls.min(4));
+        let pause = POLL * 2u32.pow(failed_polls.min(2));
         // The pause and the read: a read that hangs (a server overloaded)
         // holds up neither an interrupt nor the timeout.
         let read = async {
@@ -298,12 +301,22 @@ async fn wait(
         match read {
             Ok(run) => {
                 failed_polls = 0;
+                failing = None;
                 current = run.into_inner();
                 progress.show(&current);
             }
-            Err(e) if transient(&e) && failed_polls + 1 < MAX_FAILED_POLLS => {
+            Err(e) if transient(&e) && failing.is_none_or(|(since, _)| since.elapsed() < KEEP_TRYING_FOR) => {
                 failed_polls += 1;
-                progress.note(&format!("reading the batch run failed ({}); trying again", api_error(e)));
+                let now = Instant::now();
+                let (since, said) = failing.get_or_insert((now, now));
+                if failed_polls == 1 || said.elapsed() >= LOG_EVERY {
+                    *said = now;
+                    progress.note(&format!(
+                        "reading the batch run failed ({}); trying again (failing for {} s)",
+                        api_error(e),
+                        since.elapsed().as_secs()
+                    ));
+                }
             }
             Err(e) => {
                 progress.abandon();

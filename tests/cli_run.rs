@@ -405,10 +405,11 @@ async fn a_read_answered_by_a_5xx_page_is_tried_again() {
     let key = s.key_for_user("ci@example.com").await;
     let project = s.create_project(&key, "ci").await;
     let suite = suite(&s, &key, &project, &good, &good).await;
-    // A proxy's own error page, not the API's JSON, for the first reads.
+    // A proxy's own error page, not the API's JSON, for the first eight
+    // reads (~14 s: a server being deployed).
     let reads = AtomicUsize::new(0);
     let front = Front::start(&s.base, move |method, path| {
-        (is_batch_run(method, path) && reads.fetch_add(1, Ordering::SeqCst) < 3).then_some(Answer::With(
+        (is_batch_run(method, path) && reads.fetch_add(1, Ordering::SeqCst) < 8).then_some(Answer::With(
             500,
             "text/html",
             "<html><body>500 Internal Server Error</body></html>",
