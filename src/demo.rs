@@ -63,7 +63,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         oidc: Vec::new(),
         oidc_refetch_interval: sparring_impl::oidc::REFETCH_INTERVAL,
         secret_key_file: None,
-        engine: Default::default(),
+        // Its reference agents listen on loopback.
+        engine: sparring_impl::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() },
         starting_credits: sparring_impl::credits::DEFAULT_STARTING_CREDITS,
     };
     let server = sparring_impl::start(config, quiet_logger()).await?;

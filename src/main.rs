@@ -128,6 +128,13 @@ struct ServeArgs {
     /// runs of a server that died are retried after at most this long.
     #[arg(long, env = "SPARRING_LEASE_SECONDS", default_value_t = 30)]
     lease_seconds: u64,
+    /// Let channels, LLM integrations and webhooks reach private and local
+    /// addresses (loopback, 10/8, 192.168/16, link-local, …). Off, the
+    /// server calls only public addresses, so that its tenants cannot reach
+    /// its own network through it; on, for agents on your own machine or
+    /// network (development, a private deployment).
+    #[arg(long, env = "SPARRING_ALLOW_PRIVATE_TARGETS")]
+    allow_private_targets: bool,
     /// Log format: JSON lines (bunyan) or human-readable.
     #[arg(long, env = "SPARRING_LOG_FORMAT", value_enum, default_value = "json")]
     log_format: LogFormat,
@@ -241,6 +248,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             workers: args.workers.max(1),
             per_user: args.max_calls_per_user.max(1),
             lease: std::time::Duration::from_secs(args.lease_seconds.max(1)),
+            allow_private_targets: args.allow_private_targets,
         },
         starting_credits: args.starting_credits.max(0),
     };

@@ -1109,3 +1109,52 @@ async fn queued_runs_keep_the_test_as_it_was_queued() {
         assert!(r["evaluations"].as_array().unwrap().iter().any(|e| e["name"] == "added later"), "{r:#}");
     }
 }
+
+/// A server that may call only public addresses (the default of `sparring
+/// serve`) calls no agent, LLM or webhook receiver on loopback: the result
+/// says why, and nothing reaches them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_for_public_targets_does_not_call_into_its_own_network() {
+    let agent =
+        Recorder::start(|_, _| (200, json!({"messages": [{"role": "assistant", "content": "hi"}]}).to_string())).await;
+    let ws = Agent::start(&[]);
+    let receiver = Recorder::start(|_, _| (200, "{}".into())).await;
+    let s = TestServer::start_configured(Vec::new(), |c| c.engine.allow_private_targets = false).await;
+    let t = s.team("public only").await;
+    let p = &t.project_id;
+    let hook = json!({"name": "public only", "webhook_url": format!("{}/hook", receiver.base)});
+    s.expect(Method::PUT, &format!("/v1/projects/{p}"), &t.owner, Some(hook), 200).await;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    // An address, and a name that resolves to one.
+    let by_address = channel(&s, &t.editor, p, "http", &format!("{}/http", agent.base)).await;
+    let by_name = channel(&s, &t.editor, p, "websocket", &ws.ws_target().replace("127.0.0.1", "localhost")).await;
+    for (ch, why) in [(&by_address, "127.0.0.1 is a private or local address"), (&by_name, "`localhost` resolves only")]
+    {
+        let test = create(&s, &t.editor, "/v1/tests", test_body(p, &format!("via {ch}"), ch, &scenario, 1)).await;
+        let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+        wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+        let result = &results_of(&s, &t.viewer, &test).await[0];
+        assert_eq!((result["status"].as_str(), result["ended_reason"].as_str()), (Some("error"), Some("agent_error")));
+        let reason = result["failure_reason"].as_str().unwrap();
+        assert!(reason.contains("was not called") && reason.contains(why), "{reason}");
+        assert!(reason.contains("--allow-private-targets"), "says how to allow it: {reason}");
+    }
+    assert!(agent.received().is_empty(), "the agent was called");
+
+    // The webhook of each batch run's end: not sent either, and said so.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = s.expect(Method::GET, &format!("/v1/projects/{p}/webhook-deliveries"), &t.owner, None, 200).await;
+        let tried = list["webhook_deliveries"].as_array().unwrap().iter().filter(|d| d["attempts"] != 0).count();
+        if tried == 2 {
+            for d in list["webhook_deliveries"].as_array().unwrap() {
+                let error = d["last_error"].as_str().unwrap();
+                assert!(error.starts_with("not sent: 127.0.0.1 is a private or local address"), "{d:#}");
+            }
+            break;
+        }
+        assert!(Instant::now() < deadline, "no attempt: {list:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(receiver.received().is_empty(), "the receiver was called");
+}

@@ -230,6 +230,8 @@ async fn measure(o: &Options, latency_ms: u64) -> anyhow::Result<Figures> {
         &room,
         "--log-format",
         "json",
+        // The reference agent listens on loopback.
+        "--allow-private-targets",
     ]);
     let server = Server::spawn(
         "sparring serve",

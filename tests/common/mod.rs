@@ -65,7 +65,8 @@ impl TestServer {
             oidc,
             oidc_refetch_interval: sparring_impl::oidc::REFETCH_INTERVAL,
             secret_key_file: None,
-            engine: Default::default(),
+            // The agents and stand-ins of the tests listen on loopback.
+            engine: sparring_impl::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() },
             starting_credits: sparring_impl::credits::DEFAULT_STARTING_CREDITS,
         };
         adjust(&mut config);

@@ -197,7 +197,17 @@ pub fn serve_with(data_dir: &Path, extra: &[&str]) -> Server {
         // server binds it, so a bind failure is retried on another port.
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let bind = format!("127.0.0.1:{port}");
-        let mut args = vec!["serve", "--bind", &bind, "--data-dir", data_dir, "--log-format", "json"];
+        let mut args = vec![
+            "serve",
+            "--bind",
+            &bind,
+            "--data-dir",
+            data_dir,
+            "--log-format",
+            "json",
+            // The tests' agents listen on loopback.
+            "--allow-private-targets",
+        ];
         args.extend_from_slice(extra);
         let proc = Proc::spawn(&args);
         match proc.wait_for(|o| o.stderr.contains(SERVING)) {

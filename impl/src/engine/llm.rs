@@ -99,7 +99,7 @@ struct AnswerMessage {
 
 /// Asks for one completion and returns the first choice's text.
 pub async fn complete(
-    http: &reqwest::Client,
+    http: &crate::engine::outbound::Outbound,
     llm: &LlmEndpoint,
     messages: &[ChatMessage],
     timeout: Duration,
@@ -109,7 +109,8 @@ pub async fn complete(
     if let Some(t) = llm.temperature {
         body["temperature"] = json!(t);
     }
-    let mut request = http.post(&url).timeout(timeout).json(&body);
+    let request = http.post(&url).map_err(|refused| LlmError::Unreachable { url: url.clone(), detail: refused })?;
+    let mut request = request.timeout(timeout).json(&body);
     if let Some(key) = &llm.api_key {
         request = request.bearer_auth(key);
     }

@@ -13,6 +13,7 @@
 pub mod conversation;
 pub mod evaluate;
 pub mod llm;
+pub mod outbound;
 pub mod queue;
 pub mod webhooks;
 pub mod worker;

@@ -78,7 +78,7 @@ struct Due {
 }
 
 /// Sends every due delivery once; returns how many it attempted.
-pub async fn deliver_due(state: &AppState, http: &reqwest::Client) -> Result<usize> {
+pub async fn deliver_due(state: &AppState, http: &crate::engine::outbound::Outbound) -> Result<usize> {
     let now_ms = super::queue::now_ms();
     let due: Vec<Due> = state
         .store
@@ -109,7 +109,7 @@ pub async fn deliver_due(state: &AppState, http: &reqwest::Client) -> Result<usi
     Ok(n)
 }
 
-async fn attempt(state: &AppState, http: &reqwest::Client, due: Due) -> Result<()> {
+async fn attempt(state: &AppState, http: &crate::engine::outbound::Outbound, due: Due) -> Result<()> {
     let project_id = due.project_id.clone();
     let sealed: Option<Vec<u8>> = state
         .store
@@ -136,8 +136,11 @@ async fn attempt(state: &AppState, http: &reqwest::Client, due: Due) -> Result<(
         },
         None => None,
     };
-    let mut request = http
-        .post(&due.url)
+    let request = match http.post(&due.url) {
+        Ok(request) => request,
+        Err(refused) => return record_attempt(state, due, None, Some(format!("not sent: {refused}"))).await,
+    };
+    let mut request = request
         .timeout(ATTEMPT_TIMEOUT)
         .header("content-type", "application/json")
         .header("x-sparring-event", EVENT_COMPLETED)
@@ -194,7 +197,7 @@ async fn record_attempt(state: &AppState, due: Due, status: Option<u16>, error: 
 }
 
 /// The sending loop: wakes every `every` and sends what is due.
-pub async fn run(state: std::sync::Arc<AppState>, http: reqwest::Client, every: Duration) {
+pub async fn run(state: std::sync::Arc<AppState>, http: crate::engine::outbound::Outbound, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

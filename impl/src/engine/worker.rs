@@ -42,11 +42,19 @@ pub struct EngineConfig {
     pub per_user: u32,
     /// How long a claim holds without renewal.
     pub lease: Duration,
+    /// Whether agents, LLM endpoints and webhook receivers may be at
+    /// private or local addresses (see `outbound`).
+    pub allow_private_targets: bool,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { workers: DEFAULT_WORKERS, per_user: DEFAULT_PER_USER, lease: DEFAULT_LEASE }
+        EngineConfig {
+            workers: DEFAULT_WORKERS,
+            per_user: DEFAULT_PER_USER,
+            lease: DEFAULT_LEASE,
+            allow_private_targets: false,
+        }
     }
 }
 
@@ -57,29 +65,16 @@ pub struct Engine {
     wake: Notify,
     /// Runs in flight here: run id → its stop signal.
     running: Mutex<HashMap<String, CancellationToken>>,
-    http: reqwest::Client,
+    http: crate::engine::outbound::Outbound,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Engine {
     pub fn new(config: EngineConfig) -> Engine {
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(usize::try_from(config.workers).unwrap_or(256))
-            // A channel's header values (and an LLM's key) go only where
-            // they were set: a redirect to another origin is not followed
-            // (the agent's 3xx answer is the turn's error).
-            .redirect(reqwest::redirect::Policy::custom(|attempt| {
-                let from = attempt.previous()[0].origin();
-                if attempt.previous().len() > 5 {
-                    attempt.error("more than 5 redirects")
-                } else if attempt.url().origin() == from {
-                    attempt.follow()
-                } else {
-                    attempt.stop()
-                }
-            }))
-            .build()
-            .expect("the HTTP client builds with default TLS settings");
+        let http = crate::engine::outbound::Outbound::new(
+            config.allow_private_targets,
+            usize::try_from(config.workers).unwrap_or(256),
+        );
         Engine {
             config,
             owner: ids::new_id("wrk"),

@@ -14,7 +14,7 @@ use crate::engine::llm::clip;
 use crate::engine::CallPlan;
 
 pub(super) struct HttpAgent<'a> {
-    http: &'a reqwest::Client,
+    http: &'a crate::engine::outbound::Outbound,
     target: &'a str,
     call_id: &'a str,
     headers: HeaderMap,
@@ -52,7 +52,7 @@ struct WireToolCall {
 impl<'a> HttpAgent<'a> {
     /// Checks the channel's headers once, so a bad one is reported before
     /// the call starts (by name: values are secret).
-    pub(super) fn new(http: &'a reqwest::Client, plan: &'a CallPlan) -> Result<Self, String> {
+    pub(super) fn new(http: &'a crate::engine::outbound::Outbound, plan: &'a CallPlan) -> Result<Self, String> {
         let mut headers = header_map(&plan.agent.headers)?;
         headers.insert(
             HeaderName::from_static(CALL_ID_HEADER),
@@ -116,16 +116,17 @@ impl<'a> HttpAgent<'a> {
 
     /// One POST; the body of a 2xx answer, or why there is none.
     async fn post(&self, turn: u32, body: &Value) -> Result<String, String> {
-        let mut response =
-            self.http.post(self.target).headers(self.headers.clone()).body(body.to_string()).send().await.map_err(
-                |e| {
-                    if e.is_connect() {
-                        format!("could not reach the agent at {} for turn {turn}: {}", self.target, innermost(&e))
-                    } else {
-                        format!("the request for turn {turn} to the agent at {} failed: {}", self.target, innermost(&e))
-                    }
-                },
-            )?;
+        let request = self
+            .http
+            .post(self.target)
+            .map_err(|refused| format!("the agent at {} was not called for turn {turn}: {refused}", self.target))?;
+        let mut response = request.headers(self.headers.clone()).body(body.to_string()).send().await.map_err(|e| {
+            if e.is_connect() {
+                format!("could not reach the agent at {} for turn {turn}: {}", self.target, innermost(&e))
+            } else {
+                format!("the request for turn {turn} to the agent at {} failed: {}", self.target, innermost(&e))
+            }
+        })?;
         let status = response.status();
         let bytes = crate::engine::body_at_most(&mut response, MAX_REPLY_BYTES)
             .await

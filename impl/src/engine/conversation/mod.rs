@@ -61,7 +61,11 @@ const MAX_REPLY_BYTES: usize = 1 << 20;
 
 /// Has the conversation of `plan` with the agent and records it. Never
 /// panics and never hangs: see the module documentation for how it ends.
-pub async fn converse(http: &reqwest::Client, plan: &CallPlan, cancel: &CancellationToken) -> Outcome {
+pub async fn converse(
+    http: &crate::engine::outbound::Outbound,
+    plan: &CallPlan,
+    cancel: &CancellationToken,
+) -> Outcome {
     let mut rec = Recorder::start(plan);
     let ending = drive(http, plan, cancel, &mut rec).await;
     rec.finish(ending)
@@ -221,7 +225,12 @@ impl Caller<'_> {
 }
 
 /// Plays the call to its end, recording into `rec`, and closes the channel.
-async fn drive(http: &reqwest::Client, plan: &CallPlan, cancel: &CancellationToken, rec: &mut Recorder) -> Ending {
+async fn drive(
+    http: &crate::engine::outbound::Outbound,
+    plan: &CallPlan,
+    cancel: &CancellationToken,
+    rec: &mut Recorder,
+) -> Ending {
     let deadline = later(rec.call_start(), plan.max_duration);
     if cancel.is_cancelled() {
         return Ending::now(EndedReason::Cancelled);
@@ -252,13 +261,15 @@ async fn drive(http: &reqwest::Client, plan: &CallPlan, cancel: &CancellationTok
 
 /// Opens the channel of `plan.agent`; for websocket, connects.
 async fn open<'a>(
-    http: &'a reqwest::Client,
+    http: &'a crate::engine::outbound::Outbound,
     plan: &'a CallPlan,
     deadline: Instant,
 ) -> Result<Channel<'a>, TurnFailure> {
     match plan.agent.kind {
         ChannelKind::Http => Ok(Channel::Http(http::HttpAgent::new(http, plan).map_err(TurnFailure::Agent)?)),
-        ChannelKind::Websocket => Ok(Channel::Websocket(Box::new(websocket::WsAgent::connect(plan, deadline).await?))),
+        ChannelKind::Websocket => {
+            Ok(Channel::Websocket(Box::new(websocket::WsAgent::connect(http, plan, deadline).await?)))
+        }
         other => Err(TurnFailure::Agent(format!("channel kind `{}` is not supported yet", kind_name(other)))),
     }
 }

@@ -310,7 +310,7 @@ async fn run(plan: &CallPlan) -> Outcome {
 }
 
 async fn run_with(plan: &CallPlan, cancel: &CancellationToken) -> Outcome {
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let http = crate::engine::outbound::Outbound::of(reqwest::Client::builder().no_proxy().build().unwrap());
     // A safety net so a bug shows as a failure, not a stuck test run.
     tokio::time::timeout(Duration::from_secs(120), converse(&http, plan, cancel)).await.expect("converse hung")
 }

@@ -39,7 +39,11 @@ enum Frame {
 impl WsAgent {
     /// Connects to the channel's target with `x-sparring-call-id` and the
     /// channel's headers on the upgrade request. Counts as turn 0 in errors.
-    pub(super) async fn connect(plan: &CallPlan, deadline: Instant) -> Result<Self, TurnFailure> {
+    pub(super) async fn connect(
+        outbound: &crate::engine::outbound::Outbound,
+        plan: &CallPlan,
+        deadline: Instant,
+    ) -> Result<Self, TurnFailure> {
         let target = plan.agent.target.as_str();
         let mut request = target
             .into_client_request()
@@ -65,10 +69,32 @@ impl WsAgent {
             WebSocketConfig::default().max_message_size(Some(MAX_REPLY_BYTES)).max_frame_size(Some(MAX_REPLY_BYTES));
         // No Nagle: our frames are small and their send time is when latency
         // starts.
-        let connecting = tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector);
+        let connecting = async {
+            if outbound.allows_private() {
+                return tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector)
+                    .await
+                    .map_err(|e| connect_error(target, e));
+            }
+            // Only to an address the server may call (see `outbound`),
+            // resolved here rather than by tungstenite.
+            let uri = request.uri();
+            let host = uri.host().unwrap_or_default().to_string();
+            let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("wss") { 443 } else { 80 });
+            let addresses = outbound
+                .addresses(&host, port)
+                .await
+                .map_err(|refused| format!("the agent at {target} was not called for turn 0: {refused}"))?;
+            let stream = tokio::net::TcpStream::connect(&addresses[..])
+                .await
+                .map_err(|e| format!("could not reach the agent at {target} for turn 0: {e}"))?;
+            let _ = stream.set_nodelay(true);
+            tokio_tungstenite::client_async_tls_with_config(request, stream, Some(config), connector)
+                .await
+                .map_err(|e| connect_error(target, e))
+        };
         match tokio::time::timeout_at(limit, connecting).await {
             Ok(Ok((ws, _))) => Ok(WsAgent { ws, call_id: plan.call_id.clone(), turn_timeout }),
-            Ok(Err(e)) => Err(TurnFailure::Agent(connect_error(target, e))),
+            Ok(Err(e)) => Err(TurnFailure::Agent(e)),
             Err(_) if deadline_binds => Err(TurnFailure::Deadline(None)),
             Err(_) => Err(TurnFailure::Agent(format!(
                 "the agent at {target} did not accept the websocket connection for turn 0 within {} ms",

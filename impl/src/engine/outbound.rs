@@ -1,0 +1,255 @@
+//! Where the engine may connect: agents under test (`http` and `websocket`
+//! channels), LLM endpoints (simulated callers, judges) and webhook
+//! receivers, all at URLs a tenant chooses.
+//!
+//! A server serving several tenants must not become their way into its own
+//! network: a channel aimed at `http://169.254.169.254/…` (a cloud's
+//! metadata service) or at an internal admin page would have its answer
+//! quoted back in the result's failure reason. So by default the engine
+//! connects only to public addresses: a URL naming a private, loopback,
+//! link-local or otherwise special address is refused before any
+//! connection, and a host name is resolved by [`PublicOnly`], which keeps
+//! only public addresses (so a name that resolves, or is later made to
+//! resolve, to a private address is refused too). Redirects are followed only
+//! to the same origin (below), so they cannot leave the checked address.
+//! `sparring serve --allow-private-targets` lifts this for a server whose
+//! agents live on its own network (local development, a private deployment).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+/// Said whenever an address is refused.
+const REFUSED: &str =
+    "this server calls only public addresses (its operator can allow private ones with `--allow-private-targets`)";
+
+/// The engine's HTTP client, with the rule on which addresses it may reach.
+#[derive(Clone)]
+pub struct Outbound {
+    client: reqwest::Client,
+    allow_private: bool,
+}
+
+impl Outbound {
+    /// `allow_private`: whether private and local addresses may be called;
+    /// `idle_per_host`: connections kept open to one host.
+    pub fn new(allow_private: bool, idle_per_host: usize) -> Outbound {
+        let mut builder = reqwest::Client::builder()
+            .pool_max_idle_per_host(idle_per_host)
+            // A channel's header values (and an LLM's key) go only where
+            // they were set, and only to an address checked here: a redirect
+            // to another origin is not followed (the agent's 3xx answer is
+            // the turn's error).
+            .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                let from = attempt.previous()[0].origin();
+                if attempt.previous().len() > 5 {
+                    attempt.error("more than 5 redirects")
+                } else if attempt.url().origin() == from {
+                    attempt.follow()
+                } else {
+                    attempt.stop()
+                }
+            }));
+        if !allow_private {
+            builder = builder.dns_resolver(Arc::new(PublicOnly));
+        }
+        let client = builder.build().expect("the HTTP client builds with default TLS settings");
+        Outbound { client, allow_private }
+    }
+
+    /// Any address: for tests of the engine's parts against loopback.
+    pub fn anywhere() -> Outbound {
+        Outbound::new(true, 8)
+    }
+
+    /// A `POST` to `url`, unless `url` names an address this server may not
+    /// call (then why, for the result or the delivery).
+    pub fn post(&self, url: &str) -> Result<reqwest::RequestBuilder, String> {
+        if !self.allow_private {
+            if let Ok(parsed) = reqwest::Url::parse(url) {
+                if let Some(ip) = ip_literal(&parsed) {
+                    check(ip)?;
+                }
+            }
+        }
+        Ok(self.client.post(url))
+    }
+
+    /// `client` as it is, any address allowed: for tests of the engine's
+    /// parts that need a client of their own.
+    #[cfg(test)]
+    pub fn of(client: reqwest::Client) -> Outbound {
+        Outbound { client, allow_private: true }
+    }
+
+    pub fn allows_private(&self) -> bool {
+        self.allow_private
+    }
+
+    /// The addresses a connection to `host:port` may go to (a websocket
+    /// channel's target), in the resolver's order.
+    pub async fn addresses(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let found: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => tokio::net::lookup_host((host, port))
+                .await
+                .map_err(|e| format!("`{host}` could not be resolved: {e}"))?
+                .collect(),
+        };
+        if self.allow_private {
+            return Ok(found);
+        }
+        public_only(host, found)
+    }
+}
+
+fn ip_literal(url: &reqwest::Url) -> Option<IpAddr> {
+    match url.host()? {
+        url::Host::Ipv4(ip) => Some(IpAddr::V4(ip)),
+        url::Host::Ipv6(ip) => Some(IpAddr::V6(ip)),
+        url::Host::Domain(_) => None,
+    }
+}
+
+fn check(ip: IpAddr) -> Result<(), String> {
+    if is_public(ip) {
+        Ok(())
+    } else {
+        Err(format!("{ip} is a private or local address; {REFUSED}"))
+    }
+}
+
+/// The public ones of `found`, the addresses of `host`; an error naming them
+/// when there are none.
+fn public_only(host: &str, found: Vec<SocketAddr>) -> Result<Vec<SocketAddr>, String> {
+    if found.is_empty() {
+        return Err(format!("`{host}` has no address"));
+    }
+    let public: Vec<SocketAddr> = found.iter().copied().filter(|a| is_public(a.ip())).collect();
+    if public.is_empty() {
+        let ips: Vec<String> = found.iter().map(|a| a.ip().to_string()).collect();
+        return Err(format!("`{host}` resolves only to private or local addresses ({}); {REFUSED}", ips.join(", ")));
+    }
+    Ok(public)
+}
+
+/// Resolves host names to their public addresses only (see the module).
+struct PublicOnly;
+
+impl reqwest::dns::Resolve for PublicOnly {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        Box::pin(async move {
+            let host = name.as_str().to_string();
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let public = public_only(&host, found)?;
+            Ok(Box::new(public.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// Whether `ip` is an address of the public internet: not loopback,
+/// private, link-local, shared (carrier-grade NAT), unspecified, multicast,
+/// broadcast, documentation, benchmarking or reserved, nor an IPv6 address
+/// embedding such an IPv4 one.
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(ip) => is_public_v4(ip),
+        IpAddr::V6(ip) => is_public_v6(ip),
+    }
+}
+
+fn is_public_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    !(a == 0 // "this network"
+        || a == 10
+        || a == 127
+        || (a == 100 && (64..128).contains(&b)) // shared address space (CGNAT)
+        || (a == 169 && b == 254) // link-local: cloud metadata services
+        || (a == 172 && (16..32).contains(&b))
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
+        || (a == 192 && b == 0 && c == 2) // documentation
+        || (a == 192 && b == 168)
+        || (a == 198 && (18..20).contains(&b)) // benchmarking
+        || (a == 198 && b == 51 && c == 100) // documentation
+        || (a == 203 && b == 0 && c == 113) // documentation
+        || a >= 224) // multicast, reserved, broadcast
+}
+
+fn is_public_v6(ip: Ipv6Addr) -> bool {
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return is_public_v4(v4);
+    }
+    let s = ip.segments();
+    // NAT64 (64:ff9b::/96) reaches the IPv4 address in its last 32 bits.
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return is_public_v4(Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8));
+    }
+    !(ip.is_unspecified()
+        || ip.is_loopback()
+        || s[..6] == [0; 6] // IPv4-compatible (deprecated)
+        || (s[0] & 0xfe00) == 0xfc00 // unique local
+        || (s[0] & 0xffc0) == 0xfe80 // link-local
+        || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
+        || (s[0] & 0xff00) == 0xff00 // multicast
+        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+        || s[..4] == [0x100, 0, 0, 0]) // discard-only
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_addresses_of_the_public_internet_are_public() {
+        for private in [
+            "0.0.0.0",
+            "10.1.2.3",
+            "100.64.0.1",
+            "127.0.0.1",
+            "169.254.169.254",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "192.0.2.7",
+            "198.18.0.1",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::a00:1",
+            "fc00::1",
+            "fd12:3456::1",
+            "fe80::1",
+            "ff02::1",
+            "2001:db8::1",
+        ] {
+            assert!(!is_public(private.parse().unwrap()), "{private} is not public");
+        }
+        for public in ["1.1.1.1", "8.8.8.8", "100.63.255.255", "172.32.0.1", "2606:4700::1111", "64:ff9b::808:808"] {
+            assert!(is_public(public.parse().unwrap()), "{public} is public");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_private_address_is_refused_before_any_connection() {
+        let outbound = Outbound::new(false, 1);
+        for url in ["http://127.0.0.1:9/turn", "http://[::1]:9/turn", "https://169.254.169.254/latest/meta-data/"] {
+            let refused = outbound.post(url).map(|_| ()).unwrap_err();
+            assert!(refused.contains("private or local") && refused.contains("--allow-private-targets"), "{refused}");
+        }
+        // A name: refused when it resolves to private addresses only.
+        let refused = outbound.addresses("localhost", 9).await.unwrap_err();
+        assert!(refused.contains("`localhost` resolves only to private or local addresses"), "{refused}");
+        let sent = outbound.post("http://localhost:9/turn").unwrap().send().await.unwrap_err();
+        let mut source: &dyn std::error::Error = &sent;
+        while let Some(next) = source.source() {
+            source = next;
+        }
+        assert!(source.to_string().contains("resolves only to private or local addresses"), "{source}");
+        // Allowed, everything goes.
+        assert!(Outbound::anywhere().post("http://127.0.0.1:9/turn").is_ok());
+        assert_eq!(Outbound::anywhere().addresses("127.0.0.1", 9).await.unwrap(), ["127.0.0.1:9".parse().unwrap()]);
+    }
+}
