@@ -11,6 +11,15 @@ pub const MAX_TAGS: usize = 50;
 pub const MAX_TAG: usize = 100;
 /// A tool's name (`tool_called`).
 pub const MAX_TOOL: usize = 200;
+/// Free-form JSON objects (an integration's `config` and `credentials`, a
+/// `tool_called` evaluator's `arguments`): at most this many bytes once
+/// written as JSON…
+pub const MAX_FREE_FORM_BYTES: usize = 16 * 1024;
+/// …and nested at most this deep (the object itself is level 1). What the
+/// request held at depth 120 would be deeper than the 128 levels JSON
+/// readers (serde_json's included) accept once wrapped in a page of a list,
+/// an activity record or a webhook.
+pub const MAX_FREE_FORM_DEPTH: usize = 16;
 
 /// A name: 1 to 100 characters, not blank, no control characters.
 pub fn name(field: &str, value: &str) -> Result<String> {
@@ -121,6 +130,33 @@ pub fn tags(field: &str, values: &[String]) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// A free-form JSON object: at most [`MAX_FREE_FORM_BYTES`] as JSON and
+/// [`MAX_FREE_FORM_DEPTH`] levels deep.
+pub fn free_form(field: &str, value: &serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    fn depth(v: &serde_json::Value) -> usize {
+        match v {
+            serde_json::Value::Object(m) => 1 + m.values().map(depth).max().unwrap_or(0),
+            serde_json::Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+    let deepest = 1 + value.values().map(depth).max().unwrap_or(0);
+    if deepest > MAX_FREE_FORM_DEPTH {
+        return Err(Failure::invalid(
+            field,
+            format_args!("must be nested at most {MAX_FREE_FORM_DEPTH} levels deep, got {deepest}"),
+        ));
+    }
+    let size = serde_json::to_string(value).map(|s| s.len()).unwrap_or(usize::MAX);
+    if size > MAX_FREE_FORM_BYTES {
+        return Err(Failure::invalid(
+            field,
+            format_args!("must be at most {MAX_FREE_FORM_BYTES} bytes of JSON, got {size}"),
+        ));
+    }
+    Ok(())
+}
+
 /// An integer within `min..=max`.
 pub fn range<T: PartialOrd + std::fmt::Display + Copy>(field: &str, value: T, min: T, max: T) -> Result<T> {
     if value < min || value > max {
@@ -183,6 +219,23 @@ mod tests {
         for bad in ["", "english", "en_US", "e"] {
             assert!(language("language", bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn free_form_objects() {
+        let nested = |levels: usize| {
+            let mut v = serde_json::json!(1);
+            for _ in 0..levels {
+                v = serde_json::json!({ "a": v });
+            }
+            v.as_object().unwrap().clone()
+        };
+        assert!(free_form("config", &nested(MAX_FREE_FORM_DEPTH)).is_ok());
+        assert!(code(free_form("config", &nested(MAX_FREE_FORM_DEPTH + 1)).map(|_| String::new()))
+            .starts_with("invalid_config: config: must be nested at most"));
+        let mut big = serde_json::Map::new();
+        big.insert("k".into(), "x".repeat(MAX_FREE_FORM_BYTES).into());
+        assert!(code(free_form("arguments", &big).map(|_| String::new())).starts_with("invalid_arguments:"));
     }
 
     #[test]

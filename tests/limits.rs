@@ -1,0 +1,112 @@
+//! Input limits, as a careless or hostile tenant would probe them: each
+//! request can store and cause only a bounded amount, and going over a limit
+//! is a 400 whose code and message name the field.
+
+mod common;
+
+use common::{error_body, TestServer};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// Sends and expects a 400 with `code` whose message names `field`.
+async fn refused(s: &TestServer, method: Method, path: &str, key: &str, body: Value, code: &str, field: &str) {
+    let (status, e) = error_body(s.send_json(method.clone(), path, key, Some(body)).await).await;
+    assert_eq!((status, e["error_code"].as_str().unwrap_or("")), (400, code), "{method} {path}: {e}");
+    assert!(e["message"].as_str().unwrap().contains(field), "message names `{field}`: {e}");
+}
+
+async fn create(s: &TestServer, path: &str, key: &str, body: Value) -> String {
+    s.expect(Method::POST, path, key, Some(body), 200).await["id"].as_str().unwrap().to_string()
+}
+
+/// `{"a": {"a": … 1}}`, `levels` objects deep.
+fn nested(levels: usize) -> Value {
+    let mut v = json!(1);
+    for _ in 0..levels {
+        v = json!({ "a": v });
+    }
+    v
+}
+
+fn llm(project_id: &str, config: Value) -> Value {
+    json!({"project_id": project_id, "provider": "openai_compatible", "name": "judge", "config": config})
+}
+
+/// A channel and a scripted scenario to hang tests on.
+async fn channel_and_scenario(s: &TestServer, key: &str, project_id: &str) -> (String, String) {
+    let channel = create(
+        s,
+        "/v1/channels",
+        key,
+        json!({"project_id": project_id, "name": "agent", "kind": "http", "target": "https://agent.example.com/turn"}),
+    )
+    .await;
+    let persona = create(s, "/v1/personas", key, json!({"project_id": project_id, "name": "caller"})).await;
+    let scenario = create(
+        s,
+        "/v1/scenarios",
+        key,
+        json!({"project_id": project_id, "name": "book", "mode": "scripted", "default_persona_id": persona,
+               "steps": [{"say": "hi", "expect": []}]}),
+    )
+    .await;
+    (channel, scenario)
+}
+
+/// Free-form objects (`config`, `credentials`, `tool_called.arguments`) were
+/// stored as given, up to the 1 MiB body: 200 such resources per page made
+/// lists of hundreds of MB, and one nested 120 levels deep came back in a
+/// page or an activity record deeper than the 128 levels a JSON reader
+/// (the generated client's included) accepts, so nobody in the project
+/// could read that list any more.
+#[tokio::test]
+async fn free_form_objects_are_small_and_shallow() {
+    let s = TestServer::start().await;
+    let key = &s.admin_key;
+    let p = &s.create_project(key, "free form").await;
+    let ok = json!({"base_url": "https://llm.example.com/v1", "model": "m", "options": {"temperature": 0.2}});
+
+    let mut deep = ok.clone();
+    deep["options"] = nested(100);
+    refused(&s, Method::POST, "/v1/integrations", key, llm(p, deep.clone()), "invalid_config", "config").await;
+    let mut big = ok.clone();
+    big["options"] = json!("x".repeat(20_000));
+    refused(&s, Method::POST, "/v1/integrations", key, llm(p, big.clone()), "invalid_config", "config").await;
+    let with_credentials = |c: Value| {
+        let mut body = llm(p, ok.clone());
+        body["credentials"] = c;
+        body
+    };
+    let path = "/v1/integrations";
+    refused(&s, Method::POST, path, key, with_credentials(nested(100)), "invalid_credentials", "credentials").await;
+    let huge = json!({"api_key": "x".repeat(20_000)});
+    refused(&s, Method::POST, path, key, with_credentials(huge.clone()), "invalid_credentials", "credentials").await;
+
+    let int = create(&s, path, key, with_credentials(json!({"api_key": "sk-1"}))).await;
+    let at = format!("/v1/integrations/{int}");
+    refused(&s, Method::PATCH, &at, key, json!({"config": deep}), "invalid_config", "config").await;
+    refused(&s, Method::PATCH, &at, key, json!({"config": big}), "invalid_config", "config").await;
+    refused(&s, Method::PATCH, &at, key, json!({"credentials": huge}), "invalid_credentials", "credentials").await;
+
+    let (channel, scenario) = channel_and_scenario(&s, key, p).await;
+    let test = |arguments: Value| {
+        json!({"project_id": p, "name": "books", "channel_id": channel, "scenario_id": scenario,
+               "evaluators": [{"type": "tool_called", "name": "books", "tool": "book", "arguments": arguments}]})
+    };
+    create(&s, "/v1/tests", key, test(json!({"day": "tuesday", "slot": {"from": "10:00"}}))).await;
+    for arguments in [nested(120), json!({"note": "x".repeat(20_000)})] {
+        let field = "evaluators[0].arguments";
+        refused(&s, Method::POST, "/v1/tests", key, test(arguments), "invalid_arguments", field).await;
+    }
+    let step =
+        json!({"say": "hi", "expect": [{"type": "tool_called", "name": "t", "tool": "t", "arguments": nested(100)}]});
+    let scenario = json!({"project_id": p, "name": "deep", "mode": "scripted", "steps": [step]});
+    refused(&s, Method::POST, "/v1/scenarios", key, scenario, "invalid_arguments", "steps[0].expect[0].arguments")
+        .await;
+
+    // What was accepted reads back through the generated client (a test
+    // whose arguments were nested 120 deep made both fail to decode).
+    let tests = s.client(key).list_tests().project_id(p.as_str()).send().await.unwrap().into_inner();
+    assert_eq!(tests.tests.len(), 1);
+    s.client(key).list_activity().project_id(p.as_str()).send().await.unwrap();
+}
