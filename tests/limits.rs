@@ -110,3 +110,45 @@ async fn free_form_objects_are_small_and_shallow() {
     assert_eq!(tests.tests.len(), 1);
     s.client(key).list_activity().project_id(p.as_str()).send().await.unwrap();
 }
+
+/// Every `regex` evaluator is compiled when it is saved (and again in every
+/// run), up to tens of milliseconds each at the old 1 MiB compiled size. A
+/// scenario took 100 per step's `expect` over 200 steps: one 1 MiB body
+/// of 20,000 `\w{10}` patterns kept the server compiling for minutes.
+#[tokio::test]
+async fn regex_work_per_scenario_is_bounded() {
+    let s = TestServer::start().await;
+    let key = &s.admin_key;
+    let p = &s.create_project(key, "regexes").await;
+    let regex = |i: usize, pattern: &str| json!({"type": "regex", "name": format!("r{i}"), "pattern": pattern});
+    let scenario = |steps: Vec<Value>, success: Vec<Value>| json!({"project_id": p, "name": "many", "mode": "scripted", "steps": steps, "success_criteria": success});
+    let step = |expect: Vec<Value>| json!({"say": "hi", "expect": expect});
+
+    // A pattern that compiles past 256 KiB (Unicode `\w`, ten times).
+    let big = scenario(vec![step(vec![regex(0, r"\w{10}")])], vec![]);
+    refused(&s, Method::POST, "/v1/scenarios", key, big, "invalid_pattern", "steps[0].expect[0].pattern").await;
+
+    // 100 regexes in all is fine; 101 spread over steps and criteria is not.
+    let spread = |n: usize| {
+        let steps = (0..n / 2).map(|i| step(vec![regex(i, r"\d{3}-\d{4}")])).collect();
+        let success = (n / 2..n).map(|i| regex(i, r"(?i)\bthanks?\b")).collect();
+        scenario(steps, success)
+    };
+    let id = create(&s, "/v1/scenarios", key, spread(100)).await;
+    refused(&s, Method::POST, "/v1/scenarios", key, spread(101), "invalid_steps", "regex").await;
+    let mut put = spread(101);
+    put.as_object_mut().unwrap().remove("project_id");
+    refused(&s, Method::PUT, &format!("/v1/scenarios/{id}"), key, put, "invalid_steps", "regex").await;
+
+    // At most 1000 evaluators in all (10 steps of 100 each is fine).
+    let contains = |i: usize| json!({"type": "contains", "name": format!("c{i}"), "text": "ok"});
+    let steps = |n: usize| (0..n).map(|_| step((0..100).map(contains).collect())).collect::<Vec<_>>();
+    create(&s, "/v1/scenarios", key, with_name(scenario(steps(10), vec![]), "thousand")).await;
+    let over = scenario(steps(10), vec![contains(0)]);
+    refused(&s, Method::POST, "/v1/scenarios", key, over, "invalid_steps", "1000 evaluators").await;
+}
+
+fn with_name(mut v: Value, name: &str) -> Value {
+    v["name"] = json!(name);
+    v
+}
