@@ -152,3 +152,39 @@ fn with_name(mut v: Value, name: &str) -> Value {
     v["name"] = json!(name);
     v
 }
+
+/// Header names had no length limit (only values did), so a channel could
+/// hold fifty names of 60 KB each, sent to the agent on every turn and
+/// echoed whole in the 400 when one was not a valid name.
+#[tokio::test]
+async fn channel_header_names_are_bounded() {
+    let s = TestServer::start().await;
+    let key = &s.admin_key;
+    let p = &s.create_project(key, "headers").await;
+    let channel = |headers: Value| {
+        json!({"project_id": p, "name": "agent", "kind": "http", "target": "https://agent.example.com/turn",
+               "headers": headers})
+    };
+    let long = format!("x-{}", "a".repeat(99));
+    let mut headers = serde_json::Map::new();
+    headers.insert(long.clone(), json!("v"));
+    refused(
+        &s,
+        Method::POST,
+        "/v1/channels",
+        key,
+        channel(Value::Object(headers.clone())),
+        "invalid_headers",
+        "headers",
+    )
+    .await;
+    let id = create(&s, "/v1/channels", key, channel(json!({ &long[..100]: "v", "authorization": "Bearer t" }))).await;
+    let at = format!("/v1/channels/{id}");
+    refused(&s, Method::PATCH, &at, key, json!({"headers": headers}), "invalid_headers", "100 characters").await;
+    // The refusal does not echo a long invalid name whole.
+    let bad = format!("bad name {}", "z".repeat(10_000));
+    let (status, e) =
+        error_body(s.send_json(Method::PATCH, &at, key, Some(json!({"headers": {bad: "v"}}))).await).await;
+    assert_eq!(status, 400, "{e}");
+    assert!(e["message"].as_str().unwrap().len() < 300, "{e}");
+}
