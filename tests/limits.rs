@@ -188,3 +188,36 @@ async fn channel_header_names_are_bounded() {
     assert_eq!(status, 400, "{e}");
     assert!(e["message"].as_str().unwrap().len() < 300, "{e}");
 }
+
+/// Error messages quote what the client sent (an id, an unknown field's
+/// name, an enum value); only the 1 MiB body limit bounded them, so one
+/// request made a 1 MB answer and a 1 MB line in the server's log.
+#[tokio::test]
+async fn error_messages_are_bounded() {
+    let s = TestServer::start().await;
+    let key = &s.admin_key;
+    let p = &s.create_project(key, "messages").await;
+    let long = "x".repeat(100_000);
+    let bodies = [
+        // An id (domain error).
+        (
+            "/v1/tests",
+            json!({"project_id": p, "name": "t", "channel_id": long, "scenario_id": long}),
+            "invalid_channel_id",
+        ),
+        ("/v1/channels", json!({"project_id": long, "name": "c", "kind": "http", "target": "https://a.example"}), ""),
+        // An unknown field, an unknown enum value (extractor errors).
+        ("/v1/projects", json!({"name": "n", long.clone(): 1}), "invalid_body"),
+        ("/v1/channels", json!({"project_id": p, "name": "c", "kind": long, "target": "https://a.example"}), ""),
+    ];
+    for (path, body, code) in bodies {
+        let (status, e) = error_body(s.send_json(Method::POST, path, key, Some(body)).await).await;
+        assert!(status == 400 || status == 404, "{path}: {status}");
+        if !code.is_empty() {
+            assert_eq!(e["error_code"], code);
+        }
+        let message = e["message"].as_str().unwrap();
+        assert!(message.len() <= 4096, "{path}: a message of {} bytes", message.len());
+    }
+    assert!(s.log.contents().len() < 200_000, "the log quotes no 100 KB value");
+}
