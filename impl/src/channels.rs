@@ -31,6 +31,7 @@ use crate::{ids, integrations, validate, AppState};
 pub const DEFAULT_TURN_TIMEOUT_MS: i32 = 10_000;
 pub const DEFAULT_MAX_CALL_DURATION_S: u32 = 600;
 pub const MAX_HEADERS: usize = 50;
+const MAX_HEADER_NAME: usize = 100;
 const MAX_HEADER_VALUE: usize = 4096;
 const MASKED: &str = "***";
 
@@ -133,6 +134,13 @@ fn parse_headers(given: &HashMap<String, String>) -> Result<BTreeMap<String, Str
     let sorted: BTreeMap<&String, &String> = given.iter().collect();
     let mut out = BTreeMap::new();
     for (name, value) in sorted {
+        if name.len() > MAX_HEADER_NAME {
+            let start: String = name.chars().take(20).collect();
+            return Err(Failure::invalid(
+                "headers",
+                format_args!("the name `{start}…` is longer than {MAX_HEADER_NAME} characters"),
+            ));
+        }
         let header = http::HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| Failure::invalid("headers", format_args!("{name:?} is not a valid HTTP header name")))?;
         let lower = header.as_str().to_string();

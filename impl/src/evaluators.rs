@@ -3,7 +3,8 @@
 //!
 //! The wire type (a tagged union) already guarantees each `type` has its
 //! fields; this adds what a type cannot say: names unique within a list and
-//! not blank, texts not blank, a `regex` that compiles, latency and turn
+//! not blank, texts not blank, a `regex` that compiles, `tool_called`
+//! arguments small and shallow, latency and turn
 //! bounds that make sense, an `llm_judge` integration in the same project
 //! that can judge (`openai_compatible`).
 
@@ -51,8 +52,9 @@ pub fn check_list(field: &str, evaluators: &[Evaluator]) -> Result<BTreeSet<Stri
                 validate::range(&at("turns"), turns.get(), 1, MAX_TURNS)?;
             }
             Evaluator::AgentEndedCall { .. } => {}
-            Evaluator::ToolCalled { tool, .. } => {
+            Evaluator::ToolCalled { tool, arguments, .. } => {
                 validate::required_text(&at("tool"), tool, validate::MAX_TOOL)?;
+                validate::free_form(&at("arguments"), arguments)?;
             }
             Evaluator::LlmJudge { integration_id, prompt, .. } => {
                 validate::required_text(&at("prompt"), prompt, validate::MAX_PROMPT)?;

@@ -73,7 +73,7 @@ pub(crate) fn credentials_context(integration_id: &str) -> String {
 ///
 /// For every provider, no key may look like a secret.
 fn check_config(provider: types::IntegrationProvider, config: &Map<String, Value>) -> Result<()> {
-    refuse_secret_keys(config)?;
+    check_config_shape(config)?;
     let string = |key: &str| -> Result<&str> {
         let field = format!("config.{key}");
         match config.get(key) {
@@ -97,7 +97,10 @@ fn check_config(provider: types::IntegrationProvider, config: &Map<String, Value
     Ok(())
 }
 
-fn refuse_secret_keys(config: &Map<String, Value>) -> Result<()> {
+/// What any provider's `config` must be: small and shallow
+/// ([`validate::free_form`]), with no key that looks like a secret.
+fn check_config_shape(config: &Map<String, Value>) -> Result<()> {
+    validate::free_form("config", config)?;
     for key in config.keys() {
         if SECRET_LOOKING_KEYS.iter().any(|s| s.eq_ignore_ascii_case(key)) {
             return Err(Failure::invalid(
@@ -174,6 +177,7 @@ fn seal_credentials(state: &AppState, id: &str, credentials: &Map<String, Value>
     if credentials.is_empty() {
         return Ok(None);
     }
+    validate::free_form("credentials", credentials)?;
     let plain = serde_json::to_vec(credentials).map_err(|e| Failure::invalid("credentials", e))?;
     Ok(Some(state.secrets.seal(&plain, &credentials_context(id))))
 }
@@ -434,7 +438,7 @@ pub async fn update(
     };
     let config = fields.has("config").then_some(body.config);
     if let Some(config) = &config {
-        refuse_secret_keys(config)?;
+        check_config_shape(config)?;
     }
     // `None`: unchanged; `Some(None)`: removed.
     let credentials = if fields.has("credentials") {

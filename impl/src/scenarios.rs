@@ -34,6 +34,12 @@ pub const DEFAULT_MAX_TURNS: u32 = 20;
 pub const MAX_TURNS: u32 = 500;
 pub const MAX_DURATION_S: u32 = 3600;
 pub const MAX_STEPS: usize = 200;
+/// Evaluators in one scenario, its steps' `expect` and `success_criteria`
+/// together (each list is also at most `evaluators::MAX_EVALUATORS`)…
+pub const MAX_SCENARIO_EVALUATORS: usize = 1000;
+/// …of which `regex`: each is compiled when the scenario is saved and in
+/// every run, which costs up to milliseconds apiece.
+pub const MAX_SCENARIO_REGEXES: usize = 100;
 /// How many referrers a 409 `in_use` names.
 const SHOWN: usize = 10;
 
@@ -153,6 +159,28 @@ impl ScenarioInput {
         }
         if g.steps.len() > MAX_STEPS {
             return Err(Failure::invalid("steps", format_args!("at most {MAX_STEPS} steps, got {}", g.steps.len())));
+        }
+        // Counted before any is compiled.
+        let all = || g.steps.iter().flat_map(|s| s.expect.iter()).chain(g.success_criteria.iter());
+        let total = all().count();
+        if total > MAX_SCENARIO_EVALUATORS {
+            return Err(Failure::invalid(
+                "steps",
+                format_args!(
+                    "at most {MAX_SCENARIO_EVALUATORS} evaluators in a scenario (steps' `expect` and \
+                     `success_criteria` together), got {total}"
+                ),
+            ));
+        }
+        let regexes = all().filter(|e| matches!(e, types::Evaluator::Regex { .. })).count();
+        if regexes > MAX_SCENARIO_REGEXES {
+            return Err(Failure::invalid(
+                "steps",
+                format_args!(
+                    "at most {MAX_SCENARIO_REGEXES} `regex` evaluators in a scenario (steps' `expect` and \
+                     `success_criteria` together), got {regexes}"
+                ),
+            ));
         }
         for (i, step) in g.steps.iter().enumerate() {
             validate::required_text(&format!("steps[{i}].say"), &step.say, validate::MAX_PROMPT)?;

@@ -11,6 +11,15 @@ pub const MAX_TAGS: usize = 50;
 pub const MAX_TAG: usize = 100;
 /// A tool's name (`tool_called`).
 pub const MAX_TOOL: usize = 200;
+/// Free-form JSON objects (an integration's `config` and `credentials`, a
+/// `tool_called` evaluator's `arguments`): at most this many bytes once
+/// written as JSON…
+pub const MAX_FREE_FORM_BYTES: usize = 16 * 1024;
+/// …and nested at most this deep (the object itself is level 1). What the
+/// request held at depth 120 would be deeper than the 128 levels JSON
+/// readers (serde_json's included) accept once wrapped in a page of a list,
+/// an activity record or a webhook.
+pub const MAX_FREE_FORM_DEPTH: usize = 16;
 
 /// A name: 1 to 100 characters, not blank, no control characters.
 pub fn name(field: &str, value: &str) -> Result<String> {
@@ -121,6 +130,33 @@ pub fn tags(field: &str, values: &[String]) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// A free-form JSON object: at most [`MAX_FREE_FORM_BYTES`] as JSON and
+/// [`MAX_FREE_FORM_DEPTH`] levels deep.
+pub fn free_form(field: &str, value: &serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    fn depth(v: &serde_json::Value) -> usize {
+        match v {
+            serde_json::Value::Object(m) => 1 + m.values().map(depth).max().unwrap_or(0),
+            serde_json::Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+    let deepest = 1 + value.values().map(depth).max().unwrap_or(0);
+    if deepest > MAX_FREE_FORM_DEPTH {
+        return Err(Failure::invalid(
+            field,
+            format_args!("must be nested at most {MAX_FREE_FORM_DEPTH} levels deep, got {deepest}"),
+        ));
+    }
+    let size = serde_json::to_string(value).map(|s| s.len()).unwrap_or(usize::MAX);
+    if size > MAX_FREE_FORM_BYTES {
+        return Err(Failure::invalid(
+            field,
+            format_args!("must be at most {MAX_FREE_FORM_BYTES} bytes of JSON, got {size}"),
+        ));
+    }
+    Ok(())
+}
+
 /// An integer within `min..=max`.
 pub fn range<T: PartialOrd + std::fmt::Display + Copy>(field: &str, value: T, min: T, max: T) -> Result<T> {
     if value < min || value > max {
@@ -129,12 +165,18 @@ pub fn range<T: PartialOrd + std::fmt::Display + Copy>(field: &str, value: T, mi
     Ok(value)
 }
 
-/// A regular expression that compiles (so a bad one is a 400 now, not a
-/// failure when a test runs). Its length is the wire type's to check (at most
-/// 2000 characters).
+/// The largest compiled `regex` evaluator: 256 KiB. Compiling one that
+/// size takes milliseconds, when the pattern is saved and in every run;
+/// `\d{3}-\d{4}`, `(?i)\bhello\b.*\bworld\b` or `.{100}` are far below,
+/// `\w{10}` (Unicode word characters) is over.
+pub const MAX_REGEX_BYTES: usize = 256 * 1024;
+
+/// A regular expression that compiles within [`MAX_REGEX_BYTES`] (so a bad
+/// one is a 400 now, not a failure when a test runs). Its length is the
+/// wire type's to check (at most 2000 characters).
 pub fn regex(field: &str, pattern: &str) -> Result<String> {
     regex::RegexBuilder::new(pattern)
-        .size_limit(1 << 20)
+        .size_limit(MAX_REGEX_BYTES)
         .build()
         .map_err(|e| Failure::invalid(field, format_args!("is not a valid regular expression: {e}")))?;
     Ok(pattern.to_string())
@@ -186,8 +228,27 @@ mod tests {
     }
 
     #[test]
+    fn free_form_objects() {
+        let nested = |levels: usize| {
+            let mut v = serde_json::json!(1);
+            for _ in 0..levels {
+                v = serde_json::json!({ "a": v });
+            }
+            v.as_object().unwrap().clone()
+        };
+        assert!(free_form("config", &nested(MAX_FREE_FORM_DEPTH)).is_ok());
+        assert!(code(free_form("config", &nested(MAX_FREE_FORM_DEPTH + 1)).map(|_| String::new()))
+            .starts_with("invalid_config: config: must be nested at most"));
+        let mut big = serde_json::Map::new();
+        big.insert("k".into(), "x".repeat(MAX_FREE_FORM_BYTES).into());
+        assert!(code(free_form("arguments", &big).map(|_| String::new())).starts_with("invalid_arguments:"));
+    }
+
+    #[test]
     fn regexes() {
         assert!(regex("pattern", r"^book(ed|ing)\s+\d+").is_ok());
         assert!(regex("pattern", "(unclosed").is_err());
+        assert!(regex("pattern", ".{100}").is_ok());
+        assert!(code(regex("pattern", r"\w{10}")).contains("exceeds size limit"));
     }
 }

@@ -36,9 +36,28 @@ pub struct ApiError<B> {
     schema: PhantomData<fn() -> B>,
 }
 
+/// The longest error message sent (and logged): messages quote what the
+/// client sent (an id, a field's name, an enum value), which only the body
+/// limit bounds otherwise. Longer ones end in `…`.
+pub const MAX_MESSAGE_BYTES: usize = 4096;
+
+/// `message`, cut to [`MAX_MESSAGE_BYTES`] at a character boundary.
+pub fn clip_message(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES - '…'.len_utf8();
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push('…');
+    }
+    message
+}
+
 impl<B> ApiError<B> {
     pub fn new(status: ErrorStatusCode, error_code: impl Into<String>, message: impl Into<String>) -> Self {
-        ApiError { status, error_code: error_code.into(), message: message.into(), internal: None, schema: PhantomData }
+        let message = clip_message(message.into());
+        ApiError { status, error_code: error_code.into(), message, internal: None, schema: PhantomData }
     }
 
     pub fn bad_request(error_code: impl Into<String>, message: impl Into<String>) -> Self {

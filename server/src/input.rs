@@ -10,7 +10,7 @@ use dropshot::{
 };
 use serde::de::DeserializeOwned;
 
-use crate::error::{code_for_status, ErrorCode};
+use crate::error::{clip_message, code_for_status, ErrorCode};
 
 /// Who is calling: the user a credential belongs to, and the credential.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,8 +121,12 @@ where
     }
 }
 
-/// Gives dropshot's extractor errors (which carry no code) a stable one.
+/// Gives dropshot's extractor errors (which carry no code) a stable one,
+/// and clips their messages (which may quote what the client sent) as
+/// [`ApiError`](crate::ApiError)'s are.
 pub(crate) fn coded(mut error: HttpError, bad_request_code: &str) -> HttpError {
+    error.external_message = clip_message(error.external_message);
+    error.internal_message = clip_message(error.internal_message);
     if error.error_code.is_none() {
         let code = match error.status_code.as_u16() {
             400 => bad_request_code,

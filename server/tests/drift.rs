@@ -23,8 +23,8 @@
 //! 5. Text: `description`, `summary`, `title` and `example` are dropped.
 //! 6. Limits typify does not carry into the schema it derives: `minLength`,
 //!    `maxLength`, `pattern` (enforced in a newtype whose schema is a plain
-//!    string), `minimum`, `maximum`, `minItems`, `maxItems` (checked by the
-//!    implementation's parsing), and an integer format's sign (typify picks
+//!    string), `minimum`, `maximum`, `minItems`, `maxItems`, `maxProperties`
+//!    (checked by the implementation's parsing), and an integer format's sign (typify picks
 //!    `u32` for an `int32` with `minimum: 0`): `uint32` ≡ `int32`,
 //!    `uint64` ≡ `int64`.
 //! 7. Nullable and optional: schemars writes an `Option<T>` field as
@@ -76,7 +76,7 @@ fn emitted() -> Value {
 
 const METHODS: [&str; 5] = ["get", "put", "post", "delete", "patch"];
 const TEXT: [&str; 6] = ["description", "summary", "title", "example", "examples", "externalDocs"];
-const LIMITS: [&str; 9] = [
+const LIMITS: [&str; 10] = [
     "minLength",
     "maxLength",
     "pattern",
@@ -86,6 +86,7 @@ const LIMITS: [&str; 9] = [
     "exclusiveMaximum",
     "minItems",
     "maxItems",
+    "maxProperties",
 ];
 
 /// The normalized, comparable form of a document.
