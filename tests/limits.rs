@@ -221,3 +221,65 @@ async fn error_messages_are_bounded() {
     }
     assert!(s.log.contents().len() < 200_000, "the log quotes no 100 KB value");
 }
+
+/// A run's `metadata` is kept with its batch run, its results and the
+/// activity record of the run: nested deeper than a JSON reader accepts, it
+/// made `GET /batch-runs` and `GET /activity` of the whole project unreadable
+/// through the generated client.
+#[tokio::test]
+async fn run_metadata_is_shallow() {
+    let s = TestServer::start().await;
+    let key = &s.admin_key;
+    let p = &s.create_project(key, "metadata").await;
+    let (channel, scenario) = channel_and_scenario(&s, key, p).await;
+    let test = create(
+        &s,
+        "/v1/tests",
+        key,
+        json!({"project_id": p, "name": "books", "channel_id": channel, "scenario_id": scenario}),
+    )
+    .await;
+    let run = format!("/v1/tests/{test}/run");
+    refused(&s, Method::POST, &run, key, json!({"metadata": {"ci": nested(120)}}), "invalid_metadata", "metadata")
+        .await;
+    s.expect(Method::POST, &run, key, Some(json!({"metadata": {"ci": {"job": {"id": 7}}}})), 200).await;
+    s.client(key).list_batch_runs().project_id(p.as_str()).send().await.unwrap();
+    s.client(key).list_activity().project_id(p.as_str()).send().await.unwrap();
+}
+
+/// One batch run holds at most 10,000 runs; a batch whose tests make more is
+/// refused with a code of its own (its body has no field to blame), before
+/// anything is reserved or queued.
+#[tokio::test]
+async fn a_batch_run_holds_at_most_10000_runs() {
+    // Credits for 9,900 ten-minute conversations, and no worker to hold them.
+    let s = TestServer::start_configured(Vec::new(), |c| {
+        c.starting_credits = 100_000;
+        c.engine.workers = 0;
+    })
+    .await;
+    let key = &s.admin_key;
+    let p = &s.create_project(key, "big").await;
+    let (channel, scenario) = channel_and_scenario(&s, key, p).await;
+    let mut personas = Vec::new();
+    for i in 0..11 {
+        personas.push(create(&s, "/v1/personas", key, json!({"project_id": p, "name": format!("caller {i}")})).await);
+    }
+    let mut tests = Vec::new();
+    for i in 0..10 {
+        let body = json!({"project_id": p, "name": format!("t{i}"), "channel_id": channel, "scenario_id": scenario,
+                          "persona_ids": personas, "iterations": 100});
+        tests.push(create(&s, "/v1/tests", key, body).await);
+    }
+    let batch = create(&s, "/v1/batches", key, json!({"project_id": p, "name": "all", "test_ids": tests})).await;
+    let (status, e) =
+        error_body(s.send_json(Method::POST, &format!("/v1/batches/{batch}/run"), key, Some(json!({}))).await).await;
+    assert_eq!((status, e["error_code"].as_str()), (400, Some("too_many_runs")), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("10000 runs"), "{e}");
+    let runs = s.expect(Method::GET, &format!("/v1/batch-runs?project_id={p}"), key, None, 200).await;
+    assert_eq!(runs["batch_runs"], json!([]), "nothing started");
+    // Nine of them fit.
+    let fits = create(&s, "/v1/batches", key, json!({"project_id": p, "name": "fits", "test_ids": tests[..9]})).await;
+    let started = s.expect(Method::POST, &format!("/v1/batches/{fits}/run"), key, Some(json!({})), 200).await;
+    assert_eq!(started["counts"]["total"], 9900);
+}

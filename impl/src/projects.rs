@@ -23,7 +23,7 @@ use crate::{ids, validate, AppState};
 
 pub const DEFAULT_MAX_CALL_DURATION_S: u32 = 600;
 pub const DEFAULT_CONCURRENCY: u32 = 10;
-const MAX_WEBHOOK_SECRET: usize = 500;
+const MAX_WEBHOOK_SECRET: usize = 200;
 const MASKED: &str = "***";
 
 /// The editable part of a project, checked.

@@ -59,6 +59,9 @@ fn metadata(given: Map<String, Value>) -> Result<Map<String, Value>> {
             format_args!("at most {MAX_METADATA_BYTES} bytes of JSON, got {size}"),
         ));
     }
+    // Kept with the batch run and its activity record, and shown in their
+    // lists: as shallow as every free-form object.
+    crate::validate::free_form("metadata", &given)?;
     Ok(given)
 }
 
@@ -128,10 +131,14 @@ fn expand(
             },
         );
         if planned.len() > MAX_RUNS_PER_REQUEST {
-            return Err(Failure::invalid(
-                "test_ids",
-                format_args!("more than {MAX_RUNS_PER_REQUEST} runs (tests × personas × iterations) in one request"),
-            ));
+            // Not a field of the request: the batch's or channel's tests.
+            return Err(Failure::Invalid {
+                code: "too_many_runs".into(),
+                message: format!(
+                    "these tests make more than {MAX_RUNS_PER_REQUEST} runs (tests × personas × iterations), more \
+                     than one batch run holds; split them over several batches, or run fewer iterations"
+                ),
+            });
         }
     }
     if planned.is_empty() {
