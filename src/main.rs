@@ -258,8 +258,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 async fn run_agent(config: agent::AgentConfig) -> anyhow::Result<()> {
     let log = logger(LogFormat::Pretty);
     let server = agent::serve(config, log.clone()).await?;
-    // Scripts and tests read the address from this line.
-    println!("listening on http://{}", server.local_addr());
+    // Scripts and tests read the address from the first line.
+    let addr = server.local_addr();
+    println!("listening on http://{addr}");
+    println!("channel targets: http://{addr}/http (kind http), ws://{addr}/ws (kind websocket)");
     shutdown_signal().await;
     server.close().await.map_err(|e| anyhow::anyhow!(e))
 }

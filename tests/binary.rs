@@ -315,6 +315,25 @@ fn the_demo_runs_a_batch_and_prints_its_results() {
     assert!(stdout.contains(" sparring run --url http://127.0.0.1:") && stdout.contains(" --batch bat_"), "{stdout}");
 }
 
+/// `sparring agent` says where to point channels: the protocols are served
+/// at `/http` and `/ws`, and a channel at the bare address gets a 404 on
+/// every turn.
+#[tokio::test]
+async fn the_reference_agent_prints_its_channel_targets() {
+    let agent = common::process::Proc::spawn(&["agent", "--bind", "127.0.0.1:0"]);
+    agent.expect("the channel targets", |o| o.stdout.contains("channel targets:"));
+    let stdout = agent.stdout();
+    let line = stdout.lines().find(|l| l.starts_with("channel targets:")).unwrap();
+    let http_target = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap();
+    let ws_target = line.split_whitespace().find(|w| w.starts_with("ws://")).unwrap();
+    assert!(http_target.ends_with("/http") && ws_target.ends_with("/ws"), "{line}");
+    let turn = serde_json::json!({"call_id": "call_1", "turn": 0, "event": "start", "message": null});
+    let resp = http().post(http_target).json(&turn).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "{http_target}");
+    let reply: Value = resp.json().await.unwrap();
+    assert!(reply["messages"].is_array(), "{reply}");
+}
+
 #[test]
 fn bad_label_is_refused() {
     let dir = tempfile::tempdir().unwrap();
