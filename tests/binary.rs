@@ -392,6 +392,7 @@ fn a_first_start_that_cannot_bind_does_not_lose_the_admin_key() {
     let (status, stdout, stderr) = run(&["serve", "--bind", &bind, "--data-dir", data_dir]);
     assert!(!status.success(), "served on a taken address: {stdout}");
     assert!(stderr.contains(&bind), "the error does not name the address: {stderr}");
+    assert!(stderr.contains("in use"), "the error does not say why: {stderr}");
     assert!(!stdout.contains("spk_"), "a key was printed by a server that never served: {stdout}");
     drop(taken);
 
