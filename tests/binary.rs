@@ -312,6 +312,10 @@ fn the_demo_runs_a_batch_and_prints_its_results() {
     assert!(buggy.contains(" 0%") && buggy.contains("right day"), "{buggy}");
     assert!(stdout.contains("passed: false (the CI gate)"), "{stdout}");
     assert!(stdout.contains("/v1/batch-runs/brn_"), "{stdout}");
+    // Every URL printed to paste into a shell is quoted: one with a query
+    // (`?`) is a glob to zsh, which refuses it unquoted.
+    let activity = stdout.lines().find(|l| l.contains("/v1/activity?")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(activity.contains(" 'http://127.0.0.1:") && activity.ends_with('\''), "{activity}");
     assert!(stdout.contains(" sparring run --url http://127.0.0.1:") && stdout.contains(" --batch bat_"), "{stdout}");
 }
 
