@@ -244,10 +244,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(key) = &server.first_start_key {
         // Shown once: only its hash is stored.
         println!(
-            "\nA new database was created in {dir}, with an admin user and this API key.\n\
+            "\nA new database was created in {dir}, with an admin user\n\
+             (email {email}, for `sparring admin … --user`) and this API key.\n\
              It is shown only now; keep it somewhere safe:\n\n    {key}\n\n\
              Try it:\n\n    curl -H 'x-api-key: {key}' http://{addr}/v1/api-keys\n",
-            dir = args.data_dir.display()
+            dir = args.data_dir.display(),
+            email = sparring_impl::users::ADMIN_EMAIL,
         );
     }
     shutdown_signal().await;

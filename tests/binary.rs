@@ -58,6 +58,12 @@ async fn first_start_prints_one_key_once() {
     assert!(keys.iter().all(|k| *k == key), "one key only: {keys:?}");
     let curl = stdout.lines().map(str::trim).find(|l| l.starts_with("curl")).unwrap_or_else(|| panic!("{stdout}"));
     assert!(curl.contains(&key) && curl.contains(&server.url("/v1/api-keys")), "{curl}");
+    // The admin's email is named: the admin commands take it (`--user`).
+    assert!(stdout.contains("admin@localhost"), "{stdout}");
+    let data_dir = dir.path().to_str().unwrap();
+    let (status, out, err) =
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "admin@localhost", "--amount", "5"]);
+    assert!(status.success() && out.contains("admin@localhost now has"), "{status}: {out}{err}");
 
     let resp = client.get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
