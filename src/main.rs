@@ -60,14 +60,15 @@ enum AdminCommand {
         #[arg(long)]
         label: String,
     },
-    /// Add credits to a user's ledger (a negative amount takes some away,
-    /// never below zero); prints the new balance.
+    /// Add credits to a user's ledger (a negative amount takes some away; one
+    /// that would go below zero is refused); prints the new balance.
     GrantCredits {
         #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
         data_dir: PathBuf,
         /// The user's email.
         #[arg(long)]
         user: String,
+        /// Credits to add; negative to take some away.
         #[arg(long, allow_hyphen_values = true)]
         amount: i64,
         /// What the entry is for, as the ledger shows it.
