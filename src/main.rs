@@ -40,7 +40,8 @@ enum Command {
     /// for the verdict (the CI gate): exit 0 if every test met its pass
     /// threshold, 1 if not, 2 without a verdict.
     Run(run::RunArgs),
-    /// Administer a data dir directly.
+    /// Administer a data dir (`create-key` goes through the server running on
+    /// it, if one is).
     Admin {
         #[command(subcommand)]
         command: AdminCommand,
@@ -54,9 +55,12 @@ enum AdminCommand {
     CreateKey {
         #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
         data_dir: PathBuf,
-        /// The user's email.
+        /// The user's email (the admin made by the first start is
+        /// `admin@localhost`).
         #[arg(long)]
         user: String,
+        /// The key's label, as `GET /v1/api-keys` lists it (1 to 100
+        /// characters).
         #[arg(long)]
         label: String,
     },
@@ -65,7 +69,8 @@ enum AdminCommand {
     GrantCredits {
         #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
         data_dir: PathBuf,
-        /// The user's email.
+        /// The user's email (the admin made by the first start is
+        /// `admin@localhost`).
         #[arg(long)]
         user: String,
         /// Credits to add; negative to take some away.
