@@ -277,7 +277,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         format!("/v1/activity?project_id={p}"),
         "/v1/queue/stats".to_string(),
     ] {
-        println!("  curl -s -H 'x-api-key: {key}' {base}{path}");
+        // Quoted: zsh (macOS's shell) would take the `?` of a query for a
+        // glob and refuse the line ("no matches found").
+        println!("  curl -s -H 'x-api-key: {key}' '{base}{path}'");
     }
     println!("\nThe same batch as a CI gate (exit 0 if it passes, 1 if not; see README):");
     println!("  SPARRING_API_KEY={key} sparring run --url {base} --batch {}", batch.id);

@@ -45,7 +45,8 @@ enum Command {
     /// Show one conversation: the verdict and why, the transcript with each
     /// agent reply's latency, the tool calls and every evaluation.
     Result(result::ResultArgs),
-    /// Administer a data dir directly.
+    /// Administer a data dir (`create-key` goes through the server running on
+    /// it, if one is).
     Admin {
         #[command(subcommand)]
         command: AdminCommand,
@@ -59,20 +60,25 @@ enum AdminCommand {
     CreateKey {
         #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
         data_dir: PathBuf,
-        /// The user's email.
+        /// The user's email (the admin made by the first start is
+        /// `admin@localhost`).
         #[arg(long)]
         user: String,
+        /// The key's label, as `GET /v1/api-keys` lists it (1 to 100
+        /// characters).
         #[arg(long)]
         label: String,
     },
-    /// Add credits to a user's ledger (a negative amount takes some away,
-    /// never below zero); prints the new balance.
+    /// Add credits to a user's ledger (a negative amount takes some away; one
+    /// that would go below zero is refused); prints the new balance.
     GrantCredits {
         #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
         data_dir: PathBuf,
-        /// The user's email.
+        /// The user's email (the admin made by the first start is
+        /// `admin@localhost`).
         #[arg(long)]
         user: String,
+        /// Credits to add; negative to take some away.
         #[arg(long, allow_hyphen_values = true)]
         amount: i64,
         /// What the entry is for, as the ledger shows it.
@@ -258,10 +264,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(key) = &server.first_start_key {
         // Shown once: only its hash is stored.
         println!(
-            "\nA new database was created in {dir}, with an admin user and this API key.\n\
+            "\nA new database was created in {dir}, with an admin user\n\
+             (email {email}, for `sparring admin … --user`) and this API key.\n\
              It is shown only now; keep it somewhere safe:\n\n    {key}\n\n\
              Try it:\n\n    curl -H 'x-api-key: {key}' http://{addr}/v1/api-keys\n",
-            dir = args.data_dir.display()
+            dir = args.data_dir.display(),
+            email = sparring_impl::users::ADMIN_EMAIL,
         );
     }
     shutdown_signal().await;
@@ -272,8 +280,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 async fn run_agent(config: agent::AgentConfig) -> anyhow::Result<()> {
     let log = logger(LogFormat::Pretty);
     let server = agent::serve(config, log.clone()).await?;
-    // Scripts and tests read the address from this line.
-    println!("listening on http://{}", server.local_addr());
+    // Scripts and tests read the address from the first line.
+    let addr = server.local_addr();
+    println!("listening on http://{addr}");
+    println!("channel targets: http://{addr}/http (kind http), ws://{addr}/ws (kind websocket)");
     shutdown_signal().await;
     server.close().await.map_err(|e| anyhow::anyhow!(e))
 }

@@ -58,6 +58,12 @@ async fn first_start_prints_one_key_once() {
     assert!(keys.iter().all(|k| *k == key), "one key only: {keys:?}");
     let curl = stdout.lines().map(str::trim).find(|l| l.starts_with("curl")).unwrap_or_else(|| panic!("{stdout}"));
     assert!(curl.contains(&key) && curl.contains(&server.url("/v1/api-keys")), "{curl}");
+    // The admin's email is named: the admin commands take it (`--user`).
+    assert!(stdout.contains("admin@localhost"), "{stdout}");
+    let data_dir = dir.path().to_str().unwrap();
+    let (status, out, err) =
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "admin@localhost", "--amount", "5"]);
+    assert!(status.success() && out.contains("admin@localhost now has"), "{status}: {out}{err}");
 
     let resp = client.get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
@@ -312,7 +318,30 @@ fn the_demo_runs_a_batch_and_prints_its_results() {
     assert!(buggy.contains(" 0%") && buggy.contains("right day"), "{buggy}");
     assert!(stdout.contains("passed: false (the CI gate)"), "{stdout}");
     assert!(stdout.contains("/v1/batch-runs/brn_"), "{stdout}");
+    // Every URL printed to paste into a shell is quoted: one with a query
+    // (`?`) is a glob to zsh, which refuses it unquoted.
+    let activity = stdout.lines().find(|l| l.contains("/v1/activity?")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(activity.contains(" 'http://127.0.0.1:") && activity.ends_with('\''), "{activity}");
     assert!(stdout.contains(" sparring run --url http://127.0.0.1:") && stdout.contains(" --batch bat_"), "{stdout}");
+}
+
+/// `sparring agent` says where to point channels: the protocols are served
+/// at `/http` and `/ws`, and a channel at the bare address gets a 404 on
+/// every turn.
+#[tokio::test]
+async fn the_reference_agent_prints_its_channel_targets() {
+    let agent = common::process::Proc::spawn(&["agent", "--bind", "127.0.0.1:0"]);
+    agent.expect("the channel targets", |o| o.stdout.contains("channel targets:"));
+    let stdout = agent.stdout();
+    let line = stdout.lines().find(|l| l.starts_with("channel targets:")).unwrap();
+    let http_target = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap();
+    let ws_target = line.split_whitespace().find(|w| w.starts_with("ws://")).unwrap();
+    assert!(http_target.ends_with("/http") && ws_target.ends_with("/ws"), "{line}");
+    let turn = serde_json::json!({"call_id": "call_1", "turn": 0, "event": "start", "message": null});
+    let resp = http().post(http_target).json(&turn).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "{http_target}");
+    let reply: Value = resp.json().await.unwrap();
+    assert!(reply["messages"].is_array(), "{reply}");
 }
 
 #[test]
@@ -373,6 +402,7 @@ fn a_first_start_that_cannot_bind_does_not_lose_the_admin_key() {
     let (status, stdout, stderr) = run(&["serve", "--bind", &bind, "--data-dir", data_dir]);
     assert!(!status.success(), "served on a taken address: {stdout}");
     assert!(stderr.contains(&bind), "the error does not name the address: {stderr}");
+    assert!(stderr.contains("in use"), "the error does not say why: {stderr}");
     assert!(!stdout.contains("spk_"), "a key was printed by a server that never served: {stdout}");
     drop(taken);
 

@@ -347,6 +347,27 @@ async fn every_agent_failure_is_an_error_with_a_reason() {
     }
 }
 
+/// A channel pointed at the reference agent's address rather than its
+/// `/http` path: the agent answers 404 with a pretty-printed JSON body. The
+/// failure reason quotes that body on one line, so a one-line view of it
+/// (`sparring run`'s table) shows the agent's message, not a lone `{`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_error_body_is_quoted_on_one_line() {
+    let agent = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let t = s.team("one line").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.base).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "wrong path", &ch, &scenario, 1)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    let result = &results_of(&s, &t.viewer, &test).await[0];
+    let reason = result["failure_reason"].as_str().unwrap();
+    assert!(reason.contains("HTTP 404: {") && reason.contains("\"message\": \"Not Found\""), "{reason:?}");
+    assert!(!reason.contains('\n'), "the reason is one line: {reason:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversations_overlap_up_to_the_batch_concurrency() {
     let agent = Agent::start(&["--latency-ms", "300"]);

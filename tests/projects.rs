@@ -109,6 +109,10 @@ async fn a_project_keeps_an_owner() {
     )
     .await;
     assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_email"));
+    // And how such a user comes to be: a server with API keys only has no
+    // sign-in, and its users are made by the admin command.
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("nobody@example.com") && message.contains("sparring admin create-key"), "{message}");
 }
 
 #[tokio::test]

@@ -11,8 +11,9 @@
 //!   cargo run -p sparring-client --example first_hour
 //! ```
 //!
-//! The reviewer must have signed in once (a user is created on first
-//! sign-in). `SPARRING_URL` may end in `/v1` or not.
+//! The reviewer must be a user already: one who signed in once with an ID
+//! token, or was given a key with `sparring admin create-key --user EMAIL`.
+//! `SPARRING_URL` may end in `/v1` or not.
 
 use std::error::Error;
 

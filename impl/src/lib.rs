@@ -314,7 +314,12 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     let server = ServerBuilder::new(api, ApiContext::new(state.clone()), log.clone())
         .config(dropshot_config(config.bind))
         .start()
-        .map_err(|e| anyhow::anyhow!("starting the server on {}: {e}", config.bind))?;
+        .map_err(|e| {
+            // dropshot's message ("failed to bind to ADDR") leaves out why:
+            // the cause ("Address already in use") is its source.
+            let cause = std::error::Error::source(&e).map(|c| format!(": {c}")).unwrap_or_default();
+            anyhow::anyhow!("starting the server on {}: {e}{cause}", config.bind)
+        })?;
 
     let flusher = {
         let state = state.clone();

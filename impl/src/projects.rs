@@ -419,7 +419,13 @@ pub async fn add_member(
                 Who::Id(i) => ("user_id", "SELECT id FROM users WHERE id = ?1", i),
             };
             let user_id: String = tx.query_row(lookup, params![value], |r| r.get(0)).optional()?.ok_or_else(|| {
-                Failure::invalid(field, format_args!("no user `{value}`; they must sign in once first"))
+                Failure::invalid(
+                    field,
+                    format_args!(
+                        "no user `{value}`; a user is made by their first sign-in with an ID token, \
+                     or by `sparring admin create-key --user EMAIL`"
+                    ),
+                )
             })?;
             if access::role_in(tx, &user_id, &path.id)?.is_some() {
                 return Err(Failure::Conflict {

@@ -127,10 +127,10 @@ pub async fn complete(
         super::body_at_most(&mut response, MAX_ANSWER_BYTES).await.map_err(failed)?.ok_or(LlmError::TooLarge)?;
     let text = String::from_utf8_lossy(&bytes);
     if !status.is_success() {
-        return Err(LlmError::Status { status: status.as_u16(), body: clip(&text, 300) });
+        return Err(LlmError::Status { status: status.as_u16(), body: excerpt(&text, 300) });
     }
     let completion: Completion =
-        serde_json::from_str(&text).map_err(|e| LlmError::Malformed(format!("{e}; body: {}", clip(&text, 200))))?;
+        serde_json::from_str(&text).map_err(|e| LlmError::Malformed(format!("{e}; body: {}", excerpt(&text, 200))))?;
     completion
         .choices
         .into_iter()
@@ -149,6 +149,15 @@ fn without_url(e: &reqwest::Error) -> String {
 }
 
 /// At most `max` characters of `s`, marked when cut.
+/// A body (an agent's or an LLM endpoint's) quoted in a reason: its lines
+/// joined on one line, then clipped. Reasons are read in one-line places (a
+/// table row of `sparring run`, a log line), and a pretty-printed JSON error
+/// body's first line is only `{`.
+pub fn excerpt(s: &str, max: usize) -> String {
+    let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    clip(&lines.join(" "), max)
+}
+
 pub fn clip(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         Some((i, _)) => format!("{}…", &s[..i]),
@@ -196,5 +205,11 @@ mod tests {
     fn clip_marks_the_cut() {
         assert_eq!(clip("abcdef", 3), "abc…");
         assert_eq!(clip("abc", 3), "abc");
+    }
+
+    #[test]
+    fn an_excerpt_is_one_line() {
+        assert_eq!(excerpt("{\n  \"message\": \"Not Found\"\r\n}\n", 100), "{ \"message\": \"Not Found\" }");
+        assert_eq!(excerpt("a  b\n\n  c", 3), "a  …");
     }
 }

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use super::{turn_limit, Reply, TurnFailure, CALL_ID_HEADER, MAX_REPLY_BYTES};
-use crate::engine::llm::clip;
+use crate::engine::llm::excerpt;
 use crate::engine::CallPlan;
 
 pub(super) struct HttpAgent<'a> {
@@ -137,7 +137,7 @@ impl<'a> HttpAgent<'a> {
             return Err(format!(
                 "the agent answered turn {turn} with HTTP {}: {}",
                 status.as_u16(),
-                clip(text.trim(), 300)
+                excerpt(&text, 300)
             ));
         }
         Ok(text)
@@ -146,13 +146,13 @@ impl<'a> HttpAgent<'a> {
 
 fn parse_reply(turn: u32, text: &str) -> Result<WireReply, String> {
     let value: Value = serde_json::from_str(text)
-        .map_err(|e| format!("the agent's reply to turn {turn} is not JSON ({e}): {}", clip(text.trim(), 200)))?;
+        .map_err(|e| format!("the agent's reply to turn {turn} is not JSON ({e}): {}", excerpt(text, 200)))?;
     serde_json::from_value(value).map_err(|e| {
         format!(
             "the agent's reply to turn {turn} is not of the protocol's shape \
              {{\"messages\": [{{\"role\": \"assistant\", \"content\": …}}], \"end_call\": …, \"tool_calls\": […]}} \
              ({e}): {}",
-            clip(text.trim(), 200)
+            excerpt(text, 200)
         )
     })
 }

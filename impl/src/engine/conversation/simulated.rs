@@ -12,7 +12,7 @@ use sparring_server::types::{self, InterruptionLevel, PersonaLevel, TurnRole};
 use tokio::time::Instant;
 
 use super::Next;
-use crate::engine::llm::{self, clip, ChatMessage, LlmEndpoint};
+use crate::engine::llm::{self, excerpt, ChatMessage, LlmEndpoint};
 use crate::engine::CallPlan;
 
 /// How long one answer of the caller's LLM may take. Long enough for slow
@@ -153,9 +153,8 @@ pub(super) fn parse(answer: &str) -> Next {
     }
     match say {
         Some(line) => Next::Say { line: line.to_string(), step: None },
-        None => Next::Failed(format!(
-            "its answer has neither a line to say nor \"done\": true: {}",
-            clip(answer.trim(), 200)
-        )),
+        None => {
+            Next::Failed(format!("its answer has neither a line to say nor \"done\": true: {}", excerpt(answer, 200)))
+        }
     }
 }

@@ -19,7 +19,7 @@ use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 use super::{later, turn_limit, Reply, TurnFailure, CALL_ID_HEADER, MAX_REPLY_BYTES};
-use crate::engine::llm::clip;
+use crate::engine::llm::{clip, excerpt};
 use crate::engine::CallPlan;
 
 pub(super) struct WsAgent {
@@ -215,15 +215,15 @@ impl WsAgent {
 
 fn parse_frame(turn: u32, text: &str) -> Result<Frame, String> {
     let value: Value = serde_json::from_str(text).map_err(|e| {
-        format!("the agent sent a frame that is not JSON during turn {turn} ({e}): {}", clip(text, 200))
+        format!("the agent sent a frame that is not JSON during turn {turn} ({e}): {}", excerpt(text, 200))
     })?;
     let Value::Object(frame) = value else {
         return Err(format!(
             "the agent sent a frame that is not a JSON object during turn {turn}: {}",
-            clip(text, 200)
+            excerpt(text, 200)
         ));
     };
-    let shape = |what: &str| format!("the agent sent a `{what}` frame during turn {turn}: {}", clip(text, 200));
+    let shape = |what: &str| format!("the agent sent a `{what}` frame during turn {turn}: {}", excerpt(text, 200));
     match frame.get("type").and_then(Value::as_str) {
         Some("message") => match frame.get("content") {
             Some(Value::String(content)) => Ok(Frame::Message(content.clone())),
@@ -246,7 +246,7 @@ fn parse_frame(turn: u32, text: &str) -> Result<Frame, String> {
             "the agent sent a frame of unknown type `{}` during turn {turn} (expected message, tool_call, end_call or turn_end)",
             clip(other, 40)
         )),
-        None => Err(format!("the agent sent a frame without a string `type` during turn {turn}: {}", clip(text, 200))),
+        None => Err(format!("the agent sent a frame without a string `type` during turn {turn}: {}", excerpt(text, 200))),
     }
 }
 
@@ -283,7 +283,7 @@ fn connect_error(target: &str, e: tungstenite::Error) -> String {
                 format!("the agent at {target} refused the websocket connection for turn 0 with HTTP {status}");
             match body.trim() {
                 "" => refused,
-                body => format!("{refused}: {}", clip(body, 300)),
+                body => format!("{refused}: {}", excerpt(body, 300)),
             }
         }
         tungstenite::Error::Url(e) => format!("the channel target `{target}` is not a usable websocket URL: {e}"),

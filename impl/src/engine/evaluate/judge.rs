@@ -12,7 +12,7 @@ use serde_json::Value;
 use sparring_server::types::TurnRole;
 
 use super::{Decision, Scope};
-use crate::engine::llm::{self, clip, first_json_object, ChatMessage, LlmEndpoint};
+use crate::engine::llm::{self, clip, excerpt, first_json_object, ChatMessage, LlmEndpoint};
 use crate::engine::Outcome;
 
 /// How long one judge may take to answer.
@@ -107,7 +107,7 @@ pub(super) fn messages(criterion: &str, outcome: &Outcome, scope: Scope<'_>) -> 
 /// The judge's verdict from its answer. `score` is optional (1 or 0 from
 /// `passed` when absent, clamped to 0..1); a missing `reason` is said so.
 pub(super) fn parse_answer(answer: &str) -> Result<Decision, String> {
-    let shown = || clip(answer.trim(), 200);
+    let shown = || excerpt(answer, 200);
     let object = first_json_object(answer).ok_or_else(|| format!("the answer has no JSON object: {}", shown()))?;
     let passed = match object.get("passed") {
         Some(Value::Bool(b)) => *b,
