@@ -14,12 +14,17 @@ pub struct Remote {
     /// An API key of yours. Prefer the environment variable: a command's
     /// arguments can be read by other users of the machine.
     #[arg(long, env = "SPARRING_API_KEY", hide_env_values = true)]
-    pub api_key: String,
+    pub api_key: Option<String>,
 }
 
 impl Remote {
     pub fn client(&self) -> anyhow::Result<sparring_client::Client> {
-        sparring_client::Client::with_api_key(&base_url(&self.url), &self.api_key)
+        let Some(key) = self.api_key.as_deref().filter(|k| !k.is_empty()) else {
+            anyhow::bail!(
+                "no API key: set SPARRING_API_KEY (or give --api-key, which other users of the machine can see)"
+            )
+        };
+        sparring_client::Client::with_api_key(&base_url(&self.url), key)
             .map_err(|e| anyhow::anyhow!("the API key cannot be sent as a header: {e}"))
     }
 }

@@ -191,6 +191,12 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
         assert!(stdout.is_empty(), "{args:?}: {stdout}");
     }
 
+    // No key: said how to give one.
+    let mut p =
+        Proc::spawn_with_env(&["run", "--url", &s.base, "--test", &suite.good_test], &[("SPARRING_API_KEY", "")]);
+    assert_eq!(p.wait_exit().code(), Some(2));
+    assert!(p.stderr().contains("no API key: set SPARRING_API_KEY"), "{}", p.stderr());
+
     // The server is not there.
     let mut p = Proc::spawn_with_env(
         &["run", "--url", "http://127.0.0.1:9", "--test", &suite.good_test],

@@ -8,7 +8,7 @@
 use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, TestSuite};
 use sparring_client::types;
 
-use super::{first_line, passed_of};
+use super::passed_of;
 
 /// The report of batch run `run` with its `tests` (or why they could not be
 /// read); `gave_up` says why the command stopped waiting, if it did.
@@ -85,7 +85,7 @@ fn case(test: &types::BatchRunTest, no_verdict: &str) -> TestCase {
                 .failures
                 .iter()
                 .map(|f| {
-                    let reason = f.failure_reason.as_deref().map(first_line).unwrap_or_default();
+                    let reason = f.failure_reason.as_deref().unwrap_or_default();
                     format!("{} ({}, run {}): {reason}", f.test_result_id, f.status, f.run_id)
                 })
                 .collect();
