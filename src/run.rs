@@ -6,10 +6,11 @@
 //! - 1: it completed and some test did not;
 //! - 2: no verdict: bad arguments, an API error (credential, not found,
 //!   insufficient credits, …), the batch run cancelled, or the wait given up
-//!   (`--timeout`, an interrupt).
+//!   (`--timeout`, an interrupt, the batch run unreadable).
 //!
-//! Interrupted (Ctrl-C, SIGTERM: a CI job cancelled) or timed out, it cancels
-//! the batch run it started, so an abandoned pipeline spends no more credits;
+//! Interrupted (Ctrl-C, SIGTERM: a CI job cancelled), timed out, or unable to
+//! read the batch run (5 minutes of failures, or an error that will not
+//! pass), it cancels the batch run it started, so an abandoned pipeline spends no more credits;
 //! `--keep-running` leaves it going instead.
 
 use std::io::IsTerminal as _;
@@ -318,9 +319,14 @@ async fn wait(
                     ));
                 }
             }
+            // Reads that keep failing, or one that will not pass (the key
+            // revoked): given up like a timeout, so the batch run is
+            // cancelled (no abandoned job spends credits) and the JSON and
+            // the report still say how it stood.
             Err(e) => {
                 progress.abandon();
-                return Err(api_error(e).context(format!("reading batch run {}", started.id)));
+                let why = format!("reading batch run {} failed: {:#}", started.id, api_error(e));
+                return Ok(Waited::GaveUp(why, Box::new(current)));
             }
         }
     }

@@ -627,3 +627,68 @@ async fn sparring_result_shows_a_conversation_and_why_it_failed() {
     assert_eq!(code, Some(1), "{stdout}");
     assert!(stderr.contains("404 not_found"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_run_that_cannot_be_read_is_given_up_cancelled_and_reported() {
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let test = slow_suite(&s, &key, &slow).await;
+    // Reads of the batch run get an error that will not pass (as after 5
+    // minutes of failures); a cancel still gets through.
+    let front = Front::start(&s.base, |method, path| {
+        is_batch_run(method, path).then_some(Answer::With(
+            404,
+            "application/json",
+            r#"{"error_code": "not_found", "message": "no batch run here", "request_id": "req_front"}"#,
+        ))
+    })
+    .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let (code, stdout, stderr) =
+        run_at(&front.base, &key, &["--test", &test, "--json", "--junit", junit.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
+    let id = started_id(&stderr);
+    assert!(stderr.contains("404 not_found: no batch run here"), "{stderr}");
+    // Not left spending credits.
+    assert!(stderr.contains(&format!("cancelled batch run {id}")), "{stderr}");
+    assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+    // The JSON and the report, as on any other give-up.
+    let seen: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    assert_eq!(seen["id"], json!(id));
+    let xml = std::fs::read_to_string(&junit).unwrap_or_else(|e| panic!("no report ({e}): {stderr}"));
+    assert!(xml.contains(r#"tests="1" failures="0" errors="1""#), "{xml}");
+    assert!(xml.contains(r#"<error message="no verdict: reading batch run "#), "{xml}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_run_cancelled_by_someone_else_is_no_verdict_in_the_report_even_without_its_tests() {
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let test = slow_suite(&s, &key, &slow).await;
+    // Its tests cannot be read at the end.
+    let front = Front::start(&s.base, |method, path| {
+        (method == Method::GET && path.ends_with("/tests")).then_some(Answer::With(503, "text/html", "<h1>503</h1>"))
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let mut p = Proc::spawn_with_env(
+        &["run", "--url", &front.base, "--test", &test, "--junit", junit.to_str().unwrap()],
+        &[("SPARRING_API_KEY", &key)],
+    );
+    p.expect("the batch run to start", |o| o.stderr.contains("started batch run brn_"));
+    let id = started_id(&p.stderr());
+    // Someone cancels it (from the dashboard): it ends cancelled, `passed`
+    // false, which is no verdict (exit 2), not a failed test.
+    s.expect(Method::POST, &format!("/v1/batch-runs/{id}/cancel"), &key, None, 200).await;
+    let code = p.wait_exit().code();
+    assert_eq!(code, Some(2), "{}\n{}", p.stdout(), p.stderr());
+    assert!(p.stdout().contains("no verdict: the batch run is cancelled"), "{}", p.stdout());
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains(r#"tests="1" failures="0" errors="1""#), "{xml}");
+    assert!(xml.contains(r#"<error message="no verdict: the batch run is cancelled""#), "{xml}");
+}

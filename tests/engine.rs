@@ -299,6 +299,46 @@ async fn a_batch_run_says_how_each_test_did() {
     assert_eq!(hidden["error_code"], "not_found");
 }
 
+/// A run cancelled mid-conversation keeps a result (an error, "cancelled
+/// after N turns") but it is a cancelled run, not one that failed or ended
+/// in error: it is not among a test's failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_run_is_not_among_a_tests_failures() {
+    let wrong_day = Agent::start(&["--bug", "wrong-day", "--latency-ms", "700"]);
+    let s = TestServer::start().await;
+    let t = s.team("cancelled is not failed").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", booking(p, &persona)).await;
+    let buggy = channel(&s, &t.editor, p, "http", &wrong_day.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "books the right day", &buggy, &scenario, 2)).await;
+    let batch = json!({"project_id": p, "name": "one at a time", "test_ids": [test], "concurrency": 1});
+    let batch = create(&s, &t.editor, "/v1/batches", batch).await;
+    let started = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = started["id"].as_str().unwrap();
+    // The first run failed; the second is talking: cancel it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &t.viewer, None, 200).await;
+        if now["counts"]["failed"] == 1 && now["counts"]["running"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never one failed and one running: {now:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.expect(Method::POST, &format!("/v1/batch-runs/{id}/cancel"), &t.editor, None, 200).await;
+    let done = wait_for_end(&s, &t.viewer, id).await;
+    assert_eq!((done["counts"]["failed"].as_i64(), done["counts"]["cancelled"].as_i64()), (Some(1), Some(1)));
+    // The cancelled run kept a result.
+    assert_eq!(results_of(&s, &t.viewer, &test).await.len(), 2);
+
+    let listed = s.expect(Method::GET, &format!("/v1/batch-runs/{id}/tests"), &t.viewer, None, 200).await;
+    let failures = listed["tests"][0]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "the failed run only: {listed:#}");
+    assert_eq!(failures[0]["status"], "failed", "{listed:#}");
+    assert!(failures[0]["failure_reason"].as_str().unwrap().contains("right day"), "{listed:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_agent_failure_is_an_error_with_a_reason() {
     let five_hundred = Agent::start(&["--error-rate", "1.0"]);

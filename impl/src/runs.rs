@@ -676,7 +676,9 @@ pub async fn list_tests(
 
 /// The first three runs of each of `test_ids` in the batch run that failed
 /// or ended in error, with their results' reasons. The documents are read
-/// for those three only.
+/// for those three only. A run cancelled mid-conversation keeps a result
+/// whose status is `error` ("cancelled after N turns"), so the run's own
+/// status says which ones failed.
 fn first_failures(
     tx: &rusqlite::Connection,
     batch_run_id: &str,
@@ -690,8 +692,9 @@ fn first_failures(
         .prepare_cached(
             "SELECT f.test_id, f.run_id, f.id, f.status, json_extract(f.document, '$.failure_reason')
              FROM test_results f JOIN (
-                 SELECT id, row_number() OVER (PARTITION BY test_id ORDER BY id) AS n FROM test_results
-                 WHERE batch_run_id = ?1 AND status != 'passed' AND test_id IN (SELECT value FROM json_each(?2))
+                 SELECT t.id, row_number() OVER (PARTITION BY t.test_id ORDER BY t.id) AS n FROM test_results t
+                 JOIN runs r ON r.id = t.run_id AND r.status IN ('failed', 'error')
+                 WHERE t.batch_run_id = ?1 AND t.test_id IN (SELECT value FROM json_each(?2))
              ) k ON k.id = f.id
              WHERE k.n <= 3 ORDER BY f.test_id, f.id",
         )?

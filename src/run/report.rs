@@ -47,10 +47,13 @@ pub fn junit(
             }
         }
         Err(why) => {
-            // The tests could not be read: the batch run as one case.
+            // The tests could not be read: the batch run as one case, with
+            // its verdict only if it completed (a cancelled one has
+            // `passed: false` and no verdict).
+            let completed = matches!(run.status, types::BatchRunStatus::Completed);
             let status = match (gave_up, run.passed) {
-                (None, Some(true)) => TestCaseStatus::success(),
-                (None, Some(false)) => {
+                (None, Some(true)) if completed => TestCaseStatus::success(),
+                (None, Some(false)) if completed => {
                     let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
                     s.set_message("some test did not meet its pass threshold").set_type("below_pass_threshold");
                     s

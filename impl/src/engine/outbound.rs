@@ -184,6 +184,10 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
     if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
         return is_public_v4(Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8));
     }
+    // 6to4 (2002::/16) reaches the IPv4 address in bits 16 to 47.
+    if s[0] == 0x2002 {
+        return is_public_v4(Ipv4Addr::new((s[1] >> 8) as u8, s[1] as u8, (s[2] >> 8) as u8, s[2] as u8));
+    }
     !(ip.is_unspecified()
         || ip.is_loopback()
         || s[..6] == [0; 6] // IPv4-compatible (deprecated)
@@ -192,7 +196,9 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
         || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
         || (s[0] & 0xff00) == 0xff00 // multicast
         || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
-        || s[..4] == [0x100, 0, 0, 0]) // discard-only
+        || s[..4] == [0x100, 0, 0, 0] // discard-only
+        || s[..3] == [0x64, 0xff9b, 1] // local-use NAT64 (RFC 8215): a network's own, to its private IPv4 too
+        || s[..6] == [0, 0, 0, 0, 0xffff, 0]) // IPv4-translated (SIIT, RFC 2765)
 }
 
 #[cfg(test)]
@@ -224,10 +230,24 @@ mod tests {
             "fe80::1",
             "ff02::1",
             "2001:db8::1",
+            "64:ff9b:1::a9fe:a9fe",
+            "64:ff9b:1:a9fe:a9:fe00::",
+            "2002:a9fe:a9fe::1",
+            "2002:7f00:1::",
+            "2002:a00:1::1",
+            "::ffff:0:a9fe:a9fe",
         ] {
             assert!(!is_public(private.parse().unwrap()), "{private} is not public");
         }
-        for public in ["1.1.1.1", "8.8.8.8", "100.63.255.255", "172.32.0.1", "2606:4700::1111", "64:ff9b::808:808"] {
+        for public in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "100.63.255.255",
+            "172.32.0.1",
+            "2606:4700::1111",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
+        ] {
             assert!(is_public(public.parse().unwrap()), "{public} is public");
         }
     }
