@@ -38,6 +38,22 @@ fn base_url(url: &str) -> String {
     }
 }
 
+/// `text` (which may quote an agent under test) with its control
+/// characters other than line breaks and tabs shown as `\u{…}` escapes, so
+/// that printing it cannot move the cursor, recolour or retitle the reader's
+/// terminal.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// An API error as a person reads it: the status, the stable code and the
 /// server's message.
 pub fn api_error(e: sparring_client::Error<types::Error>) -> anyhow::Error {
@@ -49,5 +65,16 @@ pub fn api_error(e: sparring_client::Error<types::Error>) -> anyhow::Error {
         }
         sparring_client::Error::CommunicationError(e) => anyhow::Error::new(e).context("could not reach the server"),
         other => anyhow::anyhow!("{other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn what_an_agent_says_cannot_drive_the_terminal() {
+        let said = "Sure\u{1b}]0;owned\u{7}\u{1b}[2J\r\nDone\u{9b}31m\tok";
+        let shown = super::printable(said);
+        assert_eq!(shown, "Sure\\u{1b}]0;owned\\u{7}\\u{1b}[2J\\u{d}\nDone\\u{9b}31m\tok");
+        assert!(!shown.chars().any(|c| c.is_control() && c != '\n' && c != '\t'), "{shown:?}");
     }
 }

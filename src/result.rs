@@ -133,5 +133,6 @@ pub fn show(r: &types::TestResult) -> String {
             );
         }
     }
-    out
+    // The agent's words and the reasons quoting them go to a terminal.
+    crate::remote::printable(&out)
 }

@@ -156,9 +156,19 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
             api.run_test().id(id).body(types::RunTestRequest { metadata: metadata.clone() }).send().await
         }
     }
-    .map_err(api_error)
-    .context("starting the batch run")?
-    .into_inner();
+    .map_err(|e| api_error(e).context("starting the batch run"));
+    let started = match started {
+        Ok(started) => started.into_inner(),
+        Err(e) => {
+            // A pipeline publishes the report whatever happened: it says
+            // why nothing ran (insufficient credits, a wrong id, a bad key).
+            if let Some(path) = &args.junit {
+                let xml = report::not_started(&format!("{e:#}")).context("writing the JUnit report")?;
+                std::fs::write(path, xml).with_context(|| format!("writing the JUnit report to {}", path.display()))?;
+            }
+            return Err(e);
+        }
+    };
     if args.no_wait {
         if args.json {
             println!("{}", serde_json::to_string_pretty(&started)?);
@@ -510,15 +520,16 @@ fn summary(run: &types::BatchRun, tests: anyhow::Result<Vec<types::BatchRunTest>
             };
             let why = match (t.passed, t.failures.first()) {
                 (Some(false) | None, Some(f)) => {
-                    format!("{}  ({})", first_line(f.failure_reason.as_deref().unwrap_or_default()), f.test_result_id)
+                    let which = f.test_result_id.as_deref().unwrap_or(&f.run_id);
+                    format!("{}  ({which})", first_line(f.failure_reason.as_deref().unwrap_or_default()))
                 }
                 _ => String::new(),
             };
             let row = format!("{:<width$}  {passed:>9}  {needs:>6}  {met:<4}  {why}", truncate(&name(t), width));
             println!("{}", row.trim_end());
         }
-        if let Some(f) = tests.iter().find_map(|t| t.failures.first()) {
-            println!("(to read a conversation: sparring result {})", f.test_result_id);
+        if let Some(id) = tests.iter().flat_map(|t| &t.failures).find_map(|f| f.test_result_id.as_ref()) {
+            println!("(to read a conversation: sparring result {id})");
         }
         println!();
     }
@@ -547,7 +558,8 @@ fn truncate(text: &str, width: usize) -> String {
     format!("{kept}…")
 }
 
-/// The first line of a failure reason, short enough for a table.
+/// The first line of a failure reason, short enough for a table, and safe
+/// for a terminal (it may quote the agent).
 pub fn first_line(reason: &str) -> String {
-    truncate(reason.lines().next().unwrap_or_default(), 100)
+    truncate(&crate::remote::printable(reason.lines().next().unwrap_or_default()), 100)
 }

@@ -191,6 +191,15 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
         assert!(stdout.is_empty(), "{args:?}: {stdout}");
     }
 
+    // Insufficient credits, with a report asked for: it says so.
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let (code, _, stderr) = run(&s, &key, &["--test", &suite.good_test, "--junit", junit.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains(r#"tests="1" failures="0" errors="1""#), "{xml}");
+    assert!(xml.contains("no batch run started: starting the batch run: 402 insufficient_credits"), "{xml}");
+
     // No key: said how to give one.
     let mut p =
         Proc::spawn_with_env(&["run", "--url", &s.base, "--test", &suite.good_test], &[("SPARRING_API_KEY", "")]);

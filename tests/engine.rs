@@ -270,10 +270,10 @@ async fn a_batch_run_says_how_each_test_did() {
     assert_eq!((ok["name"].as_str(), ok["pass_rate"].as_f64()), (Some("books"), Some(1.0)));
     assert_eq!((ok["passed"].as_bool(), ok["failures"].as_array().map(Vec::len)), (Some(true), Some(0)));
 
-    // Three of the four failures, the earliest first, each with its result's
-    // reason and the run it ended.
+    // Three of the four failures, in the order their runs were queued, each
+    // with its result's reason and the run it ended.
     let mut results: Vec<Value> = results_of(&s, &t.viewer, &failing).await;
-    results.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    results.sort_by(|a, b| a["run_id"].as_str().cmp(&b["run_id"].as_str()));
     let failures = f["failures"].as_array().unwrap();
     assert_eq!(failures.len(), 3, "{f:#}");
     for (failure, result) in failures.iter().zip(&results) {

@@ -675,8 +675,9 @@ pub async fn list_tests(
 }
 
 /// The first three runs of each of `test_ids` in the batch run that failed
-/// or ended in error, with their results' reasons. The documents are read
-/// for those three only. A run cancelled mid-conversation keeps a result
+/// or ended in error, with their results' reasons, or, for a run that ended
+/// in error without a conversation (its lease expired on every attempt),
+/// the run's own. The documents are read for those three only. A run cancelled mid-conversation keeps a result
 /// whose status is `error` ("cancelled after N turns"), so the run's own
 /// status says which ones failed.
 fn first_failures(
@@ -690,13 +691,15 @@ fn first_failures(
     }
     let rows = tx
         .prepare_cached(
-            "SELECT f.test_id, f.run_id, f.id, f.status, json_extract(f.document, '$.failure_reason')
-             FROM test_results f JOIN (
-                 SELECT t.id, row_number() OVER (PARTITION BY t.test_id ORDER BY t.id) AS n FROM test_results t
-                 JOIN runs r ON r.id = t.run_id AND r.status IN ('failed', 'error')
-                 WHERE t.batch_run_id = ?1 AND t.test_id IN (SELECT value FROM json_each(?2))
-             ) k ON k.id = f.id
-             WHERE k.n <= 3 ORDER BY f.test_id, f.id",
+            "SELECT r.test_id, r.id, r.test_result_id, r.status,
+                    coalesce(json_extract(t.document, '$.failure_reason'), r.error)
+             FROM runs r JOIN (
+                 SELECT id, row_number() OVER (PARTITION BY test_id ORDER BY id) AS n FROM runs
+                 WHERE batch_run_id = ?1 AND status IN ('failed', 'error')
+                   AND test_id IN (SELECT value FROM json_each(?2))
+             ) k ON k.id = r.id
+             LEFT JOIN test_results t ON t.id = r.test_result_id
+             WHERE k.n <= 3 ORDER BY r.test_id, r.id",
         )?
         .query_map(params![batch_run_id, serde_json::to_string(test_ids).unwrap_or_default()], |r| {
             let status: String = r.get(3)?;
@@ -1007,6 +1010,37 @@ mod tests {
                 Ok(count.get_status(rusqlite::StatementStatus::VmStep))
             })
             .unwrap()
+    }
+
+    /// A run that ended in error without a conversation (its worker lost on
+    /// every attempt) has no result: it is listed with the run's own reason.
+    #[test]
+    fn a_run_without_a_result_is_a_failure_with_its_own_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        let failures = store
+            .write_blocking::<_, Failure, _>(|tx| {
+                tx.execute_batch(
+                    "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
+                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't');
+                     INSERT INTO batch_runs (id, project_id, user_id, source, status, concurrency, total, passed,
+                                             errored, metadata, created_at, updated_at)
+                     VALUES ('brn_1', 'prj_1', 'usr_1', 'test', 'completed', 10, 2, 1, 1, '{}', 't', 't');
+                     INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, iteration, status,
+                                       attempt, error, queued_at, queued_ms, created_at, updated_at)
+                     VALUES ('run_1', 'brn_1', 'prj_1', 'usr_1', 'tst_1', 'scn_1', 1, 'passed', 1, NULL, 't', 0, 't', 't'),
+                            ('run_2', 'brn_1', 'prj_1', 'usr_1', 'tst_1', 'scn_1', 2, 'error', 3,
+                             'the worker holding it was lost 3 times', 't', 0, 't', 't');",
+                )?;
+                super::first_failures(tx, "brn_1", &["tst_1"])
+            })
+            .unwrap();
+        let failures = &failures["tst_1"];
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        let f = &failures[0];
+        assert_eq!((f.run_id.as_str(), f.test_result_id.as_deref()), ("run_2", None));
+        assert_eq!(f.failure_reason.as_deref(), Some("the worker holding it was lost 3 times"));
+        assert_eq!(f.status, sparring_server::types::TestResultStatus::Error);
     }
 
     #[test]

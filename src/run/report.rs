@@ -70,6 +70,20 @@ pub fn junit(
     Ok(report.to_string()?)
 }
 
+/// The report of a batch run that could not be started: one case, an
+/// error saying why.
+pub fn not_started(why: &str) -> anyhow::Result<String> {
+    let mut status = TestCaseStatus::non_success(NonSuccessKind::Error);
+    status.set_message(format!("no batch run started: {why}")).set_type("not_started");
+    let mut case = TestCase::new("start the batch run", status);
+    case.set_classname("sparring");
+    let mut suite = TestSuite::new("sparring");
+    suite.add_test_case(case);
+    let mut report = Report::new("sparring");
+    report.add_test_suite(suite);
+    Ok(report.to_string()?)
+}
+
 fn no_verdict_status(why: &str) -> TestCaseStatus {
     let mut status = TestCaseStatus::non_success(NonSuccessKind::Error);
     status.set_message(why).set_type("no_verdict");
@@ -89,7 +103,10 @@ fn case(test: &types::BatchRunTest, no_verdict: &str) -> TestCase {
                 .iter()
                 .map(|f| {
                     let reason = f.failure_reason.as_deref().unwrap_or_default();
-                    format!("{} ({}, run {}): {reason}", f.test_result_id, f.status, f.run_id)
+                    match &f.test_result_id {
+                        Some(result) => format!("{result} ({}, run {}): {reason}", f.status, f.run_id),
+                        None => format!("run {} ({}, no result): {reason}", f.run_id, f.status),
+                    }
                 })
                 .collect();
             if !why.is_empty() {
