@@ -237,8 +237,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     };
 
     println!("\n{:<36} {:>10} {:>9} {:>8}  failure reasons", "test", "iterations", "pass rate", "p95 ms");
+    let mut a_failure = None;
     for id in &test_ids {
         let results = api.list_test_results().id(id).limit(200).send().await?.into_inner().test_results;
+        if a_failure.is_none() {
+            a_failure =
+                results.iter().find(|r| r.status != Some(types::TestResultStatus::Passed)).map(|r| r.id.clone());
+        }
         let passed = results.iter().filter(|r| r.status == Some(types::TestResultStatus::Passed)).count();
         let mut latencies: Vec<i64> =
             results.iter().flat_map(|r| r.transcript.iter().filter_map(|t| t.latency_ms)).collect();
@@ -272,6 +277,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     for path in [
         format!("/v1/batch-runs/{}", done.id),
         format!("/v1/batch-runs/{}/runs", done.id),
+        format!("/v1/batch-runs/{}/tests", done.id),
         format!("/v1/tests/{}/results", test_ids[3]),
         "/v1/transactions".to_string(),
         format!("/v1/activity?project_id={p}"),
@@ -283,6 +289,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     println!("\nThe same batch as a CI gate (exit 0 if it passes, 1 if not; see README):");
     println!("  SPARRING_API_KEY={key} sparring run --url {base} --batch {}", batch.id);
+    if let Some(result) = a_failure {
+        println!("\nA failed conversation, read in a terminal (transcript, latencies, evaluations):");
+        println!("  SPARRING_API_KEY={key} sparring result --url {base} {result}");
+    }
     if args.keep_running {
         println!("\nThe server and agents keep running; Ctrl-C to stop.");
         tokio::signal::ctrl_c().await?;

@@ -323,6 +323,10 @@ fn the_demo_runs_a_batch_and_prints_its_results() {
     let activity = stdout.lines().find(|l| l.contains("/v1/activity?")).unwrap_or_else(|| panic!("{stdout}"));
     assert!(activity.contains(" 'http://127.0.0.1:") && activity.ends_with('\''), "{activity}");
     assert!(stdout.contains(" sparring run --url http://127.0.0.1:") && stdout.contains(" --batch bat_"), "{stdout}");
+    // How each test did, and one failed conversation to read.
+    assert!(stdout.lines().any(|l| l.contains("/v1/batch-runs/brn_") && l.ends_with("/tests'")), "{stdout}");
+    let result = stdout.lines().find(|l| l.contains(" sparring result --url http://127.0.0.1:"));
+    assert!(result.is_some_and(|l| l.contains(" trs_")), "{stdout}");
 }
 
 /// `sparring agent` says where to point channels: the protocols are served
