@@ -1172,8 +1172,9 @@ async fn queued_runs_keep_the_test_as_it_was_queued() {
 }
 
 /// A server that may call only public addresses (the default of `sparring
-/// serve`) calls no agent, LLM or webhook receiver on loopback: the result
-/// says why, and nothing reaches them.
+/// serve`) calls no agent, LLM or webhook receiver on loopback: one named by
+/// address is refused when it is given, one named by a host name that
+/// resolves there is not called, and the result or delivery says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_for_public_targets_does_not_call_into_its_own_network() {
     let agent =
@@ -1183,21 +1184,44 @@ async fn a_server_for_public_targets_does_not_call_into_its_own_network() {
     let s = TestServer::start_configured(Vec::new(), |c| c.engine.allow_private_targets = false).await;
     let t = s.team("public only").await;
     let p = &t.project_id;
+    let by_name = |url: &str| url.replace("127.0.0.1", "localhost");
+
+    // By address: refused as given, naming the field, for each kind of URL.
+    let at_agent = json!({"project_id": p, "name": "agent", "kind": "http", "target": format!("{}/http", agent.base)});
+    let llm = json!({"project_id": p, "provider": "openai_compatible", "name": "llm",
+                     "config": {"base_url": "http://[::1]:9/v1", "model": "m"}});
     let hook = json!({"name": "public only", "webhook_url": format!("{}/hook", receiver.base)});
-    s.expect(Method::PUT, &format!("/v1/projects/{p}"), &t.owner, Some(hook), 200).await;
+    let project = format!("/v1/projects/{p}");
+    for (method, path, body, field) in [
+        (Method::POST, "/v1/channels", at_agent, "target"),
+        (Method::POST, "/v1/integrations", llm, "config.base_url"),
+        (Method::PUT, project.as_str(), hook, "webhook_url"),
+    ] {
+        let (status, e) = error_body(s.send_json(method, path, &t.owner, Some(body)).await).await;
+        assert_eq!(status, 400, "{path}: {e}");
+        let message = e["message"].as_str().unwrap();
+        assert!(message.starts_with(&format!("{field}: ")) && message.contains("private or local"), "{e}");
+        assert!(message.contains("--allow-private-targets"), "says how to allow it: {e}");
+    }
+    let public = channel(&s, &t.editor, p, "http", "https://agent.example.com/turn").await;
+    let path = format!("/v1/channels/{public}");
+    let moved = s.send_json(Method::PATCH, &path, &t.editor, Some(json!({"target": "http://10.0.0.7/turn"}))).await;
+    assert_eq!(error_body(moved).await.0, 400);
+
+    // By a name resolving to loopback: accepted, and not called.
+    let hook = json!({"name": "public only", "webhook_url": by_name(&format!("{}/hook", receiver.base))});
+    s.expect(Method::PUT, &project, &t.owner, Some(hook), 200).await;
     let scenario = short_scenario(&s, &t.editor, p).await;
-    // An address, and a name that resolves to one.
-    let by_address = channel(&s, &t.editor, p, "http", &format!("{}/http", agent.base)).await;
-    let by_name = channel(&s, &t.editor, p, "websocket", &ws.ws_target().replace("127.0.0.1", "localhost")).await;
-    for (ch, why) in [(&by_address, "127.0.0.1 is a private or local address"), (&by_name, "`localhost` resolves only")]
-    {
+    let over_http = channel(&s, &t.editor, p, "http", &by_name(&format!("{}/http", agent.base))).await;
+    let over_ws = channel(&s, &t.editor, p, "websocket", &by_name(&ws.ws_target())).await;
+    for ch in [&over_http, &over_ws] {
         let test = create(&s, &t.editor, "/v1/tests", test_body(p, &format!("via {ch}"), ch, &scenario, 1)).await;
         let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
         wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
         let result = &results_of(&s, &t.viewer, &test).await[0];
         assert_eq!((result["status"].as_str(), result["ended_reason"].as_str()), (Some("error"), Some("agent_error")));
         let reason = result["failure_reason"].as_str().unwrap();
-        assert!(reason.contains("was not called") && reason.contains(why), "{reason}");
+        assert!(reason.contains("`localhost` resolves only to private or local addresses"), "{reason}");
         assert!(reason.contains("--allow-private-targets"), "says how to allow it: {reason}");
     }
     assert!(agent.received().is_empty(), "the agent was called");
@@ -1210,7 +1234,7 @@ async fn a_server_for_public_targets_does_not_call_into_its_own_network() {
         if tried == 2 {
             for d in list["webhook_deliveries"].as_array().unwrap() {
                 let error = d["last_error"].as_str().unwrap();
-                assert!(error.starts_with("not sent: 127.0.0.1 is a private or local address"), "{d:#}");
+                assert!(error.contains("`localhost` resolves only to private or local addresses"), "{d:#}");
             }
             break;
         }

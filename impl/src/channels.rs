@@ -310,6 +310,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateChannel
     let kind = body.kind;
     let name = validate::name("name", &body.name)?;
     let target = check_target(kind, &body.target)?;
+    crate::engine::outbound::check_given(state.engine.allows_private_targets(), "target", &target)?;
     let headers = parse_headers(&body.headers)?;
     let turn_timeout_ms = validate::range("turn_timeout_ms", body.turn_timeout_ms, 100, 120_000)?;
     let max_call_duration_s = validate::range("max_call_duration_s", body.max_call_duration_s.get(), 1, 3600)?;
@@ -448,6 +449,7 @@ pub async fn update(
         body.turn_timeout_ms.map(|t| validate::range("turn_timeout_ms", t, 100, 120_000)).transpose()?;
     let max_call_duration_s =
         body.max_call_duration_s.map(|d| validate::range("max_call_duration_s", d.get(), 1, 3600)).transpose()?;
+    let allow_private = state.engine.allows_private_targets();
     state
         .store
         .write(move |tx| {
@@ -455,6 +457,9 @@ pub async fn update(
                 access::require_resource(tx, &caller.user_id, "channels", "channel", &path.id, Need::Edit)?;
             let before = load(tx, &path.id)?;
             let target = target.map(|t| check_target(before.kind, &t)).transpose()?;
+            if let Some(t) = target.as_ref().filter(|t| **t != before.target) {
+                crate::engine::outbound::check_given(allow_private, "target", t)?;
+            }
             if let Some(t) = &target {
                 if headers.is_none()
                     && !before.header_names.is_empty()

@@ -99,6 +99,17 @@ fn check_config(provider: types::IntegrationProvider, config: &Map<String, Value
 
 /// What any provider's `config` must be: small and shallow
 /// ([`validate::free_form`]), with no key that looks like a secret.
+/// An LLM endpoint this server will call (see `engine::outbound`), given
+/// with a new integration.
+fn check_base_url(state: &AppState, config: &Map<String, Value>) -> Result<()> {
+    match config.get("base_url").and_then(Value::as_str) {
+        Some(url) => {
+            crate::engine::outbound::check_given(state.engine.allows_private_targets(), "config.base_url", url)
+        }
+        None => Ok(()),
+    }
+}
+
 fn check_config_shape(config: &Map<String, Value>) -> Result<()> {
     validate::free_form("config", config)?;
     for key in config.keys() {
@@ -310,6 +321,7 @@ pub async fn create(
     let provider = body.provider;
     let name = validate::name("name", &body.name)?;
     check_config(provider, &body.config)?;
+    check_base_url(state, &body.config)?;
     let numbers = parse_numbers(&body.phone_numbers)?;
     check_numbers_allowed(provider, &numbers)?;
     let id = ids::new_id("int");
@@ -440,6 +452,7 @@ pub async fn update(
     if let Some(config) = &config {
         check_config_shape(config)?;
     }
+    let allow_private = state.engine.allows_private_targets();
     // `None`: unchanged; `Some(None)`: removed.
     let credentials = if fields.has("credentials") {
         let given = body.credentials.unwrap_or_default();
@@ -460,6 +473,9 @@ pub async fn update(
                 check_config(before.provider, config)?;
                 // Stored credentials go only where they were given for.
                 let url = |c: &Map<String, Value>| c.get("base_url").and_then(Value::as_str).map(str::to_string);
+                if let Some(now) = url(config).filter(|now| url(&before.config).as_ref() != Some(now)) {
+                    crate::engine::outbound::check_given(allow_private, "config.base_url", &now)?;
+                }
                 if let (Some(was), Some(now)) = (url(&before.config), url(config)) {
                     if credentials.is_none() && before.credentials_configured && !validate::same_destination(&was, &now)
                     {

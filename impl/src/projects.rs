@@ -169,6 +169,9 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateProject
         body.webhook_secret.as_deref().map(|s| s.as_str()),
         body.settings.as_ref(),
     )?;
+    if let Some(url) = &input.webhook_url {
+        crate::engine::outbound::check_given(state.engine.allows_private_targets(), "webhook_url", url)?;
+    }
     let id = ids::new_id("prj");
     let sealed = match &input.webhook_secret {
         Some(Some(secret)) => Some(state.secrets.seal(secret.as_bytes(), &webhook_secret_context(&id))),
@@ -238,12 +241,16 @@ pub async fn replace(
         Some(Some(secret)) => Some(state.secrets.seal(secret.as_bytes(), &webhook_secret_context(&path.id))),
         _ => None,
     };
+    let allow_private = state.engine.allows_private_targets();
     state
         .store
         .write(move |tx| {
             let role = access::require(tx, &caller.user_id, &path.id, Need::Edit)?;
             let before = load(tx, &caller.user_id, &path.id)?;
             let webhook_changes = before.webhook_url != input.webhook_url || input.webhook_secret.is_some();
+            if let Some(url) = input.webhook_url.as_ref().filter(|u| before.webhook_url.as_ref() != Some(u)) {
+                crate::engine::outbound::check_given(allow_private, "webhook_url", url)?;
+            }
             if webhook_changes {
                 access::check(role, Need::Own)
                     .map_err(|_| Failure::Forbidden("only owners change a project's webhook".into()))?;

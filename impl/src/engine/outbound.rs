@@ -103,6 +103,21 @@ impl Outbound {
     }
 }
 
+/// 400 naming `field` when `url` names, by address, one that a server
+/// calling only public addresses (`allow_private` false) will not call: said
+/// when the URL is given, rather than at the first run. A host name is not
+/// resolved here (it may resolve elsewhere when it is called); the check at
+/// the call holds for it.
+pub fn check_given(allow_private: bool, field: &str, url: &str) -> crate::failure::Result<()> {
+    if allow_private {
+        return Ok(());
+    }
+    match reqwest::Url::parse(url).ok().as_ref().and_then(ip_literal) {
+        Some(ip) => check(ip).map_err(|refused| crate::failure::Failure::invalid(field, refused)),
+        None => Ok(()),
+    }
+}
+
 fn ip_literal(url: &reqwest::Url) -> Option<IpAddr> {
     match url.host()? {
         url::Host::Ipv4(ip) => Some(IpAddr::V4(ip)),

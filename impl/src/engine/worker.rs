@@ -94,6 +94,12 @@ impl Engine {
         self.config.workers
     }
 
+    /// Whether agents, LLMs and webhook receivers may be at private
+    /// addresses (`--allow-private-targets`).
+    pub fn allows_private_targets(&self) -> bool {
+        self.config.allow_private_targets
+    }
+
     pub fn busy(&self) -> u32 {
         self.running.lock().expect("not poisoned").len() as u32
     }
