@@ -439,3 +439,38 @@ async fn an_unverified_email_claim_is_not_the_users_email() {
     let (status, body) = error_body(resp).await;
     assert_eq!((status, body["error_code"].as_str()), (400, Some("invalid_email")), "{body}");
 }
+
+/// A token with exactly this payload, signed with the published key `k1`.
+fn sign_payload(payload: serde_json::Value) -> String {
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let header = serde_json::json!({"alg": "RS256", "typ": "JWT", "kid": "k1"});
+    let signed = format!("{}.{}", b64(header.to_string().as_bytes()), b64(payload.to_string().as_bytes()));
+    let signature =
+        signing_key(ISSUER_KEY, "k1").sign(&CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256, signed.as_bytes()).unwrap();
+    format!("{signed}.{}", b64(&signature))
+}
+
+/// `openidconnect` checks `exp` but not `nbf` (RFC 7519: the token "MUST
+/// NOT be accepted" before it) nor `iat`: a token its issuer says is not
+/// valid yet, or was issued later than now, is refused, beyond a minute of
+/// clock skew.
+#[tokio::test]
+async fn a_token_not_valid_yet_is_refused() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url.clone();
+    let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
+    let now = chrono::Utc::now().timestamp();
+    let with = |claim: &str, value: i64| {
+        let mut payload = valid_payload(&url);
+        payload[claim] = value.into();
+        sign_payload(payload)
+    };
+    assert_eq!(status_with_token(&s, &sign_payload(valid_payload(&url))).await, 200, "the payload as it is");
+    assert_eq!(status_with_token(&s, &with("nbf", now - 60)).await, 200, "valid since a minute ago");
+    assert_eq!(status_with_token(&s, &with("nbf", now + 10)).await, 200, "within the clock skew");
+    assert_eq!(status_with_token(&s, &with("nbf", now + 3600)).await, 401, "valid only in an hour");
+    assert_eq!(status_with_token(&s, &with("iat", now + 3600)).await, 401, "issued in an hour");
+    let resp = s.http.get(s.url("/v1/api-keys")).bearer_auth(with("nbf", now + 3600)).send().await.unwrap();
+    let (_, body) = error_body(resp).await;
+    assert!(body["message"].as_str().unwrap().contains("not valid yet"), "{body}");
+}

@@ -8,7 +8,8 @@
 //! ([`REFETCH_INTERVAL`]), so a stream of bogus tokens cannot turn into a
 //! stream of requests to the issuer. Signature, `iss`, `aud` and `exp` are
 //! checked by `openidconnect`; only asymmetric algorithms are accepted (never
-//! `none`).
+//! `none`). `nbf` and `iat`, which it does not check, are checked here: not
+//! in the future, beyond [`CLOCK_SKEW`].
 //!
 //! A client sends the same token with every request for up to an hour, and
 //! checking its RSA signature is most of what a bearer request costs, so a
@@ -210,7 +211,7 @@ impl Oidc {
             .find(|i| i.config.issuer.trim_end_matches('/') == iss.trim_end_matches('/'))
             .ok_or_else(|| "the ID token's issuer is not accepted by this server".to_string())?;
 
-        match issuer.verify(&parsed) {
+        let verified = match issuer.verify(&parsed) {
             Err(ClaimsVerificationError::SignatureVerification(SignatureVerificationError::NoMatchingKey))
                 if issuer.config.jwks_file.is_none() =>
             {
@@ -224,7 +225,10 @@ impl Oidc {
                 }
             }
             other => other.map_err(describe),
-        }
+        }?;
+        // The signature holds, so the payload is the issuer's.
+        check_not_before(token, Utc::now())?;
+        Ok(verified)
     }
 
     /// Fetches the issuer's discovery document and keys, unless that was
@@ -311,13 +315,43 @@ fn describe(e: ClaimsVerificationError) -> String {
     }
 }
 
+/// How far the issuer's clock may be ahead of ours: a token issued (`iat`)
+/// or valid from (`nbf`) up to this far in our future is accepted.
+pub const CLOCK_SKEW: chrono::Duration = chrono::Duration::seconds(60);
+
+/// `nbf` and `iat`, which `openidconnect` does not check: a token is not
+/// accepted before the time its issuer says it becomes valid (RFC 7519
+/// 4.1.5), nor if it says it was issued later than now (beyond
+/// [`CLOCK_SKEW`]). Read from a payload whose signature is verified.
+fn check_not_before(token: &str, now: DateTime<Utc>) -> Result<(), String> {
+    let Some(claims) = payload(token) else {
+        return Err("the bearer token is not a well-formed ID token".into());
+    };
+    let latest = now + CLOCK_SKEW;
+    for (claim, what) in [("nbf", "is not valid yet"), ("iat", "was issued in the future")] {
+        let Some(value) = claims.get(claim) else { continue };
+        // A NumericDate: seconds, possibly fractional.
+        let Some(seconds) = value.as_f64() else {
+            return Err(format!("the ID token's `{claim}` is not a time"));
+        };
+        if seconds > latest.timestamp() as f64 {
+            return Err(format!("the ID token {what} (`{claim}`)"));
+        }
+    }
+    Ok(())
+}
+
+/// A token's payload, decoded but not verified.
+fn payload(token: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
 /// The `iss` claim, read without verification, to pick the issuer whose
 /// keys verify the token.
 fn unverified_issuer(token: &str) -> Option<String> {
-    let payload = token.split('.').nth(1)?;
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')).ok()?;
-    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    claims.get("iss")?.as_str().map(str::to_string)
+    payload(token)?.get("iss")?.as_str().map(str::to_string)
 }
 
 #[cfg(test)]
