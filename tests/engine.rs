@@ -1243,3 +1243,56 @@ async fn a_server_for_public_targets_does_not_call_into_its_own_network() {
     }
     assert!(receiver.received().is_empty(), "the receiver was called");
 }
+
+/// A run whose end could not be written (a failed write: here a trigger
+/// refuses it once) is left by its worker to expire and be retried. It must
+/// not be renewed in the worker's name for as long as the server runs: its
+/// batch run would never end, its reservation never be refunded, and it
+/// would hold a slot of its user's limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_end_could_not_be_written_is_retried_and_refunded() {
+    let agent = Agent::start(&[]);
+    let s = TestServer::start_configured(Vec::new(), |c| c.engine.lease = Duration::from_secs(1)).await;
+    let t = s.team("lost end").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "once", &ch, &scenario, 1)).await;
+
+    // The next write that ends a run fails, once.
+    let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    db.execute_batch(
+        "CREATE TABLE lost_ends (n INTEGER NOT NULL);
+         CREATE TRIGGER lose_the_end BEFORE UPDATE OF status ON runs
+         WHEN OLD.status = 'running' AND NEW.status NOT IN ('running', 'queued')
+              AND (SELECT count(*) FROM lost_ends) = 0
+         BEGIN SELECT RAISE(ABORT, 'the disk is full'); END;",
+    )
+    .unwrap();
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = run["id"].as_str().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !s.log.contents().contains("recording a run's end failed") {
+        assert!(Instant::now() < deadline, "the end was never refused: {}", s.log.contents());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The disk has room again.
+    db.execute_batch("INSERT INTO lost_ends VALUES (1); DROP TRIGGER lose_the_end;").unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let done = loop {
+        let now = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &t.viewer, None, 200).await;
+        if !matches!(now["status"].as_str(), Some("queued" | "running")) {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "the run whose end was lost is never retried: {now:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(done["status"], "completed", "{done:#}");
+    assert_eq!(done["counts"]["passed"], 1, "{done:#}");
+    let ledger = all_pages(&s, &t.owner, "/v1/transactions", "transactions").await;
+    let kinds: Vec<&str> = ledger.iter().map(|t| t["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["reservation", "grant"], "a one-minute run uses its whole reservation: {ledger:#?}");
+    assert_eq!(ledger_balances(&ledger), 999);
+}

@@ -7,7 +7,8 @@
 //!   `concurrency` and whose user is under the per-user limit, the user with
 //!   the fewest running runs goes first (fair between users), then the
 //!   oldest batch run; inside it, runs go in the order they were queued.
-//! - **Renew**: the owner pushes its leases forward while it talks.
+//! - **Renew**: the owner pushes forward the leases of the runs it is still
+//!   talking in (not every lease in its name: see [`renew`]).
 //! - **Finish**: only the lease holder of the same attempt may finish a run,
 //!   so a run is never finished twice, even if its lease expired and another
 //!   worker took it over.
@@ -142,10 +143,26 @@ pub fn claim(
     Ok(claimed)
 }
 
-/// Pushes forward the leases of every run `owner` holds.
-pub fn renew(tx: &rusqlite::Transaction<'_>, owner: &str, lease_ms: i64) -> rusqlite::Result<usize> {
-    tx.prepare_cached("UPDATE runs SET lease_expires_ms = ?2 WHERE status = 'running' AND lease_owner = ?1")?
-        .execute(params![owner, now_ms() + lease_ms])
+/// Pushes forward the leases `owner` holds of these runs: those a task of
+/// its own is still holding. A run the database says `owner` holds but no
+/// task does (its task failed to load it or to record its end) is left to
+/// expire, so that it is requeued and its batch run can end (and refund),
+/// rather than stay `running` for as long as the process lives.
+pub fn renew(
+    tx: &rusqlite::Transaction<'_>,
+    owner: &str,
+    run_ids: &[String],
+    lease_ms: i64,
+) -> rusqlite::Result<usize> {
+    let mut renew = tx.prepare_cached(
+        "UPDATE runs SET lease_expires_ms = ?3 WHERE id = ?2 AND status = 'running' AND lease_owner = ?1",
+    )?;
+    let until = now_ms() + lease_ms;
+    let mut n = 0;
+    for id in run_ids {
+        n += renew.execute(params![owner, id, until])?;
+    }
+    Ok(n)
 }
 
 /// How a run ended.

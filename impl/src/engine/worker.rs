@@ -198,10 +198,13 @@ async fn keep_leases(state: Arc<AppState>) {
     loop {
         tick.tick().await;
         let owner = engine.owner.clone();
+        // A run claimed but not yet in this list was given a whole lease
+        // by its claim.
+        let held: Vec<String> = engine.running.lock().expect("not poisoned").keys().cloned().collect();
         let renewed = state
             .store
             .write(move |tx| {
-                queue::renew(tx, &owner, lease_ms)?;
+                queue::renew(tx, &owner, &held, lease_ms)?;
                 queue::requeue_expired(tx, queue::now_ms())
             })
             .await;
