@@ -474,3 +474,38 @@ async fn a_token_not_valid_yet_is_refused() {
     let (_, body) = error_body(resp).await;
     assert!(body["message"].as_str().unwrap().contains("not valid yet"), "{body}");
 }
+
+/// Sign-in and adding a member compare addresses case aside; so does
+/// `admin create-key`: a key made for an address whose owner signed in with
+/// it spelled otherwise is theirs, not a second, empty account beside it
+/// (which adding the address to a project would then pick from at random).
+#[tokio::test]
+async fn a_key_made_for_an_address_in_other_case_is_the_signed_in_users() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url.clone();
+    let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
+    let token = sign(Token { email: Some("Hana@Example.com"), ..valid(&url, "hana") });
+    let resp = s
+        .http
+        .post(s.url("/v1/projects"))
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"name": "hana's"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let project: serde_json::Value = resp.json().await.unwrap();
+    let key = s.key_for_user("hana@example.com").await;
+    let seen = s.expect(reqwest::Method::GET, "/v1/projects", &key, None, 200).await;
+    assert_eq!(seen["projects"][0]["id"], project["id"], "the key acts as the user who signed in: {seen}");
+    let store = sparring_impl::open_store(s.data_dir.path()).unwrap();
+    let users: i64 = store
+        .read::<_, sparring_impl::store::StoreError, _>(|tx| {
+            Ok(tx.query_row("SELECT count(*) FROM users WHERE email = 'hana@example.com' COLLATE NOCASE", [], |r| {
+                r.get(0)
+            })?)
+        })
+        .await
+        .unwrap();
+    assert_eq!(users, 1);
+}

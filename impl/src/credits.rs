@@ -107,7 +107,11 @@ pub fn grant_starting(tx: &rusqlite::Transaction<'_>, user_id: &str) -> rusqlite
 /// (negative, never below zero) for the user with this email.
 pub fn admin_grant(tx: &rusqlite::Transaction<'_>, email: &str, amount: i64, description: &str) -> anyhow::Result<i64> {
     let user_id: String = tx
-        .query_row("SELECT id FROM users WHERE email = ?1", params![email], |r| r.get(0))
+        .query_row(
+            "SELECT id FROM users WHERE email = ?1 COLLATE NOCASE ORDER BY created_at, id",
+            params![email],
+            |r| r.get(0),
+        )
         .optional()?
         .ok_or_else(|| anyhow::anyhow!("no user with email {email}"))?;
     let kind = if amount >= 0 { types::TransactionKind::Grant } else { types::TransactionKind::Adjustment };

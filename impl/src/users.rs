@@ -12,10 +12,16 @@ use crate::store::{Store, StoreError};
 
 pub const ADMIN_EMAIL: &str = "admin@localhost";
 
-/// The user with this email, created if there is none.
+/// The user with this email (case aside, as sign-in and adding a member
+/// compare addresses), created if there is none.
 pub fn ensure_by_email(tx: &rusqlite::Transaction<'_>, email: &str) -> Result<String, StoreError> {
-    if let Some(id) =
-        tx.query_row("SELECT id FROM users WHERE email = ?1", params![email], |r| r.get::<_, String>(0)).optional()?
+    if let Some(id) = tx
+        .query_row(
+            "SELECT id FROM users WHERE email = ?1 COLLATE NOCASE ORDER BY created_at, id",
+            params![email],
+            |r| r.get::<_, String>(0),
+        )
+        .optional()?
     {
         return Ok(id);
     }
