@@ -250,6 +250,9 @@ async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
     let (status, _, stderr) = grant("-5000");
     assert!(!status.success());
     assert!(stderr.contains("below zero"), "{stderr}");
+    // Past the largest balance: refused and said, not wrapped around.
+    let (status, _, stderr) = grant(&i64::MAX.to_string());
+    assert!(!status.success() && stderr.contains("would pass the largest balance"), "{stderr}");
     let (status, _, stderr) =
         run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "nobody@example.com", "--amount", "1"]);
     assert!(!status.success() && stderr.contains("no user"), "{stderr}");

@@ -60,7 +60,11 @@ pub fn append(
     description: &str,
     batch_run_id: Option<&str>,
 ) -> rusqlite::Result<i64> {
-    let after = balance(tx, user_id)? + amount;
+    // Only an admin's grant can come near the limit (admin_grant refuses
+    // one that would pass it); nothing is written past it.
+    let after = balance(tx, user_id)?.checked_add(amount).ok_or_else(|| {
+        rusqlite::Error::ToSqlConversionFailure(format!("a balance past {} credits", i64::MAX).into())
+    })?;
     tx.prepare_cached(
         "INSERT INTO transactions (id, user_id, kind, amount, balance_after, description, batch_run_id, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -116,8 +120,14 @@ pub fn admin_grant(tx: &rusqlite::Transaction<'_>, email: &str, amount: i64, des
         .ok_or_else(|| anyhow::anyhow!("no user with email {email}"))?;
     let kind = if amount >= 0 { types::TransactionKind::Grant } else { types::TransactionKind::Adjustment };
     let before = balance(tx, &user_id)?;
-    if before + amount < 0 {
-        anyhow::bail!("{email} has {before} credits; taking {} would go below zero", -amount);
+    match before.checked_add(amount) {
+        None => {
+            anyhow::bail!("{email} has {before} credits; adding {amount} would pass the largest balance, {}", i64::MAX)
+        }
+        Some(after) if after < 0 => {
+            anyhow::bail!("{email} has {before} credits; taking {} would go below zero", amount.unsigned_abs())
+        }
+        Some(_) => {}
     }
     Ok(append(tx, &user_id, kind, amount, description, None)?)
 }
