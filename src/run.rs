@@ -163,8 +163,7 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
             // A pipeline publishes the report whatever happened: it says
             // why nothing ran (insufficient credits, a wrong id, a bad key).
             if let Some(path) = &args.junit {
-                let xml = report::not_started(&format!("{e:#}")).context("writing the JUnit report")?;
-                std::fs::write(path, xml).with_context(|| format!("writing the JUnit report to {}", path.display()))?;
+                report::write(path, report::not_started(&format!("{e:#}")))?;
             }
             return Err(e);
         }
@@ -235,9 +234,7 @@ async fn finish(
     };
     if let Some(path) = &args.junit {
         let tests = tests.as_ref().expect("read for the report");
-        let xml = report::junit(ended, tests.as_ref().map_err(|e| format!("{e:#}")), gave_up)
-            .context("writing the JUnit report")?;
-        std::fs::write(path, xml).with_context(|| format!("writing the JUnit report to {}", path.display()))?;
+        report::write(path, report::junit(ended, tests.as_ref().map_err(|e| format!("{e:#}")), gave_up))?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(ended)?);

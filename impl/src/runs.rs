@@ -651,9 +651,7 @@ pub async fn list_tests(
             let mut page = page.finish(rows, |t| t.test_id.clone());
             if run.blinded.is_some() {
                 for test in &mut page.items {
-                    test.counts.passed = None;
-                    test.counts.failed = None;
-                    test.counts.errored = None;
+                    crate::reviews::blind::hide_endings(&mut test.counts);
                     test.pass_rate = None;
                     test.passed = None;
                 }

@@ -5,6 +5,7 @@
 //! not (with up to three failed results and their reasons), an error when
 //! there is no verdict (the batch run cancelled, timed out, hidden).
 
+use anyhow::Context as _;
 use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, TestSuite};
 use sparring_client::types;
 
@@ -65,6 +66,17 @@ pub fn junit(
             suite.add_test_case(case);
         }
     }
+    render(suite)
+}
+
+/// Writes the report `xml` (or says why it could not be made) at `path`.
+pub fn write(path: &std::path::Path, xml: anyhow::Result<String>) -> anyhow::Result<()> {
+    let xml = xml.context("writing the JUnit report")?;
+    std::fs::write(path, xml).with_context(|| format!("writing the JUnit report to {}", path.display()))
+}
+
+/// The report of one suite, as XML.
+fn render(suite: TestSuite) -> anyhow::Result<String> {
     let mut report = Report::new("sparring");
     report.add_test_suite(suite);
     Ok(report.to_string()?)
@@ -79,9 +91,7 @@ pub fn not_started(why: &str) -> anyhow::Result<String> {
     case.set_classname("sparring");
     let mut suite = TestSuite::new("sparring");
     suite.add_test_case(case);
-    let mut report = Report::new("sparring");
-    report.add_test_suite(suite);
-    Ok(report.to_string()?)
+    render(suite)
 }
 
 fn no_verdict_status(why: &str) -> TestCaseStatus {

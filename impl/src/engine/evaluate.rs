@@ -18,6 +18,7 @@ mod rules;
 #[cfg(test)]
 mod testing;
 
+use crate::engine::outbound::Outbound;
 use std::collections::HashMap;
 
 use sparring_server::types::{self, EndedReason, EvaluationSource, Evaluator, EvaluatorType, TestResultStatus};
@@ -88,7 +89,7 @@ enum Decision {
 /// itself failed, or was cancelled, the rules still run (they may say what
 /// went wrong) but no judge is asked.
 pub async fn evaluate(
-    http: &crate::engine::outbound::Outbound,
+    http: &Outbound,
     scenario: &types::Scenario,
     test_evaluators: &[Evaluator],
     outcome: &Outcome,
@@ -130,7 +131,7 @@ fn plan<'a>(scenario: &'a types::Scenario, test_evaluators: &'a [Evaluator], out
 }
 
 async fn run(
-    http: &crate::engine::outbound::Outbound,
+    http: &Outbound,
     planned: &Planned<'_>,
     outcome: &Outcome,
     judges: &HashMap<String, LlmEndpoint>,
@@ -326,8 +327,7 @@ mod tests {
             .step(&[4])
             .ended(EndedReason::MaxDuration)
             .build();
-        let results =
-            evaluate(&crate::engine::outbound::Outbound::anywhere(), &scenario, &test, &outcome, &HashMap::new()).await;
+        let results = evaluate(&Outbound::anywhere(), &scenario, &test, &outcome, &HashMap::new()).await;
         assert_eq!(
             summary(&results),
             vec![
@@ -374,8 +374,7 @@ mod tests {
             json!([]),
         );
         let outcome = OutcomeBuilder::new().caller("Hi").step(&[]).build();
-        let results =
-            evaluate(&crate::engine::outbound::Outbound::anywhere(), &scenario, &[], &outcome, &HashMap::new()).await;
+        let results = evaluate(&Outbound::anywhere(), &scenario, &[], &outcome, &HashMap::new()).await;
         assert_eq!(
             summary(&results),
             vec![
@@ -399,8 +398,7 @@ mod tests {
             .error("the agent answered HTTP 502 on turn 2")
             .build();
         let judges = HashMap::from([("int_j".to_string(), double.endpoint(None))]);
-        let results =
-            evaluate(&crate::engine::outbound::Outbound::anywhere(), &scenario, &test, &outcome, &judges).await;
+        let results = evaluate(&Outbound::anywhere(), &scenario, &test, &outcome, &judges).await;
         assert_eq!(
             summary(&results),
             vec![
@@ -424,8 +422,7 @@ mod tests {
         );
         let outcome = OutcomeBuilder::new().caller("Hi").agent("Hello!", 50).ended(EndedReason::Cancelled).build();
         let judges = HashMap::from([("int_j".to_string(), double.endpoint(None))]);
-        let results =
-            evaluate(&crate::engine::outbound::Outbound::anywhere(), &scenario, &test, &outcome, &judges).await;
+        let results = evaluate(&Outbound::anywhere(), &scenario, &test, &outcome, &judges).await;
         assert_eq!(
             summary(&results),
             vec![("polite".into(), false, true, "not judged: the conversation was cancelled".into())]

@@ -4,6 +4,7 @@
 //! `config.base_url`, `config.model`, optionally `config.temperature`, and
 //! the write-only `credentials.api_key` (sent as a bearer token).
 
+use crate::engine::outbound::Outbound;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -99,7 +100,7 @@ struct AnswerMessage {
 
 /// Asks for one completion and returns the first choice's text.
 pub async fn complete(
-    http: &crate::engine::outbound::Outbound,
+    http: &Outbound,
     llm: &LlmEndpoint,
     messages: &[ChatMessage],
     timeout: Duration,

@@ -11,6 +11,7 @@
 //! delivery's record, which owners and editors read through
 //! `GET /projects/{id}/webhook-deliveries`.
 
+use crate::engine::outbound::Outbound;
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
@@ -78,7 +79,7 @@ struct Due {
 }
 
 /// Sends every due delivery once; returns how many it attempted.
-pub async fn deliver_due(state: &AppState, http: &crate::engine::outbound::Outbound) -> Result<usize> {
+pub async fn deliver_due(state: &AppState, http: &Outbound) -> Result<usize> {
     let now_ms = super::queue::now_ms();
     let due: Vec<Due> = state
         .store
@@ -109,7 +110,7 @@ pub async fn deliver_due(state: &AppState, http: &crate::engine::outbound::Outbo
     Ok(n)
 }
 
-async fn attempt(state: &AppState, http: &crate::engine::outbound::Outbound, due: Due) -> Result<()> {
+async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
     let project_id = due.project_id.clone();
     let sealed: Option<Vec<u8>> = state
         .store
@@ -197,7 +198,7 @@ async fn record_attempt(state: &AppState, due: Due, status: Option<u16>, error: 
 }
 
 /// The sending loop: wakes every `every` and sends what is due.
-pub async fn run(state: std::sync::Arc<AppState>, http: crate::engine::outbound::Outbound, every: Duration) {
+pub async fn run(state: std::sync::Arc<AppState>, http: Outbound, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

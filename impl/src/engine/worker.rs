@@ -13,6 +13,7 @@
 //! requeued at once with `attempt + 1`. On a clean shutdown the runs in
 //! flight are put back in the queue with the same attempt.
 
+use crate::engine::outbound::Outbound;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -65,16 +66,13 @@ pub struct Engine {
     wake: Notify,
     /// Runs in flight here: run id → its stop signal.
     running: Mutex<HashMap<String, CancellationToken>>,
-    http: crate::engine::outbound::Outbound,
+    http: Outbound,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Engine {
     pub fn new(config: EngineConfig) -> Engine {
-        let http = crate::engine::outbound::Outbound::new(
-            config.allow_private_targets,
-            usize::try_from(config.workers).unwrap_or(256),
-        );
+        let http = Outbound::new(config.allow_private_targets, usize::try_from(config.workers).unwrap_or(256));
         Engine {
             config,
             owner: ids::new_id("wrk"),

@@ -98,13 +98,19 @@ pub fn blinding_batch_run(tx: &rusqlite::Connection, user_id: &str, batch_run_id
         .optional()?)
 }
 
+/// Hides how runs ended (passed, failed, errored) in `counts`; how many
+/// there are, queued, running and cancelled stays.
+pub fn hide_endings(counts: &mut types::BatchRunCounts) {
+    counts.passed = None;
+    counts.failed = None;
+    counts.errored = None;
+}
+
 /// Hides how the runs of `run` ended from `user_id` if they label one of
 /// its results blind.
 pub fn apply_to_batch_run(tx: &rusqlite::Connection, user_id: &str, run: &mut types::BatchRun) -> Result<()> {
     if let Some(calibration_id) = blinding_batch_run(tx, user_id, &run.id)? {
-        run.counts.passed = None;
-        run.counts.failed = None;
-        run.counts.errored = None;
+        hide_endings(&mut run.counts);
         run.pass_rate = None;
         run.passed = None;
         run.blinded = Some(types::BatchRunBlinding {

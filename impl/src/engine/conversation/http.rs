@@ -2,6 +2,7 @@
 //! (`{"call_id", "turn", "event": "start"|"message"|"end", "message"}`),
 //! answered with `{"messages": [...], "end_call", "tool_calls"}`.
 
+use crate::engine::outbound::Outbound;
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
@@ -14,7 +15,7 @@ use crate::engine::llm::excerpt;
 use crate::engine::CallPlan;
 
 pub(super) struct HttpAgent<'a> {
-    http: &'a crate::engine::outbound::Outbound,
+    http: &'a Outbound,
     target: &'a str,
     call_id: &'a str,
     headers: HeaderMap,
@@ -52,7 +53,7 @@ struct WireToolCall {
 impl<'a> HttpAgent<'a> {
     /// Checks the channel's headers once, so a bad one is reported before
     /// the call starts (by name: values are secret).
-    pub(super) fn new(http: &'a crate::engine::outbound::Outbound, plan: &'a CallPlan) -> Result<Self, String> {
+    pub(super) fn new(http: &'a Outbound, plan: &'a CallPlan) -> Result<Self, String> {
         let mut headers = header_map(&plan.agent.headers)?;
         headers.insert(
             HeaderName::from_static(CALL_ID_HEADER),

@@ -42,6 +42,7 @@ mod websocket;
 #[cfg(test)]
 mod tests;
 
+use crate::engine::outbound::Outbound;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -61,11 +62,7 @@ const MAX_REPLY_BYTES: usize = 1 << 20;
 
 /// Has the conversation of `plan` with the agent and records it. Never
 /// panics and never hangs: see the module documentation for how it ends.
-pub async fn converse(
-    http: &crate::engine::outbound::Outbound,
-    plan: &CallPlan,
-    cancel: &CancellationToken,
-) -> Outcome {
+pub async fn converse(http: &Outbound, plan: &CallPlan, cancel: &CancellationToken) -> Outcome {
     let mut rec = Recorder::start(plan);
     let ending = drive(http, plan, cancel, &mut rec).await;
     rec.finish(ending)
@@ -225,12 +222,7 @@ impl Caller<'_> {
 }
 
 /// Plays the call to its end, recording into `rec`, and closes the channel.
-async fn drive(
-    http: &crate::engine::outbound::Outbound,
-    plan: &CallPlan,
-    cancel: &CancellationToken,
-    rec: &mut Recorder,
-) -> Ending {
+async fn drive(http: &Outbound, plan: &CallPlan, cancel: &CancellationToken, rec: &mut Recorder) -> Ending {
     let deadline = later(rec.call_start(), plan.max_duration);
     if cancel.is_cancelled() {
         return Ending::now(EndedReason::Cancelled);
@@ -260,11 +252,7 @@ async fn drive(
 }
 
 /// Opens the channel of `plan.agent`; for websocket, connects.
-async fn open<'a>(
-    http: &'a crate::engine::outbound::Outbound,
-    plan: &'a CallPlan,
-    deadline: Instant,
-) -> Result<Channel<'a>, TurnFailure> {
+async fn open<'a>(http: &'a Outbound, plan: &'a CallPlan, deadline: Instant) -> Result<Channel<'a>, TurnFailure> {
     match plan.agent.kind {
         ChannelKind::Http => Ok(Channel::Http(http::HttpAgent::new(http, plan).map_err(TurnFailure::Agent)?)),
         ChannelKind::Websocket => {

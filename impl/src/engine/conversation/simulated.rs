@@ -5,6 +5,7 @@
 //! The chat is seen from the caller's side: its own lines are `assistant`
 //! messages, the agent's are `user` messages.
 
+use crate::engine::outbound::Outbound;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -23,14 +24,14 @@ const LLM_TIMEOUT: Duration = Duration::from_secs(60);
 const SILENCE: &str = "(the agent says nothing)";
 
 pub(super) struct SimulatedCaller<'a> {
-    http: &'a crate::engine::outbound::Outbound,
+    http: &'a Outbound,
     llm: &'a LlmEndpoint,
     system: String,
 }
 
 impl<'a> SimulatedCaller<'a> {
     /// Fails (as a caller error) when the plan has no caller LLM.
-    pub(super) fn new(http: &'a crate::engine::outbound::Outbound, plan: &'a CallPlan) -> Result<Self, String> {
+    pub(super) fn new(http: &'a Outbound, plan: &'a CallPlan) -> Result<Self, String> {
         let llm = plan.caller_llm.as_ref().ok_or_else(|| {
             "no LLM is configured to play the caller of this simulated scenario \
              (it needs an openai_compatible integration)"

@@ -2,6 +2,7 @@
 //! hyper server for `http`, tungstenite for `websocket`) and a loopback
 //! chat-completions double for the simulated caller.
 
+use crate::engine::outbound::Outbound;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -310,7 +311,7 @@ async fn run(plan: &CallPlan) -> Outcome {
 }
 
 async fn run_with(plan: &CallPlan, cancel: &CancellationToken) -> Outcome {
-    let http = crate::engine::outbound::Outbound::of(reqwest::Client::builder().no_proxy().build().unwrap());
+    let http = Outbound::of(reqwest::Client::builder().no_proxy().build().unwrap());
     // A safety net so a bug shows as a failure, not a stuck test run.
     tokio::time::timeout(Duration::from_secs(120), converse(&http, plan, cancel)).await.expect("converse hung")
 }

@@ -3,6 +3,7 @@
 //! normal close when the caller hangs up; the agent sends `message`,
 //! `tool_call`, `end_call` and `turn_end` frames.
 
+use crate::engine::outbound::Outbound;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -39,11 +40,7 @@ enum Frame {
 impl WsAgent {
     /// Connects to the channel's target with `x-sparring-call-id` and the
     /// channel's headers on the upgrade request. Counts as turn 0 in errors.
-    pub(super) async fn connect(
-        outbound: &crate::engine::outbound::Outbound,
-        plan: &CallPlan,
-        deadline: Instant,
-    ) -> Result<Self, TurnFailure> {
+    pub(super) async fn connect(outbound: &Outbound, plan: &CallPlan, deadline: Instant) -> Result<Self, TurnFailure> {
         let target = plan.agent.target.as_str();
         let mut request = target
             .into_client_request()

@@ -6,6 +6,7 @@
 //! object, no boolean `passed`, an endpoint that fails or is slow — is an
 //! error ("judge error: …"), never a pass.
 
+use crate::engine::outbound::Outbound;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -29,7 +30,7 @@ agent's tool calls given to you. Answer with a single JSON object and nothing el
 
 /// Asks `llm` whether `criterion` holds for `outcome` within `scope`.
 pub(super) async fn judge(
-    http: &crate::engine::outbound::Outbound,
+    http: &Outbound,
     llm: &LlmEndpoint,
     criterion: &str,
     outcome: &Outcome,
@@ -153,14 +154,8 @@ mod tests {
             {"type": "llm_judge", "name": "resolves", "integration_id": "int_j", "prompt": "The agent cancels the order."}
         ]));
         let judges = double.map(|d| HashMap::from([("int_j".to_string(), d.endpoint(Some(KEY)))])).unwrap_or_default();
-        let mut results = evaluate(
-            &crate::engine::outbound::Outbound::anywhere(),
-            &scenario(json!([]), json!([])),
-            &test,
-            &outcome(),
-            &judges,
-        )
-        .await;
+        let mut results =
+            evaluate(&Outbound::anywhere(), &scenario(json!([]), json!([])), &test, &outcome(), &judges).await;
         assert_eq!(results.len(), 1);
         let e = results.remove(0);
         assert_eq!(e.result.source, EvaluationSource::Llm);
@@ -272,7 +267,7 @@ mod tests {
         let url = format!("http://{}", listener.local_addr().unwrap());
         drop(listener);
         let llm = LlmEndpoint { base_url: url, model: "m".into(), temperature: None, api_key: Some(KEY.into()) };
-        match judge(&crate::engine::outbound::Outbound::anywhere(), &llm, "c", &outcome(), Scope::Call).await {
+        match judge(&Outbound::anywhere(), &llm, "c", &outcome(), Scope::Call).await {
             Decision::Error(reason) => {
                 assert!(reason.starts_with("judge error: the LLM endpoint "), "{reason}");
                 assert!(!reason.contains(KEY));
@@ -306,14 +301,8 @@ mod tests {
             {"type": "llm_judge", "name": "two", "integration_id": "int_j", "prompt": "second", "critical": false},
         ]));
         let judges = HashMap::from([("int_j".to_string(), double.endpoint(None))]);
-        let results = evaluate(
-            &crate::engine::outbound::Outbound::anywhere(),
-            &scenario(json!([]), json!([])),
-            &test,
-            &outcome(),
-            &judges,
-        )
-        .await;
+        let results =
+            evaluate(&Outbound::anywhere(), &scenario(json!([]), json!([])), &test, &outcome(), &judges).await;
         let got: Vec<(&str, bool, bool)> =
             results.iter().map(|e| (e.result.name.as_str(), e.result.passed, e.errored)).collect();
         assert_eq!(got, vec![("one", true, false), ("two", false, false)]);
@@ -335,7 +324,7 @@ mod tests {
         let mut o = outcome();
         o.step_replies = vec![vec![1]];
         let judges = HashMap::from([("int_j".to_string(), double.endpoint(Some(KEY)))]);
-        let results = evaluate(&crate::engine::outbound::Outbound::anywhere(), &scenario, &[], &o, &judges).await;
+        let results = evaluate(&Outbound::anywhere(), &scenario, &[], &o, &judges).await;
         assert_eq!(results[0].result.name, "step 1: asks which");
         assert!(results[0].result.passed);
         let user = double.requests()[0].body["messages"][1]["content"].as_str().unwrap().to_string();
