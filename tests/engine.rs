@@ -1296,3 +1296,141 @@ async fn a_run_whose_end_could_not_be_written_is_retried_and_refunded() {
     assert_eq!(kinds, ["reservation", "grant"], "a one-minute run uses its whole reservation: {ledger:#?}");
     assert_eq!(ledger_balances(&ledger), 999);
 }
+
+/// `POST …/run` with an `Idempotency-Key`, answered with status and body.
+async fn start_keyed(s: &TestServer, key: &str, path: &str, idempotency_key: &[u8], body: Value) -> (u16, Value) {
+    let resp = s
+        .http
+        .post(s.url(path))
+        .header("x-api-key", key)
+        .header("idempotency-key", reqwest::header::HeaderValue::from_bytes(idempotency_key).unwrap())
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_repeated_with_its_idempotency_key_starts_nothing_more() {
+    let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 10).await;
+    let t = s.team("retries").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    // An agent that is not there: every conversation ends at once in error.
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let two = create(&s, &t.editor, "/v1/tests", test_body(p, "two", &ch, &scenario, 2)).await;
+    let other = create(&s, &t.editor, "/v1/tests", test_body(p, "other", &ch, &scenario, 1)).await;
+    let path = format!("/v1/tests/{two}/run");
+    let body = json!({"metadata": {"commit": "abc"}});
+    let key = b"ci-4711-attempt";
+
+    // The first start, then five repeats at once (as a client retrying
+    // after lost answers would send them) and one through the generated
+    // client: all get the one batch run.
+    let (status, first) = start_keyed(&s, &t.editor, &path, key, body.clone()).await;
+    assert_eq!(status, 200, "{first}");
+    let id = first["id"].as_str().unwrap().to_string();
+    let repeats = (0..5).map(|_| start_keyed(&s, &t.editor, &path, key, body.clone()));
+    for (status, again) in futures::future::join_all(repeats).await {
+        assert_eq!((status, again["id"].as_str()), (200, Some(id.as_str())), "{again}");
+    }
+    let typed = s
+        .client(&t.editor)
+        .run_test()
+        .id(&two)
+        .idempotency_key("ci-4711-attempt")
+        .body(serde_json::from_value::<sparring_client::types::RunTestRequest>(body.clone()).unwrap())
+        .send()
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(typed.id, id);
+    let listed = all_pages(&s, &t.viewer, &format!("/v1/batch-runs?project_id={p}"), "batch_runs").await;
+    assert_eq!(listed.len(), 1, "one batch run: {listed:#?}");
+    let ledger = all_pages(&s, &t.owner, "/v1/transactions", "transactions").await;
+    let kinds: Vec<&str> = ledger.iter().map(|t| t["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["reservation", "grant"], "credits reserved once: {ledger:#?}");
+    let feed = all_pages(&s, &t.viewer, &format!("/v1/activity?project_id={p}&action=test.run"), "activity").await;
+    assert_eq!(feed.len(), 1, "one start recorded");
+
+    // The key names that request only: another body, path or operation is
+    // refused, and starts nothing.
+    let batch = create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "b", "test_ids": [two]})).await;
+    for (path, body) in [
+        (path.clone(), json!({"metadata": {"commit": "def"}})),
+        (path.clone(), json!({})),
+        (format!("/v1/tests/{other}/run"), body.clone()),
+        (format!("/v1/batches/{batch}/run"), body.clone()),
+        (format!("/v1/channels/{ch}/run"), json!({"metadata": {"commit": "abc"}, "test_ids": [two]})),
+    ] {
+        let (status, e) = start_keyed(&s, &t.editor, &path, key, body).await;
+        assert_eq!((status, e["error_code"].as_str()), (409, Some("idempotency_key_reused")), "{path}: {e}");
+        assert!(e["message"].as_str().unwrap().contains(&id), "it names the batch run the key started: {e}");
+    }
+    assert_eq!(all_pages(&s, &t.viewer, &format!("/v1/batch-runs?project_id={p}"), "batch_runs").await.len(), 1);
+
+    // Keys are each user's own: the owner's same key starts another run.
+    let (status, theirs) = start_keyed(&s, &t.owner, &path, key, body.clone()).await;
+    assert_eq!(status, 200, "{theirs}");
+    assert_ne!(theirs["id"].as_str(), Some(id.as_str()));
+    // Without a key every request starts a batch run, as before.
+    let unkeyed = s.expect(Method::POST, &format!("/v1/tests/{other}/run"), &t.editor, Some(json!({})), 200).await;
+    let again = s.expect(Method::POST, &format!("/v1/tests/{other}/run"), &t.editor, Some(json!({})), 200).await;
+    assert_ne!(unkeyed["id"], again["id"]);
+    // 10 credits: 2 + 2 + 1 + 1 reserved, 4 left (minus what errored
+    // runs cost once they end, which can only lower it).
+
+    // A start refused for credits is refused again, and recorded once.
+    let big = create(&s, &t.editor, "/v1/tests", test_body(p, "big", &ch, &scenario, 20)).await;
+    let big_path = format!("/v1/tests/{big}/run");
+    let (status, e) = start_keyed(&s, &t.editor, &big_path, b"big-1", json!({})).await;
+    assert_eq!((status, e["error_code"].as_str()), (402, Some("insufficient_credits")), "{e}");
+    let (status, again) = start_keyed(&s, &t.editor, &big_path, b"big-1", json!({})).await;
+    assert_eq!((status, again["error_code"].as_str()), (402, Some("insufficient_credits")), "{again}");
+    let refused = all_pages(&s, &t.viewer, "/v1/batch-runs?status=insufficient_credits", "batch_runs").await;
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert!(again["message"].as_str().unwrap().contains(refused[0]["id"].as_str().unwrap()), "{again}");
+
+    // Malformed keys are refused before anything is looked at.
+    for bad in [&b""[..], b"has space", &[b'k'; 256], b"tab\there"] {
+        let (status, e) = start_keyed(&s, &t.editor, &format!("/v1/tests/{other}/run"), bad, json!({})).await;
+        assert_eq!((status, e["error_code"].as_str()), (400, Some("invalid_idempotency_key")), "{bad:?}: {e}");
+    }
+    let (status, e) = start_keyed(&s, &t.editor, &format!("/v1/tests/{other}/run"), b"caf\xc3\xa9", json!({})).await;
+    assert_eq!((status, e["error_code"].as_str()), (400, Some("invalid_header")), "{e}");
+    let twice = s
+        .http
+        .post(s.url(&format!("/v1/tests/{other}/run")))
+        .header("x-api-key", &t.editor)
+        .header("Idempotency-Key", "a")
+        .header("Idempotency-Key", "b")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let (status, e) = error_body(twice).await;
+    assert_eq!((status, e["error_code"].as_str()), (400, Some("invalid_header")), "{e}");
+    // A header the operation does not name is left alone, whatever its bytes.
+    let odd = s
+        .http
+        .post(s.url(&format!("/v1/tests/{other}/run")))
+        .header("x-api-key", &t.editor)
+        .header("x-trace", reqwest::header::HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap())
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(odd.status(), 200);
+
+    // A key is remembered for 24 hours; after that it starts anew.
+    let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    db.execute("UPDATE idempotency_keys SET created_ms = created_ms - 86400001", []).unwrap();
+    let (status, later) = start_keyed(&s, &t.editor, &format!("/v1/tests/{other}/run"), key, json!({})).await;
+    assert_eq!(status, 200, "{later}");
+    assert_ne!(later["id"].as_str(), Some(id.as_str()));
+    let kept: i64 = db.query_row("SELECT count(*) FROM idempotency_keys", [], |r| r.get(0)).unwrap();
+    assert_eq!(kept, 1, "the expired keys are gone, the new one kept");
+}

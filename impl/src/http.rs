@@ -471,9 +471,10 @@ impl SparringApi for ServerImpl {
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::RunTestPath,
+        headers: params::RunTestHeaders,
         body: types::RunTestRequest,
     ) -> Result<Json<types::BatchRun>, ApiError<types::Error>> {
-        crate::runs::run_test(state(&rqctx), caller, path, body).await.map(Json::from).map_err(failure)
+        crate::runs::run_test(state(&rqctx), caller, path, headers, body).await.map(Json::from).map_err(failure)
     }
     async fn list_batch_runs(
         rqctx: RequestContext<ApiContext>,
@@ -524,17 +525,19 @@ impl SparringApi for ServerImpl {
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::RunBatchPath,
+        headers: params::RunBatchHeaders,
         body: types::RunBatchRequest,
     ) -> Result<Json<types::BatchRun>, ApiError<types::Error>> {
-        crate::runs::run_batch(state(&rqctx), caller, path, body).await.map(Json::from).map_err(failure)
+        crate::runs::run_batch(state(&rqctx), caller, path, headers, body).await.map(Json::from).map_err(failure)
     }
     async fn run_channel(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::RunChannelPath,
+        headers: params::RunChannelHeaders,
         body: types::RunChannelRequest,
     ) -> Result<Json<types::BatchRun>, ApiError<types::Error>> {
-        crate::runs::run_channel(state(&rqctx), caller, path, body).await.map(Json::from).map_err(failure)
+        crate::runs::run_channel(state(&rqctx), caller, path, headers, body).await.map(Json::from).map_err(failure)
     }
     async fn get_queue_stats(
         rqctx: RequestContext<ApiContext>,

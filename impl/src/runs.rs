@@ -147,11 +147,95 @@ fn expand(
     Ok((planned, worst, thresholds))
 }
 
+/// What a start's transaction did.
+enum Started {
+    New {
+        run: types::BatchRun,
+        enough: bool,
+        worst: i64,
+        short: String,
+    },
+    /// The request repeated one with the same `Idempotency-Key`: the batch
+    /// run that one started, as the caller may see it now.
+    Replayed(types::BatchRun),
+}
+
+/// How long an `Idempotency-Key` is remembered.
+const IDEMPOTENCY_KEY_KEPT_MS: i64 = 24 * 60 * 60 * 1000;
+const MAX_IDEMPOTENCY_KEY_CHARS: usize = 255;
+
+/// A start's `Idempotency-Key` with the request it was sent with.
+struct Idempotency {
+    key: String,
+    /// blake3 of the operation, its path id and its body as JSON.
+    request: String,
+}
+
+impl Idempotency {
+    /// The key given with `operation` on `path_id` with `body`, if one was:
+    /// 1 to 255 visible ASCII characters.
+    fn of(key: Option<String>, operation: &str, path_id: &str, body: &impl serde::Serialize) -> Result<Option<Self>> {
+        let Some(key) = key else { return Ok(None) };
+        if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_CHARS || !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(Failure::Invalid {
+                code: "invalid_idempotency_key".into(),
+                message: format!(
+                    "header `Idempotency-Key` must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} visible ASCII characters \
+                     (no spaces), got {} bytes",
+                    key.len()
+                ),
+            });
+        }
+        // Cannot fail: a request body is JSON already.
+        let body = serde_json::to_string(body)
+            .map_err(|e| Failure::Invalid { code: "invalid_body".into(), message: e.to_string() })?;
+        let mut hash = blake3::Hasher::new();
+        for part in [operation, path_id, &body] {
+            hash.update(&(part.len() as u64).to_le_bytes());
+            hash.update(part.as_bytes());
+        }
+        Ok(Some(Idempotency { key, request: hash.finalize().to_hex().to_string() }))
+    }
+
+    /// The batch run an earlier request with this key started, if one did
+    /// within the last 24 hours; a 409 if that request was another.
+    fn replay(&self, tx: &rusqlite::Transaction<'_>, user_id: &str) -> Result<Option<types::BatchRun>> {
+        let oldest = ids::now().timestamp_millis() - IDEMPOTENCY_KEY_KEPT_MS;
+        tx.prepare_cached("DELETE FROM idempotency_keys WHERE created_ms < ?1")?.execute(params![oldest])?;
+        let earlier: Option<(String, String)> = tx
+            .prepare_cached("SELECT request, batch_run_id FROM idempotency_keys WHERE user_id = ?1 AND key = ?2")?
+            .query_row(params![user_id, self.key], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let Some((request, batch_run_id)) = earlier else { return Ok(None) };
+        if request != self.request {
+            return Err(Failure::Conflict {
+                code: "idempotency_key_reused",
+                message: format!(
+                    "this Idempotency-Key started batch run {batch_run_id} with another request (operation, path \
+                     or body); use a new key for a new start"
+                ),
+            });
+        }
+        access::require_resource(tx, user_id, "batch_runs", "batch run", &batch_run_id, Need::Read)?;
+        Ok(Some(seen_by(tx, user_id, load_batch_run(tx, &batch_run_id)?)?))
+    }
+
+    /// Remembers that this key started `batch_run_id`.
+    fn keep(&self, tx: &rusqlite::Transaction<'_>, user_id: &str, batch_run_id: &str) -> Result<()> {
+        tx.prepare_cached(
+            "INSERT INTO idempotency_keys (user_id, key, request, batch_run_id, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?
+        .execute(params![user_id, self.key, self.request, batch_run_id, ids::now().timestamp_millis()])?;
+        Ok(())
+    }
+}
+
 /// Starts a batch run: checks, prices, reserves and queues in one
 /// transaction; wakes the workers after.
 async fn start(
     state: &AppState,
     caller: Caller,
+    idempotency: Option<Idempotency>,
     resolve: impl FnOnce(&rusqlite::Transaction<'_>, &str) -> Result<Source> + Send + 'static,
     metadata: Map<String, Value>,
 ) -> Result<types::BatchRun> {
@@ -159,6 +243,11 @@ async fn start(
     let started = state
         .store
         .write(move |tx| {
+            if let Some(idempotency) = &idempotency {
+                if let Some(run) = idempotency.replay(tx, &caller.user_id)? {
+                    return Ok(Started::Replayed(run));
+                }
+            }
             let source = resolve(tx, &caller.user_id)?;
             let (planned, worst, thresholds) = expand(tx, &source.project_id, &source.test_ids)?;
             let now = ids::now();
@@ -236,6 +325,9 @@ async fn start(
                     ])?;
                 }
             }
+            if let Some(idempotency) = &idempotency {
+                idempotency.keep(tx, &caller.user_id, &id)?;
+            }
             let resource_type = source.kind.to_string();
             let summary = if enough {
                 format!("started batch run {id}: {n} conversations, {worst} credits reserved")
@@ -258,10 +350,20 @@ async fn start(
                 },
             )?;
             let run = load_batch_run(tx, &id)?;
-            Ok::<_, Failure>((run, enough, worst, short))
+            Ok::<_, Failure>(Started::New { run, enough, worst, short })
         })
         .await?;
-    let (run, enough, worst, short) = started;
+    let (run, enough, worst, short) = match started {
+        Started::New { run, enough, worst, short } => (run, enough, worst, short),
+        Started::Replayed(run) if run.status == types::BatchRunStatus::InsufficientCredits => {
+            return Err(Failure::InsufficientCredits(format!(
+                "batch run {}, started by an earlier request with this Idempotency-Key, is recorded as \
+                 insufficient_credits and nothing was queued",
+                run.id
+            )));
+        }
+        Started::Replayed(run) => return Ok(run),
+    };
     if !enough {
         return Err(Failure::InsufficientCredits(format!(
             "the run needs up to {worst} credits (every conversation at its longest) and {short}; \
@@ -277,12 +379,15 @@ pub async fn run_batch(
     state: &AppState,
     caller: Caller,
     path: p::RunBatchPath,
+    headers: p::RunBatchHeaders,
     body: types::RunBatchRequest,
 ) -> Result<types::BatchRun> {
+    let idempotency = Idempotency::of(headers.idempotency_key, "run_batch", &path.id, &body)?;
     let metadata = metadata(body.metadata)?;
     start(
         state,
         caller,
+        idempotency,
         move |tx, user_id| {
             let (project_id, _) = access::require_resource(tx, user_id, "batches", "batch", &path.id, Need::Edit)?;
             let batch = crate::batches::load(tx, user_id, &path.id)?;
@@ -310,13 +415,16 @@ pub async fn run_channel(
     state: &AppState,
     caller: Caller,
     path: p::RunChannelPath,
+    headers: p::RunChannelHeaders,
     body: types::RunChannelRequest,
 ) -> Result<types::BatchRun> {
+    let idempotency = Idempotency::of(headers.idempotency_key, "run_channel", &path.id, &body)?;
     let metadata = metadata(body.metadata)?;
     let named = body.test_ids;
     start(
         state,
         caller,
+        idempotency,
         move |tx, user_id| {
             let (project_id, _) = access::require_resource(tx, user_id, "channels", "channel", &path.id, Need::Edit)?;
             let test_ids: Vec<String> = if named.is_empty() {
@@ -363,12 +471,15 @@ pub async fn run_test(
     state: &AppState,
     caller: Caller,
     path: p::RunTestPath,
+    headers: p::RunTestHeaders,
     body: types::RunTestRequest,
 ) -> Result<types::BatchRun> {
+    let idempotency = Idempotency::of(headers.idempotency_key, "run_test", &path.id, &body)?;
     let metadata = metadata(body.metadata)?;
     start(
         state,
         caller,
+        idempotency,
         move |tx, user_id| {
             let (project_id, _) = access::require_resource(tx, user_id, "tests", "test", &path.id, Need::Edit)?;
             Ok(Source {

@@ -64,6 +64,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0010_run_limits", include_str!("../migrations/0010_run_limits.sql"), None),
     ("0011_tests_as_queued", include_str!("../migrations/0011_tests_as_queued.sql"), None),
     ("0012_test_names_as_queued", include_str!("../migrations/0012_test_names_as_queued.sql"), None),
+    ("0013_idempotency_keys", include_str!("../migrations/0013_idempotency_keys.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]

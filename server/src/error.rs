@@ -15,6 +15,7 @@ impl ErrorCode {
     pub const INVALID_BODY: &'static str = "invalid_body";
     pub const INVALID_QUERY: &'static str = "invalid_query";
     pub const INVALID_PATH: &'static str = "invalid_path";
+    pub const INVALID_HEADER: &'static str = "invalid_header";
     pub const BODY_TOO_LARGE: &'static str = "body_too_large";
     pub const UNSUPPORTED_MEDIA_TYPE: &'static str = "unsupported_media_type";
     pub const NOT_FOUND: &'static str = "not_found";

@@ -8,6 +8,7 @@ use dropshot::{
     ApiEndpointBodyContentType, ExclusiveExtractor, ExtensionMode, ExtractorMetadata, HttpError, RequestContext,
     RequestInfo, ServerContext, SharedExtractor, TypedBody, UntypedBody,
 };
+use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 
 use crate::error::{clip_message, code_for_status, ErrorCode};
@@ -75,29 +76,31 @@ pub fn unauthorized(message: impl Into<String>) -> HttpError {
 }
 
 /// Everything an endpoint takes from a request, extracted in a fixed order:
-/// the caller first, then path, query and body.
+/// the caller first, then path, query, headers and body.
 ///
 /// (The server context must be [`ApiContext`].)
 ///
 /// dropshot runs separate extractors concurrently, so which error wins would
 /// depend on timing; one extractor makes the order part of the contract.
 /// `P` and `Q` are `dropshot::Path<_>`/`dropshot::Query<_>` or [`Nothing`];
-/// `B` is `dropshot::TypedBody<_>`, [`OptionalJsonBody`] or [`Nothing`]. The
-/// OpenAPI metadata is theirs, so the document is what dropshot would emit
-/// for them as separate arguments.
-pub struct Input<P, Q, B> {
+/// `B` is `dropshot::TypedBody<_>`, [`OptionalJsonBody`] or [`Nothing`]; `H`
+/// is [`Headers`] or [`Nothing`]. The OpenAPI metadata is theirs, so the
+/// document is what dropshot would emit for them as separate arguments.
+pub struct Input<P, Q, B, H = Nothing> {
     pub caller: Caller,
     pub path: P,
     pub query: Q,
     pub body: B,
+    pub headers: H,
 }
 
 #[async_trait]
-impl<P, Q, B> ExclusiveExtractor for Input<P, Q, B>
+impl<P, Q, B, H> ExclusiveExtractor for Input<P, Q, B, H>
 where
     P: SharedExtractor + 'static,
     Q: SharedExtractor + 'static,
     B: ExclusiveExtractor + 'static,
+    H: SharedExtractor + 'static,
 {
     async fn from_request<Context: ServerContext>(
         rqctx: &RequestContext<Context>,
@@ -109,15 +112,60 @@ where
         let caller = context.authenticator.authenticate(&rqctx.request).await?;
         let path = P::from_request(rqctx).await.map_err(|e| coded(e, ErrorCode::INVALID_PATH))?;
         let query = Q::from_request(rqctx).await.map_err(|e| coded(e, ErrorCode::INVALID_QUERY))?;
+        let headers = H::from_request(rqctx).await.map_err(|e| coded(e, ErrorCode::INVALID_HEADER))?;
         let body = B::from_request(rqctx, request).await.map_err(|e| coded(e, ErrorCode::INVALID_BODY))?;
-        Ok(Input { caller, path, query, body })
+        Ok(Input { caller, path, query, body, headers })
     }
 
     fn metadata(body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
         let mut parameters = P::metadata(body_content_type.clone()).parameters;
         parameters.extend(Q::metadata(body_content_type.clone()).parameters);
+        parameters.extend(H::metadata(body_content_type.clone()).parameters);
         parameters.extend(B::metadata(body_content_type).parameters);
         ExtractorMetadata { extension_mode: ExtensionMode::None, parameters }
+    }
+}
+
+/// An operation's header parameters: the fields of `T`, each named (by
+/// `serde(rename)`) as the header it is read from, and documented as
+/// dropshot's `Header<T>` documents them.
+///
+/// Unlike `dropshot::Header`, which refuses a request when any of its
+/// headers is not visible ASCII, this reads only the headers `T` names
+/// (matched regardless of case): one of those given twice, or not as visible
+/// ASCII, is a 400 `invalid_header`; every other header is left alone.
+pub struct Headers<T>(T);
+
+impl<T> Headers<T> {
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+#[async_trait]
+impl<T> SharedExtractor for Headers<T>
+where
+    T: DeserializeOwned + JsonSchema + Send + Sync + 'static,
+{
+    async fn from_request<Context: ServerContext>(rqctx: &RequestContext<Context>) -> Result<Self, HttpError> {
+        let bad = |message: String| HttpError::for_bad_request(Some(ErrorCode::INVALID_HEADER.to_string()), message);
+        let schema = schemars::schema_for!(T);
+        let names = schema.schema.object.as_ref().map(|o| o.properties.keys().cloned().collect()).unwrap_or(Vec::new());
+        let mut found = serde_json::Map::new();
+        for name in names {
+            let mut values = rqctx.request.headers().get_all(name.as_str()).iter();
+            let Some(value) = values.next() else { continue };
+            if values.next().is_some() {
+                return Err(bad(format!("header `{name}` must be given once")));
+            }
+            let value = value.to_str().map_err(|_| bad(format!("header `{name}` must be visible ASCII text")))?;
+            found.insert(name, serde_json::Value::String(value.to_string()));
+        }
+        serde_json::from_value(serde_json::Value::Object(found)).map(Headers).map_err(|e| bad(format!("headers: {e}")))
+    }
+
+    fn metadata(body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
+        <dropshot::Header<T> as SharedExtractor>::metadata(body_content_type)
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! `generated.rs` is written by `cargo xtask regen` from `spec/openapi.json`
 //! and never edited by hand; it holds `types` (every schema of the spec),
-//! `params` (path and query parameters), the `SparringApi` trait and the
+//! `params` (path, query and header parameters), the `SparringApi` trait and the
 //! table of bridged routes. This file and its siblings hold the few pieces the
 //! generated code is written against:
 //!
@@ -32,6 +32,7 @@ pub use bridge::{shared_query, BridgedRoute};
 pub use error::{ApiError, ErrorCode};
 pub use generated::*;
 pub use input::{
-    unauthorized, ApiContext, Authenticator, BodyFields, Caller, Credential, Input, JsonBody, Nothing, OptionalJsonBody,
+    unauthorized, ApiContext, Authenticator, BodyFields, Caller, Credential, Headers, Input, JsonBody, Nothing,
+    OptionalJsonBody,
 };
 pub use reply::{Json, Reply};

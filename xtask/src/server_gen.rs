@@ -154,9 +154,7 @@ fn params_of(op: &Operation, location: &str) -> Result<Vec<Param>> {
         let (data, here) = match p {
             Parameter::Path { parameter_data, .. } => (parameter_data, "path"),
             Parameter::Query { parameter_data, .. } => (parameter_data, "query"),
-            Parameter::Header { parameter_data, .. } => {
-                bail!("header parameter {} is not supported", parameter_data.name)
-            }
+            Parameter::Header { parameter_data, .. } => (parameter_data, "header"),
             Parameter::Cookie { parameter_data, .. } => {
                 bail!("cookie parameter {} is not supported", parameter_data.name)
             }
@@ -168,6 +166,9 @@ fn params_of(op: &Operation, location: &str) -> Result<Vec<Param>> {
             bail!("parameter {} must have a schema", data.name);
         };
         let (ty, attrs, range) = param_type(&data.name, schema)?;
+        if here == "header" && ty.to_string() != "String" {
+            bail!("header parameter {}: only strings are supported", data.name);
+        }
         out.push(Param {
             name: data.name.clone(),
             required: data.required,
@@ -295,8 +296,10 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         // route the struct of the route's variables.
         let path_params = params_of(o, "path")?;
         let query_params = params_of(o, "query")?;
+        let header_params = params_of(o, "header")?;
         let path_ty = format_ident!("{pascal}Path");
         let query_ty = format_ident!("{pascal}Query");
+        let header_ty = format_ident!("{pascal}Headers");
         let route_ty = format_ident!("{pascal}Route");
         if !path_params.is_empty() {
             params.push(params_struct(
@@ -307,6 +310,12 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         }
         if !query_params.is_empty() {
             params.push(params_struct(&query_ty, &format!("Query parameters of `{id}`."), &query_params));
+        }
+        if !header_params.is_empty() {
+            if shared_of[index].is_some() {
+                bail!("{id}: an operation on a shared route cannot take header parameters yet");
+            }
+            params.push(params_struct(&header_ty, &format!("Header parameters of `{id}`."), &header_params));
         }
         let route = &op.route;
         if route.is_bridged() {
@@ -440,6 +449,9 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         };
         let query_extractor =
             if query_params.is_empty() { quote!(Nothing) } else { quote!(dropshot::Query<params::#query_ty>) };
+        // The headers' extractor, after `Input`'s other three (it defaults to
+        // `Nothing`).
+        let header_extractor = if header_params.is_empty() { quote!() } else { quote!(, Headers<params::#header_ty>) };
         let mut impl_args = Vec::new();
         let mut call_args = Vec::new();
         if !path_params.is_empty() {
@@ -449,6 +461,10 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         if !query_params.is_empty() {
             impl_args.push(quote!(query: params::#query_ty));
             call_args.push(quote!(query));
+        }
+        if !header_params.is_empty() {
+            impl_args.push(quote!(headers: params::#header_ty));
+            call_args.push(quote!(headers));
         }
         // A PATCH merges: its method also learns which fields were sent.
         let merge = op.method == "PATCH" && body_arg.is_some();
@@ -537,6 +553,8 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                 checks,
             )
         };
+        let unpack_headers =
+            if header_params.is_empty() { quote!() } else { quote!(let headers = input.headers.into_inner();) };
         let unpack_body = if merge {
             quote!(let (body, fields) = input.body.into_parts();)
         } else if body_arg.is_some() {
@@ -611,10 +629,11 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
             #[endpoint { method = #method_tok, path = #route_path, operation_id = #id, tags = [#(#tags),*] }]
             async fn #endpoint_ident(
                 rqctx: dropshot::RequestContext<Self::Context>,
-                input: Input<#path_extractor, #query_extractor, #body_extractor>,
+                input: Input<#path_extractor, #query_extractor, #body_extractor #header_extractor>,
             ) -> Result<#reply_ty, dropshot::HttpError> {
                 #unpack_path
                 #unpack_query
+                #unpack_headers
                 #unpack_body
                 match Self::#method_ident(rqctx, input.caller, #(#call_args),*).await {
                     Ok(value) => Ok(Reply(value)),
