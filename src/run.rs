@@ -11,7 +11,9 @@
 //! Interrupted (Ctrl-C, SIGTERM: a CI job cancelled), timed out, or unable to
 //! read the batch run (5 minutes of failures, or an error that will not
 //! pass), it cancels the batch run it started, so an abandoned pipeline spends no more credits;
-//! `--keep-running` leaves it going instead.
+//! `--keep-running` leaves it going instead. A start that fails the same way
+//! is tried again with the same `Idempotency-Key`, so that one whose answer
+//! was lost is not started twice.
 
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
@@ -144,21 +146,10 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
     let api = args.remote.client()?;
     let metadata: serde_json::Map<String, serde_json::Value> =
         args.metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
-    let started = match &source {
-        Source::Batch(id) => {
-            api.run_batch().id(id).body(types::RunBatchRequest { metadata: metadata.clone() }).send().await
-        }
-        Source::Channel(id, tests) => {
-            let body = types::RunChannelRequest { metadata: metadata.clone(), test_ids: tests.clone() };
-            api.run_channel().id(id).body(body).send().await
-        }
-        Source::Test(id) => {
-            api.run_test().id(id).body(types::RunTestRequest { metadata: metadata.clone() }).send().await
-        }
-    }
-    .map_err(|e| api_error(e).context("starting the batch run"));
+    let started =
+        start(&api, &source, &metadata, args.timeout, &mut interrupts).await.context("starting the batch run");
     let started = match started {
-        Ok(started) => started.into_inner(),
+        Ok(started) => started,
         Err(e) => {
             // A pipeline publishes the report whatever happened: it says
             // why nothing ran (insufficient credits, a wrong id, a bad key).
@@ -212,6 +203,73 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
         }
     };
     finish(&api, &ended, &args, gave_up.as_deref()).await
+}
+
+/// How long a start may keep failing (see [`start`]) before the command
+/// gives up: shorter than the wait's reads, since nothing runs yet and a
+/// server that was never reached may be a wrong `--url`.
+const START_TRYING_FOR: Duration = Duration::from_secs(60);
+
+/// Starts the batch run. An attempt that cannot reach the server or that it
+/// fails (a deploy, a proxy, the network) is tried again every 2 s for up
+/// to `START_TRYING_FOR` (or `--timeout`, if shorter), with the same
+/// `Idempotency-Key`: if an attempt started the batch run and only its
+/// answer was lost, the next one is answered with that batch run instead of
+/// starting (and paying for) another.
+async fn start(
+    api: &sparring_client::Client,
+    source: &Source,
+    metadata: &serde_json::Map<String, serde_json::Value>,
+    timeout: Option<u64>,
+    interrupts: &mut Interrupts,
+) -> anyhow::Result<types::BatchRun> {
+    let key = format!("sparring-run-{}", uuid::Uuid::now_v7());
+    let first = Instant::now();
+    let trying_for = timeout.map_or(START_TRYING_FOR, |s| START_TRYING_FOR.min(Duration::from_secs(s)));
+    let mut said: Option<Instant> = None;
+    loop {
+        let attempt = async {
+            match source {
+                Source::Batch(id) => {
+                    let body = types::RunBatchRequest { metadata: metadata.clone() };
+                    api.run_batch().id(id).idempotency_key(key.as_str()).body(body).send().await
+                }
+                Source::Channel(id, tests) => {
+                    let body = types::RunChannelRequest { metadata: metadata.clone(), test_ids: tests.clone() };
+                    api.run_channel().id(id).idempotency_key(key.as_str()).body(body).send().await
+                }
+                Source::Test(id) => {
+                    let body = types::RunTestRequest { metadata: metadata.clone() };
+                    api.run_test().id(id).idempotency_key(key.as_str()).body(body).send().await
+                }
+            }
+        };
+        let attempt = tokio::select! {
+            attempt = attempt => attempt,
+            signal = interrupts.recv() => {
+                anyhow::bail!("interrupted ({signal}) while starting; an attempt may have started it")
+            }
+        };
+        let e = match attempt {
+            Ok(started) => return Ok(started.into_inner()),
+            Err(e) if transient(&e) && first.elapsed() + POLL * 4 < trying_for => e,
+            Err(e) => return Err(api_error(e)),
+        };
+        if said.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+            said = Some(Instant::now());
+            eprintln!(
+                "starting the batch run failed ({}); trying again (failing for {} s)",
+                api_error(e),
+                first.elapsed().as_secs()
+            );
+        }
+        tokio::select! {
+            () = tokio::time::sleep(POLL * 4) => {}
+            signal = interrupts.recv() => {
+                anyhow::bail!("interrupted ({signal}) while starting; an attempt may have started it")
+            }
+        }
+    }
 }
 
 /// The verdict of a batch run as last seen (`gave_up` says why the wait

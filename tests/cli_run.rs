@@ -206,13 +206,17 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
     assert_eq!(p.wait_exit().code(), Some(2));
     assert!(p.stderr().contains("no API key: set SPARRING_API_KEY"), "{}", p.stderr());
 
-    // The server is not there.
+    // The server is not there: tried again until the timeout, then said.
+    let at = std::time::Instant::now();
     let mut p = Proc::spawn_with_env(
-        &["run", "--url", "http://127.0.0.1:9", "--test", &suite.good_test],
+        &["run", "--url", "http://127.0.0.1:9", "--test", &suite.good_test, "--timeout", "3"],
         &[("SPARRING_API_KEY", &key)],
     );
     assert_eq!(p.wait_exit().code(), Some(2));
-    assert!(p.stderr().contains("could not reach the server"), "{}", p.stderr());
+    assert!(at.elapsed() < std::time::Duration::from_secs(20), "{:?}: {}", at.elapsed(), p.stderr());
+    let said = p.stderr();
+    assert!(said.contains("trying again"), "{said}");
+    assert!(said.contains("error: starting the batch run: could not reach the server"), "{said}");
 }
 
 /// An agent that takes 2 s to answer, so the batch run is still going when
@@ -285,6 +289,10 @@ enum Answer {
     With(u16, &'static str, &'static str),
     /// Nothing, ever: an overloaded server.
     Hang,
+    /// The request passed on and answered by the server, then this status
+    /// with an HTML page instead of the answer: a gateway that gave up on
+    /// the server (a timeout) after the request reached it.
+    Lost(u16),
 }
 
 /// A loopback stand-in for a load balancer in front of the real server: it
@@ -325,19 +333,28 @@ impl Front {
                             let target = format!("{upstream}{}", req.uri());
                             let headers = req.headers().clone();
                             let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-                            let (status, content_type, body) = match fail(&method, &path) {
+                            let answer = fail(&method, &path);
+                            let (status, content_type, body) = match answer {
                                 Some(Answer::With(status, content_type, body)) => {
                                     (status, content_type.to_string(), bytes::Bytes::from_static(body.as_bytes()))
                                 }
                                 Some(Answer::Hang) => std::future::pending().await,
-                                None => {
+                                None | Some(Answer::Lost(_)) => {
                                     let mut forward = http.request(method, target).body(body);
-                                    for name in ["x-api-key", "content-type"] {
+                                    for name in ["x-api-key", "content-type", "idempotency-key"] {
                                         if let Some(v) = headers.get(name) {
                                             forward = forward.header(name, v.as_bytes());
                                         }
                                     }
                                     let resp = forward.send().await.unwrap();
+                                    if let Some(Answer::Lost(status)) = answer {
+                                        let page = bytes::Bytes::from_static(b"<h1>504 Gateway Time-out</h1>");
+                                        return Ok(hyper::Response::builder()
+                                            .status(status)
+                                            .header("content-type", "text/html")
+                                            .body(http_body_util::Full::new(page))
+                                            .unwrap());
+                                    }
                                     let status = resp.status().as_u16();
                                     let content_type = resp
                                         .headers()
@@ -436,6 +453,36 @@ async fn a_read_answered_by_a_5xx_page_is_tried_again() {
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(stderr.contains("trying again"), "{stderr}");
     assert!(stdout.contains(": PASSED;"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_whose_answer_was_lost_is_tried_again_and_runs_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &good).await;
+    // The first two starts reach the server, which starts the batch run,
+    // but the gateway in front of it answers 504: the job cannot tell.
+    let starts = AtomicUsize::new(0);
+    let front = Front::start(&s.base, move |method, path| {
+        (method == Method::POST && path.ends_with("/run") && starts.fetch_add(1, Ordering::SeqCst) < 2)
+            .then_some(Answer::Lost(504))
+    })
+    .await;
+
+    let (code, stdout, stderr) = run_at(&front.base, &key, &["--test", &suite.good_test]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stderr.contains("starting the batch run failed") && stderr.contains("trying again"), "{stderr}");
+    assert!(stdout.contains(": PASSED;"), "{stdout}");
+    let id = started_id(&stderr);
+    let listed = s.expect(Method::GET, &format!("/v1/batch-runs?project_id={project}"), &key, None, 200).await;
+    let ids: Vec<&str> = listed["batch_runs"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [id.as_str()], "one batch run, not one per attempt");
+    let ledger = s.expect(Method::GET, "/v1/transactions", &key, None, 200).await;
+    let reservations = ledger["transactions"].as_array().unwrap().iter().filter(|t| t["kind"] == "reservation");
+    assert_eq!(reservations.count(), 1, "{ledger}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
