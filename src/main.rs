@@ -85,6 +85,22 @@ enum AdminCommand {
         #[arg(long, default_value = "granted by an administrator")]
         description: String,
     },
+    /// Copy a data dir into a new directory a server can start on: the
+    /// database as of one moment (beside a running server too) and the
+    /// secret key. The copy holds everything the data dir does, secrets
+    /// included: keep it as safe.
+    Backup {
+        #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
+        data_dir: PathBuf,
+        /// The key file, if not `<data dir>/secret.key`; copied as the
+        /// backup's `secret.key`.
+        #[arg(long, env = "SPARRING_SECRET_KEY_FILE")]
+        secret_key_file: Option<PathBuf>,
+        /// Where to write it: a directory that does not exist yet, or is
+        /// empty.
+        #[arg(long)]
+        to: PathBuf,
+    },
     /// Make a new secret key and re-seal every stored secret with it, in one
     /// transaction. Run it with the server stopped.
     RotateSecretKey {
@@ -318,6 +334,22 @@ async fn admin(command: AdminCommand) -> anyhow::Result<()> {
             let (store, _lock) = sparring_impl::open_store_for_admin(&data_dir)?;
             let balance = sparring_impl::credits::admin_grant_async(&store, user.clone(), amount, description).await?;
             println!("{user} now has {balance} credits");
+            Ok(())
+        }
+        AdminCommand::Backup { data_dir, secret_key_file, to } => {
+            let (from, into) = (data_dir.clone(), to.clone());
+            let made =
+                tokio::task::spawn_blocking(move || sparring_impl::backup::backup(&from, secret_key_file, &into))
+                    .await??;
+            println!(
+                "backed up {} to {}: {:.1} MB of database at schema version {}, {} sealed secrets, {}",
+                data_dir.display(),
+                to.display(),
+                made.database_bytes as f64 / 1e6,
+                made.schema_version,
+                made.sealed,
+                if made.with_key { "with the secret key (keep the backup as safe)" } else { "no secret key" }
+            );
             Ok(())
         }
         AdminCommand::RotateSecretKey { data_dir, secret_key_file } => {

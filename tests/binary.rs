@@ -495,3 +495,74 @@ async fn a_rotation_without_the_key_file_does_not_say_nothing_was_sealed() {
     assert!(!stderr.contains("nothing was ever sealed"), "a false reason: {stderr}");
     assert!(stderr.contains("--secret-key-file"), "the error does not point at --secret-key-file: {stderr}");
 }
+
+/// `admin backup` beside a running server: a directory another server starts
+/// on, holding the data as of the backup (not what came after) and the
+/// secret key that opens its sealed secrets; it never writes over anything.
+#[tokio::test]
+async fn a_backup_made_beside_a_running_server_starts_a_server_that_reads_its_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let (mut server, key) = first_start(dir.path());
+    seal_a_secret(&server, &key).await;
+    let backups = tempfile::tempdir().unwrap();
+    let to = backups.path().join("nightly");
+    let to_str = to.to_str().unwrap();
+
+    let (status, stdout, stderr) = run(&["admin", "backup", "--data-dir", data_dir, "--to", to_str]);
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("1 sealed secrets, with the secret key"), "{stdout}");
+    // Written after the backup: not in it.
+    let later = http()
+        .post(server.url("/v1/projects"))
+        .header("x-api-key", &key)
+        .json(&serde_json::json!({"name": "after the backup"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(later.status().as_u16(), 200);
+    // Into a directory that holds anything: refused, nothing touched.
+    let (status, _, stderr) = run(&["admin", "backup", "--data-dir", data_dir, "--to", to_str]);
+    assert!(!status.success() && stderr.contains("is not empty"), "{stderr}");
+    assert!(server.proc.terminate().success());
+
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&to), 0o700);
+        assert_eq!(mode(&to.join("secret.key")), 0o600);
+    }
+    let names: std::collections::BTreeSet<String> =
+        std::fs::read_dir(&to).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert_eq!(names, ["secret.key", "sparring.db"].map(String::from).into(), "nothing partial is left");
+
+    // A server on the backup: the key works, the project is there with its
+    // webhook secret, the later one is not.
+    let restored = common::process::serve(&to);
+    restored.proc.expect("the server to serve", |o| o.stderr.contains(common::process::SERVING));
+    let listed: serde_json::Value =
+        http().get(restored.url("/v1/projects")).header("x-api-key", &key).send().await.unwrap().json().await.unwrap();
+    let names: Vec<&str> = listed["projects"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["p"], "{listed}");
+    assert_eq!(listed["projects"][0]["webhook_secret_configured"], true);
+    let mut restored = restored;
+    assert!(restored.proc.terminate().success());
+    // Its sealed secret opens with the copied key: a rotation re-seals it.
+    let (status, stdout, stderr) = run(&["admin", "rotate-secret-key", "--data-dir", to_str]);
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("re-sealed 1 stored secrets"), "{stdout}");
+
+    // A data dir that is not one: said, and no directory made.
+    let nowhere = backups.path().join("from-nothing");
+    let (status, _, stderr) = run(&[
+        "admin",
+        "backup",
+        "--data-dir",
+        backups.path().join("none").to_str().unwrap(),
+        "--to",
+        nowhere.to_str().unwrap(),
+    ]);
+    assert!(!status.success() && stderr.contains("no database at"), "{stderr}");
+    assert!(!nowhere.exists());
+}

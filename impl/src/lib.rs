@@ -26,6 +26,7 @@ pub mod activity;
 pub mod admin;
 pub mod api_keys;
 pub mod auth;
+pub mod backup;
 pub mod batches;
 pub mod channels;
 pub mod credits;

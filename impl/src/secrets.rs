@@ -108,7 +108,7 @@ impl Secrets {
     }
 }
 
-fn previous_path(path: &Path) -> PathBuf {
+pub fn previous_path(path: &Path) -> PathBuf {
     path.with_extension("key.previous")
 }
 

@@ -1,0 +1,150 @@
+//! `sparring admin backup`: a copy of a data dir that a server can start on,
+//! made beside a running server or not.
+//!
+//! The database is copied by SQLite's `VACUUM INTO` in one read transaction,
+//! so the copy is one consistent moment of it (the server's writes go on
+//! meanwhile; those committed after the moment are not in it), compacted,
+//! with no write-ahead log beside it. The secret key goes with it, or the
+//! stored secrets (credentials, header values, webhook secrets) could never be
+//! read again; and the previous keys of a rotation that did not finish, which
+//! some secrets may still be sealed with.
+//!
+//! A key rotation (`admin rotate-secret-key`, with the server stopped) could
+//! change the key files while the copy is made, so that the copied database
+//! and the copied key disagree; the key files are read before and after the
+//! copy, and the copy is made again if they changed.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+
+use crate::{secrets, store, DATABASE_FILE};
+
+/// What a backup holds.
+#[derive(Debug)]
+pub struct Backup {
+    pub database_bytes: u64,
+    pub schema_version: usize,
+    /// Stored secrets sealed in the copy.
+    pub sealed: usize,
+    /// Whether the secret key (and any previous ones) went with it.
+    pub with_key: bool,
+}
+
+/// The key files' contents: the current key and the previous ones.
+#[derive(PartialEq)]
+struct Keys {
+    current: Option<Vec<u8>>,
+    previous: Option<Vec<u8>>,
+}
+
+impl Keys {
+    fn read(key_path: &Path) -> anyhow::Result<Keys> {
+        let read = |p: &Path| match std::fs::read(p) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {}", p.display())),
+        };
+        Ok(Keys { current: read(key_path)?, previous: read(&secrets::previous_path(key_path))? })
+    }
+}
+
+/// Copies `data_dir` (its key at `key_file`, or the data dir's own) to
+/// `to`, a directory that must not exist or be empty.
+pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::Result<Backup> {
+    let source = data_dir.join(DATABASE_FILE);
+    if !source.is_file() {
+        anyhow::bail!("no database at {}: is {} a data dir?", source.display(), data_dir.display());
+    }
+    let found = store::schema_version(&source).with_context(|| format!("reading {}", source.display()))?;
+    if found > store::SCHEMA_VERSION {
+        anyhow::bail!(
+            "{} was written by a newer build (schema version {found}, this build's is {}): back it up with that \
+             build",
+            data_dir.display(),
+            store::SCHEMA_VERSION
+        );
+    }
+    match std::fs::read_dir(to) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                anyhow::bail!("{} is not empty: back up into a new directory", to.display());
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", to.display())),
+    }
+    // Readable by its owner only, like the data dir: it holds the same.
+    crate::create_data_dir(to)?;
+    let key_path = key_file.unwrap_or_else(|| data_dir.join(secrets::KEY_FILE));
+    let copy = to.join(DATABASE_FILE);
+    // Written under another name, and renamed once whole: an interrupted
+    // backup leaves no file a server would start on.
+    let partial = to.join(format!("{DATABASE_FILE}.partial"));
+    let mut keys = None;
+    for _ in 0..3 {
+        let before = Keys::read(&key_path)?;
+        let _ = std::fs::remove_file(&partial);
+        let conn = rusqlite::Connection::open_with_flags(&source, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .with_context(|| format!("opening {}", source.display()))?;
+        conn.busy_timeout(std::time::Duration::from_secs(30))?;
+        let target = partial.to_str().with_context(|| format!("{} is not UTF-8", partial.display()))?;
+        conn.execute("VACUUM INTO ?1", [target]).with_context(|| format!("copying {}", source.display()))?;
+        drop(conn);
+        if Keys::read(&key_path)? == before {
+            keys = Some(before);
+            break;
+        }
+    }
+    let keys = keys.context("the secret key kept changing during the copy (a key rotation?): try again")?;
+
+    // On disk before it is named as a database, whatever SQLite synced.
+    std::fs::File::open(&partial)?.sync_all()?;
+    let conn = rusqlite::Connection::open(&partial)?;
+    let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0))?;
+    if check != "ok" {
+        anyhow::bail!("the copy does not check out ({check}); it is left at {}", partial.display());
+    }
+    let sealed = crate::reseal::count_sealed(&conn)?;
+    drop(conn);
+    if sealed > 0 && keys.current.is_none() {
+        anyhow::bail!(
+            "the database holds {sealed} sealed secrets but there is no secret key at {}: give the key file the \
+             server uses with --secret-key-file (the copy is left at {})",
+            key_path.display(),
+            partial.display()
+        );
+    }
+    let to_key = to.join(secrets::KEY_FILE);
+    for (bytes, path) in [(&keys.current, to_key.clone()), (&keys.previous, secrets::previous_path(&to_key))] {
+        if let Some(bytes) = bytes {
+            write_private(&path, bytes)?;
+        }
+    }
+    std::fs::rename(&partial, &copy)
+        .with_context(|| format!("renaming {} to {}", partial.display(), copy.display()))?;
+    std::fs::File::open(to)?.sync_all()?;
+    Ok(Backup {
+        database_bytes: std::fs::metadata(&copy)?.len(),
+        schema_version: found,
+        sealed,
+        with_key: keys.current.is_some(),
+    })
+}
+
+/// Writes `bytes` to a new file at `path` readable by its owner only, and
+/// syncs it.
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.mode(0o600);
+    }
+    let mut f = options.open(path).with_context(|| format!("creating {}", path.display()))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(())
+}
