@@ -209,6 +209,9 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
 /// gives up: shorter than the wait's reads, since nothing runs yet and a
 /// server that was never reached may be a wrong `--url`.
 const START_TRYING_FOR: Duration = Duration::from_secs(60);
+/// How long an interrupted start's attempt may still answer (a CI runner
+/// kills a cancelled job seconds after its signal).
+const INTERRUPTED_START_GRACE: Duration = Duration::from_secs(5);
 
 /// Starts the batch run. An attempt that cannot reach the server or that it
 /// fails (a deploy, a proxy, the network) is tried again every 2 s for up
@@ -244,11 +247,18 @@ async fn start(
                 }
             }
         };
+        let mut attempt = std::pin::pin!(attempt);
         let attempt = tokio::select! {
-            attempt = attempt => attempt,
-            signal = interrupts.recv() => {
-                anyhow::bail!("interrupted ({signal}) while starting; an attempt may have started it")
-            }
+            attempt = &mut attempt => attempt,
+            // The server may be starting it: its answer, if it comes soon,
+            // names the batch run, which the wait then cancels (or keeps).
+            signal = interrupts.recv() => match tokio::time::timeout(INTERRUPTED_START_GRACE, attempt).await {
+                Ok(Ok(started)) => {
+                    interrupts.pending = Some(signal);
+                    return Ok(started.into_inner());
+                }
+                _ => anyhow::bail!("interrupted ({signal}) while starting; an attempt may have started it"),
+            },
         };
         let e = match attempt {
             Ok(started) => return Ok(started.into_inner()),
@@ -410,6 +420,8 @@ async fn past(deadline: Option<Instant>) {
 struct Interrupts {
     #[cfg(unix)]
     signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+    /// One already received and not yet acted on (a start let finish).
+    pending: Option<&'static str>,
 }
 
 impl Interrupts {
@@ -417,14 +429,20 @@ impl Interrupts {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{signal, SignalKind};
-            Interrupts { signals: signal(SignalKind::interrupt()).ok().zip(signal(SignalKind::terminate()).ok()) }
+            Interrupts {
+                signals: signal(SignalKind::interrupt()).ok().zip(signal(SignalKind::terminate()).ok()),
+                pending: None,
+            }
         }
         #[cfg(not(unix))]
-        Interrupts {}
+        Interrupts { pending: None }
     }
 
     /// Resolves when one arrives, with its name.
     async fn recv(&mut self) -> &'static str {
+        if let Some(signal) = self.pending.take() {
+            return signal;
+        }
         #[cfg(unix)]
         if let Some((int, term)) = &mut self.signals {
             return tokio::select! {

@@ -293,6 +293,9 @@ enum Answer {
     /// with an HTML page instead of the answer: a gateway that gave up on
     /// the server (a timeout) after the request reached it.
     Lost(u16),
+    /// The request passed on and answered by the server, the answer held
+    /// back this long: a slow network.
+    Late(std::time::Duration),
 }
 
 /// A loopback stand-in for a load balancer in front of the real server: it
@@ -339,7 +342,7 @@ impl Front {
                                     (status, content_type.to_string(), bytes::Bytes::from_static(body.as_bytes()))
                                 }
                                 Some(Answer::Hang) => std::future::pending().await,
-                                None | Some(Answer::Lost(_)) => {
+                                None | Some(Answer::Lost(_)) | Some(Answer::Late(_)) => {
                                     let mut forward = http.request(method, target).body(body);
                                     for name in ["x-api-key", "content-type", "idempotency-key"] {
                                         if let Some(v) = headers.get(name) {
@@ -347,6 +350,9 @@ impl Front {
                                         }
                                     }
                                     let resp = forward.send().await.unwrap();
+                                    if let Some(Answer::Late(delay)) = answer {
+                                        tokio::time::sleep(delay).await;
+                                    }
                                     if let Some(Answer::Lost(status)) = answer {
                                         let page = bytes::Bytes::from_static(b"<h1>504 Gateway Time-out</h1>");
                                         return Ok(hyper::Response::builder()
@@ -483,6 +489,38 @@ async fn a_start_whose_answer_was_lost_is_tried_again_and_runs_once() {
     let ledger = s.expect(Method::GET, "/v1/transactions", &key, None, 200).await;
     let reservations = ledger["transactions"].as_array().unwrap().iter().filter(|t| t["kind"] == "reservation");
     assert_eq!(reservations.count(), 1, "{ledger}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_while_the_start_is_answered_cancels_what_it_started() {
+    use std::time::Duration;
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let test = suite(&s, &key, &project, &slow, &slow).await.good_test;
+    // The server starts the batch run; its answer takes 3 s to come back.
+    let front = Front::start(&s.base, |method, path| {
+        (method == Method::POST && path.ends_with("/run")).then_some(Answer::Late(Duration::from_secs(3)))
+    })
+    .await;
+
+    // The CI job is cancelled while the answer is on its way.
+    let mut p = Proc::spawn_with_env(&["run", "--url", &front.base, "--test", &test], &[("SPARRING_API_KEY", &key)]);
+    let listed = format!("/v1/batch-runs?project_id={project}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let id = loop {
+        let runs = s.expect(Method::GET, &listed, &key, None, 200).await;
+        if let Some(id) = runs["batch_runs"][0]["id"].as_str() {
+            break id.to_string();
+        }
+        assert!(std::time::Instant::now() < deadline, "no batch run started: {}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let code = p.terminate().code();
+    assert_eq!(code, Some(2), "{}", p.stderr());
+    assert!(p.stderr().contains(&format!("interrupted (SIGTERM); cancelled batch run {id}")), "{}", p.stderr());
+    assert_eq!(status_of(&s, &key, &id).await, "cancelled");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
