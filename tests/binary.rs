@@ -565,4 +565,17 @@ async fn a_backup_made_beside_a_running_server_starts_a_server_that_reads_its_se
     ]);
     assert!(!status.success() && stderr.contains("no database at"), "{stderr}");
     assert!(!nowhere.exists());
+
+    // Into an empty directory made by someone else's umask: made the
+    // owner's only too, or the copy would be there for every user to read.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+        let open = backups.path().join("open");
+        std::fs::DirBuilder::new().mode(0o755).create(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (status, _, stderr) = run(&["admin", "backup", "--data-dir", data_dir, "--to", open.to_str().unwrap()]);
+        assert!(status.success(), "{stderr}");
+        assert_eq!(std::fs::metadata(&open).unwrap().permissions().mode() & 0o777, 0o700);
+    }
 }

@@ -74,8 +74,15 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("reading {}", to.display())),
     }
-    // Readable by its owner only, like the data dir: it holds the same.
+    // Readable by its owner only, like the data dir: it holds the same. An
+    // empty directory given keeps the mode it was made with otherwise.
     crate::create_data_dir(to)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("making {} readable by its owner only", to.display()))?;
+    }
     let key_path = key_file.unwrap_or_else(|| data_dir.join(secrets::KEY_FILE));
     let copy = to.join(DATABASE_FILE);
     // Written under another name, and renamed once whole: an interrupted
