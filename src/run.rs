@@ -48,7 +48,8 @@ pub struct RunArgs {
     /// Print the batch run's id and exit once it is started, without waiting.
     #[arg(long, conflicts_with_all = ["timeout", "keep_running"])]
     no_wait: bool,
-    /// Stop waiting after this many seconds, and cancel the batch run (exit 2).
+    /// Stop waiting this many seconds after the command began (a start
+    /// tried again counts), and cancel the batch run (exit 2).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<u64>,
     /// When interrupted or timed out, leave the batch run going rather than
@@ -146,6 +147,8 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
     let api = args.remote.client()?;
     let metadata: serde_json::Map<String, serde_json::Value> =
         args.metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+    // `--timeout` counts from here: a start tried again spends it too.
+    let deadline = args.timeout.map(|s| Instant::now() + Duration::from_secs(s));
     let started =
         start(&api, &source, &metadata, args.timeout, &mut interrupts).await.context("starting the batch run");
     let started = match started {
@@ -169,7 +172,7 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
     }
     eprintln!("started batch run {} ({} runs)", started.id, started.counts.total);
 
-    let (ended, gave_up) = match wait(&api, &started, &args, &mut interrupts).await? {
+    let (ended, gave_up) = match wait(&api, &started, &args, deadline, &mut interrupts).await? {
         Waited::Ended(run) => (*run, None),
         Waited::GaveUp(why, last_seen) => {
             let mut last = *last_seen;
@@ -336,15 +339,15 @@ enum Waited {
     GaveUp(String, Box<types::BatchRun>),
 }
 
-/// Shows progress until the batch run ends, the timeout passes or the
-/// process is told to stop.
+/// Shows progress until the batch run ends, the timeout passes (at
+/// `deadline`) or the process is told to stop.
 async fn wait(
     api: &sparring_client::Client,
     started: &types::BatchRun,
     args: &RunArgs,
+    deadline: Option<Instant>,
     interrupts: &mut Interrupts,
 ) -> anyhow::Result<Waited> {
-    let deadline = args.timeout.map(|s| Instant::now() + Duration::from_secs(s));
     let mut progress = Progress::new(started);
     let mut failed_polls = 0;
     // Since when the reads fail, and when that was last said.

@@ -492,6 +492,32 @@ async fn a_start_whose_answer_was_lost_is_tried_again_and_runs_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeout_counts_the_starts_tried_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let test = slow_suite(&s, &key, &slow).await;
+    // The first two starts meet a server that is away: the third, 4 s in,
+    // starts the batch run.
+    let starts = AtomicUsize::new(0);
+    let front = Front::start(&s.base, move |method, path| {
+        (method == Method::POST && path.ends_with("/run") && starts.fetch_add(1, Ordering::SeqCst) < 2)
+            .then_some(Answer::With(503, "text/html", "<h1>503 Service Unavailable</h1>"))
+    })
+    .await;
+
+    let at = Instant::now();
+    let (code, _, stderr) = run_at(&front.base, &key, &["--test", &test, "--timeout", "5"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("trying again"), "{stderr}");
+    let id = started_id(&stderr);
+    assert!(stderr.contains(&format!("timed out after 5 s; cancelled batch run {id}")), "{stderr}");
+    assert!(at.elapsed() < Duration::from_millis(7500), "{:?} with --timeout 5: {stderr}", at.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupt_while_the_start_is_answered_cancels_what_it_started() {
     use std::time::Duration;
     let slow = Agent::start(&["--latency-ms", "2000"]);
