@@ -1394,9 +1394,15 @@ async fn a_start_repeated_with_its_idempotency_key_starts_nothing_more() {
     assert!(again["message"].as_str().unwrap().contains(refused[0]["id"].as_str().unwrap()), "{again}");
 
     // Malformed keys are refused before anything is looked at.
-    for bad in [&b""[..], b"has space", &[b'k'; 256], b"tab\there"] {
+    for (bad, why) in [
+        (&b""[..], ": got 0 characters"),
+        (b"has space", ": character 4 is not"),
+        (&[b'k'; 256], ": got 256 characters"),
+        (b"tab\there", ": character 4 is not"),
+    ] {
         let (status, e) = start_keyed(&s, &t.editor, &format!("/v1/tests/{other}/run"), bad, json!({})).await;
         assert_eq!((status, e["error_code"].as_str()), (400, Some("invalid_idempotency_key")), "{bad:?}: {e}");
+        assert!(e["message"].as_str().unwrap().ends_with(why), "{bad:?}: {e}");
     }
     let (status, e) = start_keyed(&s, &t.editor, &format!("/v1/tests/{other}/run"), b"caf\xc3\xa9", json!({})).await;
     assert_eq!((status, e["error_code"].as_str()), (400, Some("invalid_header")), "{e}");

@@ -176,13 +176,19 @@ impl Idempotency {
     /// 1 to 255 visible ASCII characters.
     fn of(key: Option<String>, operation: &str, path_id: &str, body: &impl serde::Serialize) -> Result<Option<Self>> {
         let Some(key) = key else { return Ok(None) };
-        if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_CHARS || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        // Said as what is wrong with it: a key of a good length with a
+        // space in it is not "got 9 bytes".
+        let wrong = if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_CHARS {
+            Some(format!("got {} characters", key.len()))
+        } else {
+            key.bytes().position(|b| !b.is_ascii_graphic()).map(|at| format!("character {} is not", at + 1))
+        };
+        if let Some(wrong) = wrong {
             return Err(Failure::Invalid {
                 code: "invalid_idempotency_key".into(),
                 message: format!(
                     "header `Idempotency-Key` must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} visible ASCII characters \
-                     (no spaces), got {} bytes",
-                    key.len()
+                     (no spaces): {wrong}"
                 ),
             });
         }
