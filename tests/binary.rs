@@ -524,6 +524,28 @@ async fn a_backup_made_beside_a_running_server_starts_a_server_that_reads_its_se
     // Into a directory that holds anything: refused, nothing touched.
     let (status, _, stderr) = run(&["admin", "backup", "--data-dir", data_dir, "--to", to_str]);
     assert!(!status.success() && stderr.contains("is not empty"), "{stderr}");
+    // A backup that fails (here: pointed at a key file that is not there,
+    // under sealed secrets) leaves its copy for a look; trying again into
+    // the same directory works.
+    let retried = backups.path().join("retried");
+    let retried_str = retried.to_str().unwrap();
+    let missing = backups.path().join("no.key");
+    let (status, _, stderr) = run(&[
+        "admin",
+        "backup",
+        "--data-dir",
+        data_dir,
+        "--secret-key-file",
+        missing.to_str().unwrap(),
+        "--to",
+        retried_str,
+    ]);
+    assert!(!status.success() && stderr.contains("no secret key at"), "{stderr}");
+    assert!(retried.join("sparring.db.partial").exists(), "{stderr}");
+    let (status, stdout, stderr) = run(&["admin", "backup", "--data-dir", data_dir, "--to", retried_str]);
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("with the secret key"), "{stdout}");
+    assert!(!retried.join("sparring.db.partial").exists() && retried.join("sparring.db").exists());
     assert!(server.proc.terminate().success());
 
     #[cfg(unix)]

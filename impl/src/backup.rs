@@ -66,8 +66,12 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
         );
     }
     match std::fs::read_dir(to) {
-        Ok(mut entries) => {
-            if entries.next().is_some() {
+        Ok(entries) => {
+            // What an earlier backup that failed left (see below) is no
+            // reason to refuse: it is written over.
+            let partial_name = format!("{DATABASE_FILE}.partial");
+            let mut others = entries.filter(|e| e.as_ref().map_or(true, |e| e.file_name() != partial_name.as_str()));
+            if others.next().is_some() {
                 anyhow::bail!("{} is not empty: back up into a new directory", to.display());
             }
         }
