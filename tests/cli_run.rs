@@ -412,6 +412,11 @@ fn is_batch_run(method: &Method, path: &str) -> bool {
     method == Method::GET && path.starts_with("/v1/batch-runs/brn_") && path.matches('/').count() == 3
 }
 
+/// Whether this is the start of a batch run (`POST …/run`).
+fn is_start(method: &Method, path: &str) -> bool {
+    method == Method::POST && path.ends_with("/run")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_summary_that_cannot_be_read_keeps_the_verdict() {
     let good = Agent::start(&[]);
@@ -473,8 +478,7 @@ async fn a_start_whose_answer_was_lost_is_tried_again_and_runs_once() {
     // but the gateway in front of it answers 504: the job cannot tell.
     let starts = AtomicUsize::new(0);
     let front = Front::start(&s.base, move |method, path| {
-        (method == Method::POST && path.ends_with("/run") && starts.fetch_add(1, Ordering::SeqCst) < 2)
-            .then_some(Answer::Lost(504))
+        (is_start(method, path) && starts.fetch_add(1, Ordering::SeqCst) < 2).then_some(Answer::Lost(504))
     })
     .await;
 
@@ -503,8 +507,11 @@ async fn the_timeout_counts_the_starts_tried_again() {
     // starts the batch run.
     let starts = AtomicUsize::new(0);
     let front = Front::start(&s.base, move |method, path| {
-        (method == Method::POST && path.ends_with("/run") && starts.fetch_add(1, Ordering::SeqCst) < 2)
-            .then_some(Answer::With(503, "text/html", "<h1>503 Service Unavailable</h1>"))
+        (is_start(method, path) && starts.fetch_add(1, Ordering::SeqCst) < 2).then_some(Answer::With(
+            503,
+            "text/html",
+            "<h1>503 Service Unavailable</h1>",
+        ))
     })
     .await;
 
@@ -526,10 +533,9 @@ async fn an_interrupt_while_the_start_is_answered_cancels_what_it_started() {
     let project = s.create_project(&key, "ci").await;
     let test = suite(&s, &key, &project, &slow, &slow).await.good_test;
     // The server starts the batch run; its answer takes 3 s to come back.
-    let front = Front::start(&s.base, |method, path| {
-        (method == Method::POST && path.ends_with("/run")).then_some(Answer::Late(Duration::from_secs(3)))
-    })
-    .await;
+    let front =
+        Front::start(&s.base, |method, path| is_start(method, path).then_some(Answer::Late(Duration::from_secs(3))))
+            .await;
 
     // The CI job is cancelled while the answer is on its way.
     let mut p = Proc::spawn_with_env(&["run", "--url", &front.base, "--test", &test], &[("SPARRING_API_KEY", &key)]);

@@ -65,12 +65,14 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
             store::SCHEMA_VERSION
         );
     }
+    // The copy is written under another name, and renamed once whole: an
+    // interrupted backup leaves no file a server would start on.
+    let partial = to.join(format!("{DATABASE_FILE}.partial"));
     match std::fs::read_dir(to) {
         Ok(entries) => {
-            // What an earlier backup that failed left (see below) is no
-            // reason to refuse: it is written over.
-            let partial_name = format!("{DATABASE_FILE}.partial");
-            let mut others = entries.filter(|e| e.as_ref().map_or(true, |e| e.file_name() != partial_name.as_str()));
+            // What an earlier backup that failed left is no reason to
+            // refuse: it is written over.
+            let mut others = entries.filter(|e| e.as_ref().map_or(true, |e| e.path() != partial));
             if others.next().is_some() {
                 anyhow::bail!("{} is not empty: back up into a new directory", to.display());
             }
@@ -89,9 +91,6 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
     }
     let key_path = key_file.unwrap_or_else(|| data_dir.join(secrets::KEY_FILE));
     let copy = to.join(DATABASE_FILE);
-    // Written under another name, and renamed once whole: an interrupted
-    // backup leaves no file a server would start on.
-    let partial = to.join(format!("{DATABASE_FILE}.partial"));
     let mut keys = None;
     for _ in 0..3 {
         let before = Keys::read(&key_path)?;
