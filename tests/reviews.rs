@@ -665,6 +665,56 @@ async fn blind_labelling_before_and_after_close() {
     close_to(&of_reviewer["agreement_with_peers"], 1.0, "reviewer peers after close");
 }
 
+/// A list filtered by status leaves out what a blind reviewer may not see
+/// without telling it by its length or its cursor: a page of hidden items
+/// would be empty and still point past them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtered_page_does_not_point_past_blind_items() {
+    let good = Agent::start(&[]);
+    let bad = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("blind pages").await;
+    let ran = run_batch(&s, &t, &good, &bad, 2, 1).await;
+    let reviewer_id = user_with_role(&s, &t, "reviewer").await;
+    let passed: Vec<String> = ran.passed.iter().map(id).collect();
+    let passed: Vec<&str> = passed.iter().map(String::as_str).collect();
+    s.expect(
+        Method::POST,
+        "/v1/reviews/calibration",
+        &t.editor,
+        Some(calibration_by_ids(&t.project_id, &passed, &[&reviewer_id])),
+        200,
+    )
+    .await;
+    let results = format!("/v1/tests/{}/results?status=passed", ran.passing_test);
+    let runs = format!("/v1/batch-runs/{}/runs?status=passed", ran.batch_run_id);
+    for limit in [1, 2, 50] {
+        let page = s.expect(Method::GET, &format!("{results}&limit={limit}"), &t.reviewer, None, 200).await;
+        assert_eq!(page, json!({"test_results": [], "next_cursor": null}), "limit {limit}");
+        let page = s.expect(Method::GET, &format!("{runs}&limit={limit}"), &t.reviewer, None, 200).await;
+        assert_eq!(page, json!({"runs": [], "next_cursor": null}), "limit {limit}");
+    }
+    // What is not blind is listed as before, page by page.
+    let failed = s
+        .expect(
+            Method::GET,
+            &format!("/v1/batch-runs/{}/runs?status=failed&limit=1", ran.batch_run_id),
+            &t.reviewer,
+            None,
+            200,
+        )
+        .await;
+    assert_eq!(failed["runs"].as_array().unwrap().len(), 1, "{failed:#}");
+    assert!(failed["next_cursor"].is_null(), "{failed:#}");
+    // Those who are not blind see the passed ones, one page at a time.
+    for key in [&t.owner, &t.viewer] {
+        let page = s.expect(Method::GET, &format!("{results}&limit=1"), key, None, 200).await;
+        assert_eq!(page["test_results"].as_array().unwrap().len(), 1, "{page:#}");
+        assert!(page["next_cursor"].is_string(), "{page:#}");
+        assert_eq!(all_pages(&s, key, &runs, "runs").await.len(), 2);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calibration_end_to_end() {
     let good = Agent::start(&[]);

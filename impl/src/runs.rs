@@ -876,27 +876,30 @@ pub async fn list_runs(
         .store
         .read(move |tx| {
             access::require_resource(tx, &caller.user_id, "batch_runs", "batch run", &path.batch_id, Need::Read)?;
+            // A run whose result the caller labels blind does not say how
+            // it ended, and a list filtered by status leaves it out in the
+            // query itself, so that neither the page's length nor its cursor
+            // tells that it matched.
             let rows = tx
                 .prepare_cached(&format!(
                     "SELECT {RUN_COLUMNS} FROM runs
                      WHERE batch_run_id = ?1 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR id < ?3)
-                     ORDER BY id DESC LIMIT ?4"
+                       AND (?2 IS NULL OR test_result_id IS NULL OR test_result_id NOT IN ({}))
+                     ORDER BY id DESC LIMIT ?4",
+                    crate::reviews::blind::blind_results("?5")
                 ))?
-                .query_map(params![path.batch_id, status, page.after, page.fetch_limit()], run_from_row)?
+                .query_map(
+                    params![path.batch_id, status, page.after, page.fetch_limit(), caller.user_id],
+                    run_from_row,
+                )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |r| r.id.clone());
-            // A run whose result the caller labels blind does not say how
-            // it ended (and a list filtered by status leaves it out).
             let blind = crate::reviews::blind::blind_map(tx, &caller.user_id)?;
-            let mut runs = Vec::with_capacity(page.items.len());
-            for mut run in page.items {
+            let mut runs = page.items;
+            for run in &mut runs {
                 if run.test_result_id.as_ref().is_some_and(|id| blind.contains_key(id)) {
-                    if status.is_some() {
-                        continue;
-                    }
                     run.status = None;
                 }
-                runs.push(run);
             }
             Ok(types::RunList { runs, next_cursor: page.next_cursor })
         })
@@ -991,26 +994,28 @@ pub async fn list_test_results(
         .store
         .read(move |tx| {
             access::require_resource(tx, &caller.user_id, "tests", "test", &path.id, Need::Read)?;
+            // The stored documents as they are, but for blind results:
+            // hidden one by one, and left out of a list filtered by status
+            // (matching the filter would reveal it) in the query itself, so
+            // that neither the page's length nor its cursor tells.
             let rows = tx
-                .prepare_cached(
+                .prepare_cached(&format!(
                     "SELECT document, id FROM test_results
                      WHERE test_id = ?1 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR id < ?3)
+                       AND (?2 IS NULL OR id NOT IN ({}))
                      ORDER BY id DESC LIMIT ?4",
-                )?
-                .query_map(params![path.id, status, page.after, page.fetch_limit()], |r| {
+                    crate::reviews::blind::blind_results("?5")
+                ))?
+                .query_map(params![path.id, status, page.after, page.fetch_limit(), caller.user_id], |r| {
                     Ok((r.get::<_, String>(1)?, r.get::<_, String>(0)?))
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |(id, _)| id.clone());
-            // The stored documents as they are, but for blind results:
-            // hidden one by one, and left out of a list filtered by status
-            // (matching the filter would reveal it).
             let mut blind = crate::reviews::blind::blind_map(tx, &caller.user_id)?;
             let mut test_results = Vec::with_capacity(page.items.len());
             for (id, document) in page.items {
                 match blind.remove(&id) {
                     None => test_results.push(document),
-                    Some(_) if status.is_some() => {}
                     Some(calibration_id) => {
                         let mut result = decode_result(&document)?;
                         crate::reviews::blind::hide(&mut result, calibration_id);
