@@ -1266,8 +1266,15 @@ async fn a_complete_calibration_does_not_unblind_results_of_an_open_one() {
         let whole = get_calibration(&s, key, &first).await;
         assert_eq!(whole["disagreements"].as_array().unwrap().len(), 2, "{whole:#}");
     }
+    // Nor do the reviewers' statistics tell it: the editor's labels of
+    // those results (both against the machine) count for no one's agreement
+    // the blind reviewer reads; to the others they do.
+    let editor_agreement = |listed: &[Value]| find(listed, "user_id", &editor_id)["agreement_with_automated"].clone();
+    assert_eq!(editor_agreement(&reviewers(&s, &t.reviewer, p).await), Value::Null);
+    assert_eq!(editor_agreement(&reviewers(&s, &t.owner, p).await), json!(0.0));
     // Once the second is complete, the first is whole again for the reviewer.
     review(&s, &t.reviewer, &rp, true, &[]).await;
     review(&s, &t.reviewer, &rf, false, &[]).await;
     assert_eq!(get_calibration(&s, &t.reviewer, &first).await["disagreements"].as_array().unwrap().len(), 2);
+    assert_eq!(editor_agreement(&reviewers(&s, &t.reviewer, p).await), json!(0.0));
 }

@@ -7,8 +7,10 @@
 //! equal to the automated one (the result's `status == passed`, or that
 //! evaluation's `passed`); `agreement_with_peers` the share of pairs (their
 //! label, another reviewer's label of the same thing) that are equal. Both
-//! leave out reviews that count toward a still open calibration, so that
-//! watching one's statistics cannot unblind it; `reviews_count` and
+//! leave out reviews that count toward a still open calibration, and every
+//! review of a result the caller labels blind now (an earlier, complete
+//! calibration's included), so that watching statistics cannot unblind
+//! anything; `reviews_count` and
 //! `last_review_at` count every review.
 
 use std::collections::HashMap;
@@ -93,12 +95,17 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery
             let page = page.finish(users, |u| u.0.clone());
 
             // The settled reviews (not in an open calibration) of the results
-            // these reviewers reviewed, everyone's, to compare with peers.
+            // these reviewers reviewed, everyone's, to compare with peers;
+            // none of a result the caller labels blind now, whatever
+            // calibration a review was for: its labels beside the machine's
+            // and each other's would tell the caller what they are not shown.
             let mut settled = tx.prepare_cached(&format!(
                 "SELECT r.reviewer_id, r.test_result_id, r.verdict, r.evaluations FROM reviews r
                  LEFT JOIN calibrations c ON c.id = r.calibration_id
                  WHERE r.project_id IN ({SCOPE}) AND (c.status IS NULL OR c.status != 'open')
-                   AND r.test_result_id IN (SELECT test_result_id FROM reviews WHERE reviewer_id = ?3)"
+                   AND r.test_result_id IN (SELECT test_result_id FROM reviews WHERE reviewer_id = ?3)
+                   AND r.test_result_id NOT IN ({})",
+                crate::reviews::blind::blind_results("?1")
             ))?;
             let mut counts = tx.prepare_cached(&format!(
                 "SELECT count(*), max(updated_at) FROM reviews WHERE reviewer_id = ?3 AND project_id IN ({SCOPE})"
