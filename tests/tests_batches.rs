@@ -496,6 +496,15 @@ async fn tests_refer_only_to_their_own_projects_resources() {
     s.expect(Method::POST, "/v1/tests", &t.outsider, Some(x.test("t")), 404).await;
     s.expect(Method::POST, "/v1/tests", &t.owner, Some(with(x.test("t"), json!({"project_id": "prj_missing"}))), 404)
         .await;
+    // The contract says so: the generated client reads it as the API's
+    // error, not as an answer it did not expect.
+    let body: sparring_client::types::CreateTestRequest = serde_json::from_value(x.test("t")).unwrap();
+    match s.client(&t.outsider).create_test().body(body).send().await {
+        Err(sparring_client::Error::ErrorResponse(e)) => {
+            assert_eq!((e.status().as_u16(), e.error_code.as_str()), (404, "not_found"))
+        }
+        other => panic!("expected the API's 404, got {other:?}"),
+    }
     assert_eq!(s.expect(Method::GET, &path, &t.owner, None, 200).await, tst);
 
     // Batches: tests of the same project only.
