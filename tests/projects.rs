@@ -196,3 +196,41 @@ async fn a_put_giving_the_stored_project_changes_nothing() {
     let after = s.expect(Method::GET, &history, &t.owner, None, 200).await["activity"].as_array().unwrap().len();
     assert_eq!(after, records, "nothing recorded");
 }
+
+#[tokio::test]
+async fn a_put_records_only_the_fields_it_changed() {
+    let s = TestServer::start().await;
+    let t = s.team("diffed").await;
+    let p = format!("/v1/projects/{}", t.project_id);
+    let body = json!({"name": "diffed", "description": "d", "webhook_url": "https://hooks.example.com/x",
+                      "webhook_secret": "s3cret", "settings": {"max_call_duration_s": 120, "default_concurrency": 4}});
+    s.expect(Method::PUT, &p, &t.owner, Some(body.clone()), 200).await;
+    let latest = || async {
+        let history = format!("/v1/activity/resource/project/{}?limit=1", t.project_id);
+        s.expect(Method::GET, &history, &t.owner, None, 200).await["activity"][0].clone()
+    };
+    assert_eq!(latest().await["changes"]["webhook_secret"], "***");
+
+    // A rename (the secret left out: kept) records the name alone.
+    let mut put = body.clone();
+    put.as_object_mut().unwrap().remove("webhook_secret");
+    put["name"] = json!("diffed, renamed");
+    s.expect(Method::PUT, &p, &t.owner, Some(put.clone()), 200).await;
+    let record = latest().await;
+    assert_eq!(record["changes"], json!({"name": "diffed, renamed"}), "{record}");
+    // One setting: that setting alone.
+    put["settings"]["default_concurrency"] = json!(8);
+    s.expect(Method::PUT, &p, &t.owner, Some(put.clone()), 200).await;
+    assert_eq!(latest().await["changes"], json!({"settings": {"default_concurrency": 8}}));
+    // A secret given is a change, masked, even the same one.
+    put["webhook_secret"] = json!("s3cret");
+    s.expect(Method::PUT, &p, &t.owner, Some(put.clone()), 200).await;
+    assert_eq!(latest().await["changes"], json!({"webhook_secret": "***"}));
+    // Clearing it records the clearing; clearing none records nothing.
+    put["webhook_secret"] = json!("");
+    s.expect(Method::PUT, &p, &t.owner, Some(put.clone()), 200).await;
+    let cleared = latest().await;
+    assert_eq!(cleared["changes"], json!({"webhook_secret": null}));
+    s.expect(Method::PUT, &p, &t.owner, Some(put), 200).await;
+    assert_eq!(latest().await["id"], cleared["id"], "nothing recorded");
+}

@@ -72,7 +72,8 @@ impl ProjectInput {
         })
     }
 
-    /// The fields as the activity log shows them (the secret masked).
+    /// Every field, as the create's activity record shows them (the secret
+    /// masked).
     fn changes(&self) -> serde_json::Value {
         let mut c = json!({
             "name": self.name,
@@ -82,6 +83,43 @@ impl ProjectInput {
         });
         if let Some(secret) = &self.webhook_secret {
             c["webhook_secret"] = json!(secret.as_ref().map(|_| MASKED));
+        }
+        c
+    }
+
+    /// The fields that differ from `before`, as the activity log shows
+    /// them; empty when this is the project as it is. Of `settings`, only
+    /// the settings that changed. A secret given is a change (it cannot be
+    /// compared), shown masked; clearing one counts only if there was one.
+    fn changes_from(&self, before: &types::Project) -> serde_json::Map<String, serde_json::Value> {
+        let mut c = serde_json::Map::new();
+        if before.name != self.name {
+            c.insert("name".into(), json!(self.name));
+        }
+        if before.description != self.description {
+            c.insert("description".into(), json!(self.description));
+        }
+        if before.webhook_url != self.webhook_url {
+            c.insert("webhook_url".into(), json!(self.webhook_url));
+        }
+        let mut settings = serde_json::Map::new();
+        if before.settings.max_call_duration_s.get() != self.max_call_duration_s {
+            settings.insert("max_call_duration_s".into(), json!(self.max_call_duration_s));
+        }
+        if before.settings.default_concurrency.get() != self.default_concurrency {
+            settings.insert("default_concurrency".into(), json!(self.default_concurrency));
+        }
+        if !settings.is_empty() {
+            c.insert("settings".into(), settings.into());
+        }
+        match &self.webhook_secret {
+            Some(Some(_)) => {
+                c.insert("webhook_secret".into(), json!(MASKED));
+            }
+            Some(None) if before.webhook_secret_configured => {
+                c.insert("webhook_secret".into(), serde_json::Value::Null);
+            }
+            _ => {}
         }
         c
     }
@@ -255,18 +293,10 @@ pub async fn replace(
                 access::check(role, Need::Own)
                     .map_err(|_| Failure::Forbidden("only owners change a project's webhook".into()))?;
             }
-            // The project as it is (a secret given is a change, since it
-            // cannot be compared; clearing none is not): nothing to write.
-            let unchanged = before.name == input.name
-                && before.description == input.description
-                && before.webhook_url == input.webhook_url
-                && before.settings.max_call_duration_s.get() == input.max_call_duration_s
-                && before.settings.default_concurrency.get() == input.default_concurrency
-                && match &input.webhook_secret {
-                    None => true,
-                    Some(secret) => secret.is_none() && !before.webhook_secret_configured,
-                };
-            if unchanged {
+            // Only what differs from the project as it is is recorded; the
+            // project as it is: nothing written, nothing recorded.
+            let changes = input.changes_from(&before);
+            if changes.is_empty() {
                 return Ok(before);
             }
             let now = ids::format_time(&ids::now());
@@ -295,8 +325,12 @@ pub async fn replace(
                     resource_type: "project",
                     resource_id: &path.id,
                     project_id: Some(&path.id),
-                    summary: format!("updated project \"{}\"", input.name),
-                    changes: input.changes().into(),
+                    summary: format!(
+                        "updated project \"{}\" ({})",
+                        input.name,
+                        changes.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+                    ),
+                    changes: serde_json::Value::Object(changes).into(),
                 },
             )?;
             load(tx, &caller.user_id, &path.id)
