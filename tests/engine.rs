@@ -530,6 +530,65 @@ async fn cancel_stops_queued_runs_at_once_and_running_ones_at_their_next_turn() 
     assert_eq!(ledger_balances(&ledger), 1000 - charged);
 }
 
+/// A second cancel while the running runs are still stopping changes
+/// nothing: it answers the batch run as it is and records nothing, as a
+/// second revoke of a key does. The one cancel has one record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_stopping_batch_run_again_records_nothing() {
+    // An agent that answers only once the test opens the gate: until then
+    // its calls are running, and a cancel leaves them stopping.
+    let (gate, opened) = tokio::sync::watch::channel(false);
+    let agent = WsAgent::start(move |mut peer| {
+        let mut opened = opened.clone();
+        async move {
+            while let Some(frame) = ws_recv(&mut peer).await {
+                if frame["type"] == "message" {
+                    let _ = opened.wait_for(|open| *open).await;
+                    ws_send(&mut peer, json!({"type": "message", "role": "assistant", "content": "Sure."})).await;
+                    ws_send(&mut peer, json!({"type": "turn_end"})).await;
+                }
+            }
+        }
+    })
+    .await;
+    let s = TestServer::start().await;
+    let t = s.team("cancel twice").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = json!({"project_id": p, "name": "gated", "kind": "websocket", "target": agent.target,
+                    "turn_timeout_ms": 120_000});
+    let ch = create(&s, &t.editor, "/v1/channels", ch).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "held", &ch, &scenario, 2)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = run["id"].as_str().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &t.viewer, None, 200).await;
+        if now["counts"]["running"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never two running: {now}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cancel = format!("/v1/batch-runs/{id}/cancel");
+    let cancels = format!("/v1/activity?project_id={p}&action=batch_run.cancel");
+    let first = s.expect(Method::POST, &cancel, &t.editor, None, 200).await;
+    assert_eq!((first["status"].as_str(), first["counts"]["running"].as_i64()), (Some("running"), Some(2)));
+    let recorded = all_pages(&s, &t.viewer, &cancels, "activity").await;
+    assert_eq!(recorded.len(), 1, "{recorded:#?}");
+    // Again, while both are still stopping (the agent has not answered).
+    let again = s.expect(Method::POST, &cancel, &t.editor, None, 200).await;
+    assert_eq!(again, first, "the batch run as it is");
+    assert_eq!(all_pages(&s, &t.viewer, &cancels, "activity").await, recorded, "no second record");
+    // Once they stop it is cancelled; a cancel then records nothing either.
+    gate.send(true).unwrap();
+    let done = wait_for_end(&s, &t.viewer, id).await;
+    assert_eq!((done["status"].as_str(), done["counts"]["cancelled"].as_i64()), (Some("cancelled"), Some(2)));
+    let last = s.expect(Method::POST, &cancel, &t.editor, None, 200).await;
+    assert_eq!(last, done);
+    assert_eq!(all_pages(&s, &t.viewer, &cancels, "activity").await, recorded);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credits_are_reserved_once_and_never_go_below_zero() {
     let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 5).await;

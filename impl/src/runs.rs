@@ -504,6 +504,9 @@ pub async fn run_test(
     .await
 }
 
+/// `POST /batch-runs/{id}/cancel`: queued runs end now, running ones at
+/// their next turn. A batch run that has ended, or was cancelled already
+/// and is still stopping, is answered as it is, with no record.
 pub async fn cancel(state: &AppState, caller: Caller, path: p::CancelBatchRunPath) -> Result<types::BatchRun> {
     let id = path.id;
     let (run, running) = state
@@ -514,6 +517,14 @@ pub async fn cancel(state: &AppState, caller: Caller, path: p::CancelBatchRunPat
             let before = load_batch_run(tx, &id)?;
             if !matches!(before.status, types::BatchRunStatus::Queued | types::BatchRunStatus::Running) {
                 return Ok::<_, Failure>((seen_by(tx, &user_id, before)?, Vec::new()));
+            }
+            // Cancelled already, its running runs still stopping: nothing
+            // changes, nothing is recorded. Its running runs are told again
+            // (in memory only), in case one was claimed as the first cancel
+            // told them.
+            if crate::engine::queue::cancel_requested(tx, &id)? {
+                let running = crate::engine::queue::running(tx, &id)?;
+                return Ok((seen_by(tx, &user_id, before)?, running));
             }
             let running = crate::engine::queue::cancel(tx, &id)?;
             let after = load_batch_run(tx, &id)?;

@@ -328,12 +328,16 @@ pub fn cancel(tx: &rusqlite::Transaction<'_>, batch_run_id: &str) -> Result<Vec<
          WHERE id = ?1",
     )?
     .execute(params![batch_run_id, n as i64, now_text])?;
-    let running = tx
-        .prepare_cached("SELECT id FROM runs WHERE batch_run_id = ?1 AND status = 'running'")?
-        .query_map(params![batch_run_id], |r| r.get(0))?
-        .collect::<rusqlite::Result<Vec<String>>>()?;
+    let running = running(tx, batch_run_id)?;
     maybe_complete(tx, batch_run_id)?;
     Ok(running)
+}
+
+/// The ids of the batch run's running runs.
+pub fn running(tx: &rusqlite::Connection, batch_run_id: &str) -> rusqlite::Result<Vec<String>> {
+    tx.prepare_cached("SELECT id FROM runs WHERE batch_run_id = ?1 AND status = 'running'")?
+        .query_map(params![batch_run_id], |r| r.get(0))?
+        .collect()
 }
 
 /// Whether the batch run `id` has been asked to stop.
