@@ -1032,3 +1032,81 @@ async fn a_patch_giving_the_stored_values_changes_nothing() {
     assert_eq!(s.expect(Method::GET, &path, &t.viewer, None, 200).await, int);
     assert_eq!(history(&s, &t.viewer, "integration", &id(&int)).await.len(), 1, "nothing recorded");
 }
+
+/// An integration's phone numbers page newest first, each once, whatever
+/// happens to the list between two pages: a number removed, one added,
+/// the order or a label changed. Numbers registered together keep the
+/// order given; the integration itself shows them in the order given.
+#[tokio::test]
+async fn phone_number_pages_are_newest_first_and_skip_nothing_when_the_list_changes() {
+    let s = TestServer::start().await;
+    let t = s.team("numbers").await;
+    let number =
+        |n: u32, label: &str| json!({"number": format!("+1415555{n:04}"), "label": label, "direction": "both"});
+    let six: Vec<Value> = (200..206).map(|n| number(n, "")).collect();
+    let made = s
+        .expect(
+            Method::POST,
+            "/v1/integrations",
+            &t.editor,
+            Some(with(twilio(&t.project_id, "tel"), json!({"phone_numbers": six}))),
+            200,
+        )
+        .await;
+    let path = format!("/v1/integrations/{}", id(&made));
+    let page = |cursor: Option<String>| {
+        let url = match cursor {
+            Some(c) => format!("{path}/phone-numbers?limit=2&cursor={c}"),
+            None => format!("{path}/phone-numbers?limit=2"),
+        };
+        let s = &s;
+        let key = t.viewer.clone();
+        async move {
+            let page = s.expect(Method::GET, &url, &key, None, 200).await;
+            let numbers: Vec<String> = page["phone_numbers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n["number"].as_str().unwrap().to_string())
+                .collect();
+            (numbers, page["next_cursor"].as_str().map(str::to_string))
+        }
+    };
+    let (first, mut cursor) = page(None).await;
+    assert_eq!(first, ["+14155550200", "+14155550201"], "registered together: in the order given");
+
+    // Between two pages: the first number goes, the last moves to the
+    // front with a new label, and a new one comes at the end.
+    let changed = json!([
+        number(205, "moved"),
+        number(201, ""),
+        number(202, ""),
+        number(203, ""),
+        number(204, ""),
+        number(206, "new")
+    ]);
+    let after = s.expect(Method::PATCH, &path, &t.editor, Some(json!({"phone_numbers": changed})), 200).await;
+    assert_eq!(after["phone_numbers"], changed, "the integration shows them as given");
+    let mut rest = Vec::new();
+    while let Some(c) = cursor.take() {
+        let (numbers, next) = page(Some(c)).await;
+        rest.extend(numbers);
+        cursor = next;
+    }
+    assert_eq!(rest, ["+14155550202", "+14155550203", "+14155550204", "+14155550205"], "nothing skipped or repeated");
+
+    // From the start: the newest first, a kept number in its place with its
+    // new label.
+    let all = s.expect(Method::GET, &format!("{path}/phone-numbers"), &t.viewer, None, 200).await;
+    assert_eq!(
+        all["phone_numbers"],
+        json!([
+            number(206, "new"),
+            number(201, ""),
+            number(202, ""),
+            number(203, ""),
+            number(204, ""),
+            number(205, "moved")
+        ])
+    );
+}

@@ -266,14 +266,26 @@ pub fn provider_of(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<Option<ty
 
 // Writing.
 
+/// Makes `numbers` the integration's list, in their order. A number it
+/// keeps keeps its row, and with it its `seq`, by which the list pages
+/// (newest first): a page never moves under a change of the list. Numbers
+/// new to it get new rows, the first given last, so that newest first
+/// lists the numbers registered together in the order given.
 fn replace_numbers(tx: &rusqlite::Transaction<'_>, id: &str, numbers: &[Number]) -> Result<()> {
-    tx.execute("DELETE FROM integration_phone_numbers WHERE integration_id = ?1", params![id])?;
-    let mut insert = tx.prepare_cached(
+    let listed = Value::from_iter(numbers.iter().map(|n| json!(n.number))).to_string();
+    tx.prepare_cached(
+        "DELETE FROM integration_phone_numbers
+         WHERE integration_id = ?1 AND number NOT IN (SELECT value FROM json_each(?2))",
+    )?
+    .execute(params![id, listed])?;
+    let mut upsert = tx.prepare_cached(
         "INSERT INTO integration_phone_numbers (integration_id, position, number, label, direction)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (integration_id, number)
+         DO UPDATE SET position = excluded.position, label = excluded.label, direction = excluded.direction",
     )?;
-    for (position, n) in numbers.iter().enumerate() {
-        insert.execute(params![id, position as i64, n.number, n.label, n.direction.to_string()])?;
+    for (position, n) in numbers.iter().enumerate().rev() {
+        upsert.execute(params![id, position as i64, n.number, n.label, n.direction.to_string()])?;
     }
     Ok(())
 }
@@ -552,8 +564,9 @@ pub async fn update(
         .await
 }
 
-/// The integration's phone numbers in their order; the cursor is the
-/// position of the last one returned.
+/// The integration's phone numbers, newest first (by the row each was
+/// registered with, see [`replace_numbers`]); the cursor is the last
+/// returned one's `seq`, which no change of the list moves.
 pub async fn list_phone_numbers(
     state: &AppState,
     caller: Caller,
@@ -561,19 +574,19 @@ pub async fn list_phone_numbers(
     query: p::ListIntegrationPhoneNumbersQuery,
 ) -> Result<types::PhoneNumberList> {
     let (page, after) =
-        PageRequest::parse_position(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
+        PageRequest::parse_sequence(query.limit, query.cursor.as_deref()).map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {
             access::require_resource(tx, &caller.user_id, "integrations", "integration", &path.id, Need::Read)?;
             let rows = tx
                 .prepare_cached(
-                    "SELECT position, number, label, direction FROM integration_phone_numbers
-                     WHERE integration_id = ?1 AND (?2 IS NULL OR position > ?2) ORDER BY position LIMIT ?3",
+                    "SELECT seq, number, label, direction FROM integration_phone_numbers
+                     WHERE integration_id = ?1 AND (?2 IS NULL OR seq < ?2) ORDER BY seq DESC LIMIT ?3",
                 )?
                 .query_map(params![path.id, after, page.fetch_limit()], number_from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |(position, _)| position.to_string());
+            let page = page.finish(rows, |(seq, _)| seq.to_string());
             Ok(types::PhoneNumberList {
                 phone_numbers: page.items.into_iter().map(|(_, n)| n).collect(),
                 next_cursor: page.next_cursor,

@@ -6,7 +6,7 @@
 //! a page starts strictly after its cursor, so items inserted between two
 //! page requests never shift what the next page returns. A list takes only
 //! a cursor it could have issued: an id of its own kind (`<prefix>_` and
-//! its 32 hex digits), or a position for a list kept in its own order; a
+//! its 32 hex digits), or a row number for a list without ids of its own; a
 //! made-up, cut-short or other list's cursor is refused, not read as some
 //! other page.
 
@@ -32,9 +32,10 @@ impl PageRequest {
         Self::parse_with(limit, cursor, |id| crate::ids::is_id(id, prefix))
     }
 
-    /// A page of a list kept in its own order, whose cursor is the position
-    /// of the last item returned.
-    pub fn parse_position(
+    /// A page of a list ordered by a row number that never changes or is
+    /// reused (SQLite's `AUTOINCREMENT`), whose cursor is the number of the
+    /// last item returned.
+    pub fn parse_sequence(
         limit: Option<i32>,
         cursor: Option<&str>,
     ) -> Result<(PageRequest, Option<i64>), InvalidCursor> {

@@ -65,6 +65,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0011_tests_as_queued", include_str!("../migrations/0011_tests_as_queued.sql"), None),
     ("0012_test_names_as_queued", include_str!("../migrations/0012_test_names_as_queued.sql"), None),
     ("0013_idempotency_keys", include_str!("../migrations/0013_idempotency_keys.sql"), None),
+    ("0014_phone_number_rows", include_str!("../migrations/0014_phone_number_rows.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -719,6 +720,52 @@ mod tests {
         assert_eq!(v["created_at"], "2026-11-23T10:00:00.123Z");
         assert_eq!(v["updated_at"], "2026-11-23T10:00:01Z");
         assert_eq!(v["evaluators"][0]["text"], "x");
+    }
+
+    /// Migration 0014 gives the phone numbers already registered rows that
+    /// page newest first in the order the integration shows them (their
+    /// list order), and keeps that order.
+    #[test]
+    fn phone_numbers_registered_before_0014_page_in_their_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            for (i, (name, sql, step)) in MIGRATIONS.iter().enumerate().take(13) {
+                assert!(!name.starts_with("0014"));
+                let tx = conn.transaction().unwrap();
+                tx.execute_batch(sql).unwrap();
+                if let Some(step) = step {
+                    step(&tx).unwrap();
+                }
+                tx.pragma_update(None, "user_version", (i + 1) as i64).unwrap();
+                tx.commit().unwrap();
+            }
+            conn.execute_batch(
+                r#"INSERT INTO projects (id, name, description, max_call_duration_s, default_concurrency, created_at,
+                                         updated_at) VALUES ('prj_1', 'p', '', 600, 10, 't', 't');
+                   INSERT INTO integrations VALUES ('int_1', 'prj_1', 'twilio', 'tel', '{}', NULL, 't', 't');
+                   INSERT INTO integration_phone_numbers VALUES ('int_1', 1, '+14155550102', 'b', 'both'),
+                       ('int_1', 0, '+14155550101', 'a', 'inbound'), ('int_1', 2, '+14155550100', '', 'outbound');"#,
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let (newest_first, shown) = store
+            .read_blocking::<_, crate::failure::Failure, _>(|tx| {
+                let newest_first = tx
+                    .prepare(
+                        "SELECT number FROM integration_phone_numbers WHERE integration_id = 'int_1' ORDER BY seq DESC",
+                    )?
+                    .query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok((newest_first, crate::integrations::load(tx, "int_1")?))
+            })
+            .unwrap();
+        let in_order = ["+14155550101", "+14155550102", "+14155550100"];
+        assert_eq!(newest_first, in_order);
+        assert_eq!(shown.phone_numbers.iter().map(|n| n.number.as_str()).collect::<Vec<_>>(), in_order);
+        assert_eq!(shown.phone_numbers[0].label.as_str(), "a");
     }
 
     /// Under writes that never pause (each its own group, as `write` sends
