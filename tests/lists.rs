@@ -65,9 +65,12 @@ async fn a_cursor_the_list_did_not_issue_is_refused() {
         ("made up", format!("/v1/personas?cursor={}", b64("zzzz"))),
         ("made up", format!("/v1/activity?cursor={}", b64("0"))),
         ("cut short", format!("/v1/personas?cursor={}", b64(&decoded[..decoded.len() - 4]))),
+        ("another list's", format!("/v1/api-keys?cursor={personas}")),
     ] {
         let (status, e) = error_body(s.send_json(Method::GET, &path, &t.owner, None).await).await;
         assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_cursor"), "{what} cursor: {path}: {e}");
+        // Every list says it the same way, naming the parameter once.
+        assert_eq!(e["message"], "cursor: not a cursor this server issued", "{what} cursor: {path}");
     }
 }
 

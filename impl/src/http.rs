@@ -49,7 +49,7 @@ fn failure<B>(f: Failure) -> ApiError<B> {
 }
 
 fn cursor_error<B>(e: InvalidCursor) -> ApiError<B> {
-    ApiError::bad_request("invalid_cursor", e.to_string())
+    failure(Failure::invalid("cursor", e))
 }
 
 fn api_key_secret(key: api_keys::ApiKey, raw: api_keys::RawKey) -> types::ApiKeySecret {

@@ -22,8 +22,9 @@ pub struct PageRequest {
     pub after: Option<String>,
 }
 
+/// Callers name the parameter (`Failure::invalid("cursor", e)`).
 #[derive(Debug, thiserror::Error)]
-#[error("cursor: not a cursor this server issued")]
+#[error("not a cursor this server issued")]
 pub struct InvalidCursor;
 
 impl PageRequest {
