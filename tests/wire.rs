@@ -26,6 +26,8 @@ struct Operation {
     tags: Vec<String>,
     /// The `application/json` request body schema, if there is a body.
     body_schema: Option<Value>,
+    /// Whether the request body must be sent (`requestBody.required`).
+    body_required: bool,
 }
 
 impl Operation {
@@ -86,6 +88,7 @@ fn operations(spec: &Value) -> Vec<Operation> {
                     .map(|t| t.iter().map(|t| t.as_str().unwrap().to_string()).collect())
                     .unwrap_or_default(),
                 body_schema,
+                body_required: op.get("requestBody").is_some_and(|rb| resolve(spec, rb)["required"] == true),
             });
         }
     }
@@ -292,6 +295,64 @@ async fn every_documented_url_reaches_its_operation() {
     }
 }
 
+/// A path the bridge serves for no operation of this method is answered as
+/// dropshot answers a path it does not hold, before the query or the body is
+/// read: 404 when no operation has that path, 405 with `Allow` when others
+/// (of other methods) do.
+#[tokio::test]
+async fn a_path_no_bridged_operation_has_is_a_404_or_405_whatever_its_query_and_body() {
+    let s = TestServer::start().await;
+    let send = async |method: reqwest::Method, path: &str, content_type: &str, body: &str| {
+        let resp = s
+            .http
+            .request(method, s.url(path))
+            .header("x-api-key", &s.admin_key)
+            .header("content-type", content_type)
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let allow: Vec<String> =
+            resp.headers().get_all("allow").iter().map(|v| v.to_str().unwrap().to_string()).collect();
+        let status = resp.status().as_u16();
+        (status, allow, resp.json::<Value>().await.unwrap())
+    };
+    use reqwest::Method;
+    let json = "application/json";
+    for (method, path, content_type, body) in [
+        (Method::GET, "/v1/activity/resourcex/a/b?limit=abc", json, ""),
+        (Method::GET, "/v1/activity/resourcex/a/b?limit=0", json, ""),
+        (Method::GET, "/v1/test-results/other/call_1?x=1", json, ""),
+        (Method::GET, "/v1/reviews/other/cal_1", json, ""),
+        (Method::POST, "/v1/reviews/other/cal_1/close", "text/plain", "{"),
+    ] {
+        let (status, allow, e) = send(method.clone(), path, content_type, body).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (404, "not_found"), "{method} {path}: {e}");
+        assert!(e["message"].as_str().unwrap().contains("no route"), "{method} {path}: {e}");
+        assert!(allow.is_empty(), "{method} {path}: {allow:?}");
+    }
+    // `/reviews/{id}` takes DELETE (a review) for any id, and GET for the
+    // literals `calibration` and `reviewers`; only `calibration` takes POST.
+    for (method, path, content_type, body, allowed) in [
+        (Method::POST, "/v1/reviews/foo", json, r#"{"x": 1}"#, vec!["DELETE"]),
+        (Method::POST, "/v1/reviews/foo", "text/plain", "x", vec!["DELETE"]),
+        (Method::POST, "/v1/reviews/reviewers", json, "{}", vec!["DELETE", "GET"]),
+        (Method::GET, "/v1/reviews/foo?limit=abc", json, "", vec!["DELETE"]),
+    ] {
+        let (status, allow, e) = send(method.clone(), path, content_type, body).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (405, "method_not_allowed"), "{method} {path}: {e}");
+        assert_eq!(allow, allowed, "{method} {path}: {e}");
+    }
+    // As dropshot's router does for a route it holds: one `Allow` per method.
+    let (status, allow, e) = send(Method::GET, "/v1/api-keys/key_1", json, "").await;
+    assert_eq!((status, allow), (405, vec!["DELETE".to_string()]), "{e}");
+    // The documented paths still reach their operations.
+    let (status, _, e) = send(Method::POST, "/v1/reviews/calibration", json, r#"{"x": 1}"#).await;
+    assert_eq!(status, 400, "{e}");
+    let (status, _, e) = send(Method::GET, "/v1/activity/resource/test/tst_1?limit=abc", json, "").await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_query"), "{e}");
+}
+
 /// The request reached the operation's own code: it answered 501 naming
 /// itself, or a success, or an error only the operation gives (a 404 naming
 /// the id it looked for, a 400 about a field's value rather than the
@@ -339,6 +400,21 @@ async fn query_parameters_are_validated() {
         let (status, body) = error_body(s.get(&format!("/v1/api-keys?{query}"), &s.admin_key).await).await;
         assert_eq!(status, 400, "{query}: {body}");
         assert_eq!(body["error_code"], code, "{query}: {body}");
+    }
+    // The message names the parameter, once.
+    for (path, message) in [
+        ("/v1/personas?limit=abc", "invalid query string: limit: invalid digit found in string"),
+        ("/v1/activity?since=2026-11-24T12:00:00Z&until=2026-11-24T12:00:00", "invalid query string: until: "),
+        ("/v1/api-keys?limit=abc", "invalid query string: limit: "),
+        ("/v1/reviews/reviewers?limit=abc", "invalid query string: limit: "),
+        ("/v1/api-keys?cursor=!!!", "cursor: not a cursor this server issued"),
+        ("/v1/personas?cursor=!!!", "cursor: not a cursor this server issued"),
+    ] {
+        let (status, body) = error_body(s.get(path, &s.admin_key).await).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        let got = body["message"].as_str().unwrap();
+        assert!(got.starts_with(message), "{path}: {got:?} starts with {message:?}");
+        assert_eq!(got.matches("cursor:").count(), usize::from(message.starts_with("cursor:")), "{path}: {got:?}");
     }
     // The bounds themselves are fine.
     for query in ["limit=1", "limit=200"] {
@@ -498,4 +574,47 @@ async fn a_body_that_is_not_json_is_a_400() {
     let resp =
         s.http.post(s.url("/v1/api-keys")).header("x-api-key", &s.admin_key).body(r#"{"label": "x"}"#).send().await;
     assert_eq!(resp.unwrap().status().as_u16(), 201);
+}
+
+/// A body the client may omit, sent empty (or blank) with another content
+/// type, is no body: `curl -X POST -d ''` labels it
+/// `application/x-www-form-urlencoded`. The content type counts only when
+/// there is a body.
+#[tokio::test]
+async fn an_empty_body_is_no_body_whatever_its_content_type() {
+    let s = TestServer::start().await;
+    let spec = spec();
+    let optional: Vec<Operation> =
+        operations(&spec).into_iter().filter(|o| o.body_schema.is_some() && !o.body_required).collect();
+    assert!(optional.iter().any(|o| o.operation_id == "rotate_api_key"), "{optional:?}");
+    for op in &optional {
+        for (content_type, body) in
+            [("application/x-www-form-urlencoded", ""), ("text/plain", " \n"), ("application/json", "")]
+        {
+            let resp = op
+                .request(&s)
+                .header("x-api-key", &s.admin_key)
+                .header("content-type", content_type)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            // Reached: the operation looked for the id it was given.
+            let (status, e) = error_body(resp).await;
+            let what = format!("{} with {content_type} {body:?}", op.describe());
+            assert_eq!((status, e["error_code"].as_str().unwrap()), (404, "not_found"), "{what}: {e}");
+            assert!(e["message"].as_str().unwrap().contains("x_1"), "{what}: {e}");
+        }
+        // A body with another content type is still refused.
+        let resp = op
+            .request(&s)
+            .header("x-api-key", &s.admin_key)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("a=1")
+            .send()
+            .await
+            .unwrap();
+        let (status, e) = error_body(resp).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "unsupported_media_type"), "{}", op.describe());
+    }
 }

@@ -1,3 +1,13 @@
+use async_trait::async_trait;
+use dropshot::{
+    ApiEndpointBodyContentType, ErrorStatusCode, ExtractorMetadata, HttpError, RequestContext, ServerContext,
+    SharedExtractor,
+};
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+
+use crate::ApiError;
+
 /// A documented operation whose path dropshot's router cannot hold as
 /// written, and the route that serves it instead.
 ///
@@ -21,6 +31,66 @@ pub struct BridgedRoute {
     pub renames: &'static [(&'static str, &'static str)],
 }
 
+/// The route variables of a bridged operation (see
+/// `xtask/src/server_gen.rs`), which know the literal segments the
+/// documented path has where the route has variables.
+pub trait RouteLiterals {
+    /// `Ok` when the request is for this operation; otherwise the answer
+    /// for its path and method (see [`no_route`]).
+    fn check(&self) -> Result<(), HttpError>;
+}
+
+/// A bridged operation's path: its route variables, extracted as
+/// `dropshot::Path<R>` extracts (and documents) them, then checked against
+/// the documented literals. [`Input`](crate::Input) reads the path before
+/// the query and the body, so a path that is not this operation's is
+/// answered as one (404, or 405) before anything else is looked at.
+pub struct RoutePath<R>(R);
+
+impl<R> RoutePath<R> {
+    pub fn into_inner(self) -> R {
+        self.0
+    }
+}
+
+#[async_trait]
+impl<R> SharedExtractor for RoutePath<R>
+where
+    R: RouteLiterals + DeserializeOwned + JsonSchema + Send + Sync + 'static,
+{
+    async fn from_request<Context: ServerContext>(rqctx: &RequestContext<Context>) -> Result<Self, HttpError> {
+        let route = <dropshot::Path<R> as SharedExtractor>::from_request(rqctx).await?.into_inner();
+        route.check()?;
+        Ok(RoutePath(route))
+    }
+
+    fn metadata(body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
+        <dropshot::Path<R> as SharedExtractor>::metadata(body_content_type)
+    }
+}
+
+/// The answer for a request that reached a bridged route but none of its
+/// operations: what dropshot's router answers for a path it does not hold
+/// with this method. `allow` is the methods that other operations serve at
+/// this very path (sorted, as dropshot lists them): none is a 404, some a
+/// 405 with one `Allow` header each.
+pub fn no_route(allow: &[&str]) -> HttpError {
+    if allow.is_empty() {
+        return ApiError::<()>::not_found("no route matches this path").into();
+    }
+    let mut e: HttpError = ApiError::<()>::new(
+        ErrorStatusCode::METHOD_NOT_ALLOWED,
+        crate::ErrorCode::METHOD_NOT_ALLOWED,
+        format!("this path takes only {}", allow.join(", ")),
+    )
+    .into();
+    for method in allow {
+        // A method's name is valid header text.
+        let _ = e.add_header(http::header::ALLOW, *method);
+    }
+    e
+}
+
 /// The query of an operation served by a shared route's endpoint (see
 /// `xtask/src/server_gen.rs`): that endpoint learns which operation it
 /// serves only from the path, so it reads the query afterwards, with the
@@ -30,8 +100,6 @@ where
     Q: serde::de::DeserializeOwned + schemars::JsonSchema + Send + Sync + 'static,
     C: dropshot::ServerContext,
 {
-    let query = <dropshot::Query<Q> as dropshot::SharedExtractor>::from_request(rqctx)
-        .await
-        .map_err(|e| crate::input::coded(e, crate::ErrorCode::INVALID_QUERY))?;
+    let query = <crate::Query<Q> as SharedExtractor>::from_request(rqctx).await?;
     Ok(query.into_inner())
 }

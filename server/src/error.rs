@@ -19,6 +19,7 @@ impl ErrorCode {
     pub const BODY_TOO_LARGE: &'static str = "body_too_large";
     pub const UNSUPPORTED_MEDIA_TYPE: &'static str = "unsupported_media_type";
     pub const NOT_FOUND: &'static str = "not_found";
+    pub const METHOD_NOT_ALLOWED: &'static str = "method_not_allowed";
     pub const NOT_IMPLEMENTED: &'static str = "not_implemented";
     pub const INTERNAL: &'static str = "internal_error";
 }

@@ -4,7 +4,7 @@
 
 use crate::{
     ApiContext, ApiError, BodyFields, BridgedRoute, Caller, ErrorCode, Headers, Input, Json, JsonBody, Nothing,
-    OptionalJsonBody, Reply,
+    OptionalJsonBody, Query, Reply, RoutePath,
 };
 use dropshot::endpoint;
 /// blake3 of the spec this file was generated from.
@@ -6031,6 +6031,14 @@ pub mod params {
         #[serde(rename = "resourceId")]
         pub resource_id: String,
     }
+    impl crate::RouteLiterals for ListResourceActivityRoute {
+        fn check(&self) -> Result<(), dropshot::HttpError> {
+            if self.id == "resource" {
+                return Ok(());
+            }
+            Err(crate::no_route(&[]))
+        }
+    }
     /// Path parameters of `get_activity` (GET /activity/{id}).
     #[derive(Clone, Debug, serde::Deserialize, schemars::JsonSchema)]
     pub struct GetActivityPath {
@@ -6462,6 +6470,19 @@ pub mod params {
         /// Always `calibration` (the documented path's literal segment).
         pub id: String,
     }
+    impl crate::RouteLiterals for CreateCalibrationRoute {
+        fn check(&self) -> Result<(), dropshot::HttpError> {
+            if self.id == "calibration" {
+                return Ok(());
+            }
+            let mut allow = Vec::new();
+            allow.push("DELETE");
+            if self.id == "calibration" || self.id == "reviewers" {
+                allow.push("GET");
+            }
+            Err(crate::no_route(&allow))
+        }
+    }
     /// Path parameters of `get_calibration` (GET /reviews/calibration/{id}).
     #[derive(Clone, Debug, serde::Deserialize, schemars::JsonSchema)]
     pub struct GetCalibrationPath {
@@ -6476,6 +6497,14 @@ pub mod params {
         /// Calibration id, `cal_…`
         pub id2: String,
     }
+    impl crate::RouteLiterals for GetCalibrationRoute {
+        fn check(&self) -> Result<(), dropshot::HttpError> {
+            if self.id == "calibration" {
+                return Ok(());
+            }
+            Err(crate::no_route(&[]))
+        }
+    }
     /// Path parameters of `close_calibration` (POST /reviews/calibration/{id}/close).
     #[derive(Clone, Debug, serde::Deserialize, schemars::JsonSchema)]
     pub struct CloseCalibrationPath {
@@ -6489,6 +6518,14 @@ pub mod params {
         pub id: String,
         /// Calibration id, `cal_…`
         pub id2: String,
+    }
+    impl crate::RouteLiterals for CloseCalibrationRoute {
+        fn check(&self) -> Result<(), dropshot::HttpError> {
+            if self.id == "calibration" {
+                return Ok(());
+            }
+            Err(crate::no_route(&[]))
+        }
     }
     /// Query parameters of `list_reviewers`.
     #[derive(Clone, Debug, serde::Deserialize, schemars::JsonSchema)]
@@ -6569,6 +6606,14 @@ pub mod params {
         /// Call id of the conversation
         #[serde(rename = "callId")]
         pub call_id: String,
+    }
+    impl crate::RouteLiterals for GetTestResultByCallRoute {
+        fn check(&self) -> Result<(), dropshot::HttpError> {
+            if self.id == "by-call" {
+                return Ok(());
+            }
+            Err(crate::no_route(&[]))
+        }
     }
     /// Path parameters of `get_test_result` (GET /test-results/{id}).
     #[derive(Clone, Debug, serde::Deserialize, schemars::JsonSchema)]
@@ -6770,7 +6815,7 @@ pub trait SparringApi {
     tags = ["Activity"]}]
     async fn list_activity_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListActivityQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListActivityQuery>, Nothing>,
     ) -> Result<Reply<types::ActivityList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -6806,16 +6851,9 @@ pub trait SparringApi {
     tags = ["Activity"]}]
     async fn list_resource_activity_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<
-            dropshot::Path<params::ListResourceActivityRoute>,
-            dropshot::Query<params::ListResourceActivityQuery>,
-            Nothing,
-        >,
+        input: Input<RoutePath<params::ListResourceActivityRoute>, Query<params::ListResourceActivityQuery>, Nothing>,
     ) -> Result<Reply<types::ActivityList, 200>, dropshot::HttpError> {
         let route = input.path.into_inner();
-        if route.id != "resource" {
-            return Err(ApiError::<types::Error>::not_found("no route matches this path").into());
-        }
         let path =
             params::ListResourceActivityPath { resource_type: route.resource_type, resource_id: route.resource_id };
         let query = input.query.into_inner();
@@ -6876,7 +6914,7 @@ pub trait SparringApi {
     tags = ["API Keys"]}]
     async fn list_api_keys_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListApiKeysQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListApiKeysQuery>, Nothing>,
     ) -> Result<Reply<types::ApiKeyList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -6988,7 +7026,7 @@ pub trait SparringApi {
     tags = ["Batch Runs"]}]
     async fn list_batch_runs_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListBatchRunsQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListBatchRunsQuery>, Nothing>,
     ) -> Result<Reply<types::BatchRunList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -7024,11 +7062,7 @@ pub trait SparringApi {
     tags = ["Batch Runs"]}]
     async fn list_batch_run_runs_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<
-            dropshot::Path<params::ListBatchRunRunsRoute>,
-            dropshot::Query<params::ListBatchRunRunsQuery>,
-            Nothing,
-        >,
+        input: Input<dropshot::Path<params::ListBatchRunRunsRoute>, Query<params::ListBatchRunRunsQuery>, Nothing>,
     ) -> Result<Reply<types::RunList, 200>, dropshot::HttpError> {
         let route = input.path.into_inner();
         let path = params::ListBatchRunRunsPath { batch_id: route.id };
@@ -7116,11 +7150,7 @@ pub trait SparringApi {
     tags = ["Batch Runs"]}]
     async fn list_batch_run_tests_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<
-            dropshot::Path<params::ListBatchRunTestsPath>,
-            dropshot::Query<params::ListBatchRunTestsQuery>,
-            Nothing,
-        >,
+        input: Input<dropshot::Path<params::ListBatchRunTestsPath>, Query<params::ListBatchRunTestsQuery>, Nothing>,
     ) -> Result<Reply<types::BatchRunTestList, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let query = input.query.into_inner();
@@ -7156,7 +7186,7 @@ pub trait SparringApi {
     tags = ["Batches"]}]
     async fn list_batches_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListBatchesQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListBatchesQuery>, Nothing>,
     ) -> Result<Reply<types::BatchList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -7327,7 +7357,7 @@ pub trait SparringApi {
     tags = ["Channels"]}]
     async fn list_channels_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListChannelsQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListChannelsQuery>, Nothing>,
     ) -> Result<Reply<types::ChannelList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -7499,7 +7529,7 @@ pub trait SparringApi {
     tags = ["Integrations"]}]
     async fn list_integrations_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListIntegrationsQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListIntegrationsQuery>, Nothing>,
     ) -> Result<Reply<types::IntegrationList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -7640,7 +7670,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<
             dropshot::Path<params::ListIntegrationPhoneNumbersPath>,
-            dropshot::Query<params::ListIntegrationPhoneNumbersQuery>,
+            Query<params::ListIntegrationPhoneNumbersQuery>,
             Nothing,
         >,
     ) -> Result<Reply<types::PhoneNumberList, 200>, dropshot::HttpError> {
@@ -7678,7 +7708,7 @@ pub trait SparringApi {
     tags = ["Personas"]}]
     async fn list_personas_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListPersonasQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListPersonasQuery>, Nothing>,
     ) -> Result<Reply<types::PersonaList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -7816,7 +7846,7 @@ pub trait SparringApi {
     tags = ["Projects"]}]
     async fn list_projects_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListProjectsQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListProjectsQuery>, Nothing>,
     ) -> Result<Reply<types::ProjectList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -7954,11 +7984,7 @@ pub trait SparringApi {
     tags = ["Projects"]}]
     async fn list_project_members_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<
-            dropshot::Path<params::ListProjectMembersPath>,
-            dropshot::Query<params::ListProjectMembersQuery>,
-            Nothing,
-        >,
+        input: Input<dropshot::Path<params::ListProjectMembersPath>, Query<params::ListProjectMembersQuery>, Nothing>,
     ) -> Result<Reply<types::ProjectMemberList, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let query = input.query.into_inner();
@@ -8081,7 +8107,7 @@ pub trait SparringApi {
         rqctx: dropshot::RequestContext<Self::Context>,
         input: Input<
             dropshot::Path<params::ListWebhookDeliveriesPath>,
-            dropshot::Query<params::ListWebhookDeliveriesQuery>,
+            Query<params::ListWebhookDeliveriesQuery>,
             Nothing,
         >,
     ) -> Result<Reply<types::WebhookDeliveryList, 200>, dropshot::HttpError> {
@@ -8142,7 +8168,7 @@ pub trait SparringApi {
     tags = ["Reviews"]}]
     async fn list_reviews_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListReviewsQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListReviewsQuery>, Nothing>,
     ) -> Result<Reply<types::ReviewList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -8210,16 +8236,8 @@ pub trait SparringApi {
     tags = ["Reviews"]}]
     async fn create_calibration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<
-            dropshot::Path<params::CreateCalibrationRoute>,
-            Nothing,
-            JsonBody<types::CreateCalibrationRequest>,
-        >,
+        input: Input<RoutePath<params::CreateCalibrationRoute>, Nothing, JsonBody<types::CreateCalibrationRequest>>,
     ) -> Result<Reply<types::Calibration, 200>, dropshot::HttpError> {
-        let route = input.path.into_inner();
-        if route.id != "calibration" {
-            return Err(ApiError::<types::Error>::not_found("no route matches this path").into());
-        }
         let body = input.body.into_inner();
         match Self::create_calibration(rqctx, input.caller, body).await {
             Ok(value) => Ok(Reply(value)),
@@ -8243,12 +8261,9 @@ pub trait SparringApi {
     tags = ["Reviews"]}]
     async fn get_calibration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<dropshot::Path<params::GetCalibrationRoute>, Nothing, Nothing>,
+        input: Input<RoutePath<params::GetCalibrationRoute>, Nothing, Nothing>,
     ) -> Result<Reply<types::Calibration, 200>, dropshot::HttpError> {
         let route = input.path.into_inner();
-        if route.id != "calibration" {
-            return Err(ApiError::<types::Error>::not_found("no route matches this path").into());
-        }
         let path = params::GetCalibrationPath { id: route.id2 };
         match Self::get_calibration(rqctx, input.caller, path).await {
             Ok(value) => Ok(Reply(value)),
@@ -8272,12 +8287,9 @@ pub trait SparringApi {
     tags = ["Reviews"]}]
     async fn close_calibration_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<dropshot::Path<params::CloseCalibrationRoute>, Nothing, Nothing>,
+        input: Input<RoutePath<params::CloseCalibrationRoute>, Nothing, Nothing>,
     ) -> Result<Reply<types::Calibration, 200>, dropshot::HttpError> {
         let route = input.path.into_inner();
-        if route.id != "calibration" {
-            return Err(ApiError::<types::Error>::not_found("no route matches this path").into());
-        }
         let path = params::CloseCalibrationPath { id: route.id2 };
         match Self::close_calibration(rqctx, input.caller, path).await {
             Ok(value) => Ok(Reply(value)),
@@ -8334,7 +8346,7 @@ pub trait SparringApi {
     tags = ["Scenarios"]}]
     async fn list_scenarios_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListScenariosQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListScenariosQuery>, Nothing>,
     ) -> Result<Reply<types::ScenarioList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -8471,12 +8483,9 @@ pub trait SparringApi {
     tags = ["Test Results"]}]
     async fn get_test_result_by_call_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<dropshot::Path<params::GetTestResultByCallRoute>, Nothing, Nothing>,
+        input: Input<RoutePath<params::GetTestResultByCallRoute>, Nothing, Nothing>,
     ) -> Result<Reply<types::TestResult, 200>, dropshot::HttpError> {
         let route = input.path.into_inner();
-        if route.id != "by-call" {
-            return Err(ApiError::<types::Error>::not_found("no route matches this path").into());
-        }
         let path = params::GetTestResultByCallPath { call_id: route.call_id };
         match Self::get_test_result_by_call(rqctx, input.caller, path).await {
             Ok(value) => Ok(Reply(value)),
@@ -8525,7 +8534,7 @@ pub trait SparringApi {
     tags = ["Tests"]}]
     async fn list_tests_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListTestsQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListTestsQuery>, Nothing>,
     ) -> Result<Reply<types::TestList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -8664,11 +8673,7 @@ pub trait SparringApi {
     tags = ["Tests"]}]
     async fn list_test_results_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<
-            dropshot::Path<params::ListTestResultsPath>,
-            dropshot::Query<params::ListTestResultsQuery>,
-            Nothing,
-        >,
+        input: Input<dropshot::Path<params::ListTestResultsPath>, Query<params::ListTestResultsQuery>, Nothing>,
     ) -> Result<Reply<types::TestResultList, 200>, dropshot::HttpError> {
         let path = input.path.into_inner();
         let query = input.query.into_inner();
@@ -8738,7 +8743,7 @@ pub trait SparringApi {
     tags = ["Transactions"]}]
     async fn list_transactions_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListTransactionsQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListTransactionsQuery>, Nothing>,
     ) -> Result<Reply<types::TransactionList, 200>, dropshot::HttpError> {
         let query = input.query.into_inner();
         if let Some(v) = query.limit {
@@ -8825,7 +8830,12 @@ pub trait SparringApi {
                 Err(error) => Err(error.into()),
             };
         }
-        Err(ApiError::<types::Error>::not_found("no route matches this path").into())
+        let mut allow = Vec::new();
+        allow.push("DELETE");
+        if route.id == "calibration" {
+            allow.push("POST");
+        }
+        Err(crate::no_route(&allow))
     }
 }
 /// The operations that share a route with others, each at its
@@ -8844,7 +8854,7 @@ pub trait SharedRouteDocs {
     tags = ["Reviews"]}]
     async fn list_calibrations_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListCalibrationsQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListCalibrationsQuery>, Nothing>,
     ) -> Result<Reply<types::CalibrationList, 200>, dropshot::HttpError>;
     /// List reviewers
     ///
@@ -8855,6 +8865,6 @@ pub trait SharedRouteDocs {
     tags = ["Reviews"]}]
     async fn list_reviewers_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<Nothing, dropshot::Query<params::ListReviewersQuery>, Nothing>,
+        input: Input<Nothing, Query<params::ListReviewersQuery>, Nothing>,
     ) -> Result<Reply<types::ReviewerList, 200>, dropshot::HttpError>;
 }

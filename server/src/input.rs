@@ -8,6 +8,7 @@ use dropshot::{
     ApiEndpointBodyContentType, ExclusiveExtractor, ExtensionMode, ExtractorMetadata, HttpError, RequestContext,
     RequestInfo, ServerContext, SharedExtractor, TypedBody, UntypedBody,
 };
+use schemars::schema::{RootSchema, Schema, SchemaObject, SingleOrVec};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 
@@ -82,10 +83,12 @@ pub fn unauthorized(message: impl Into<String>) -> HttpError {
 ///
 /// dropshot runs separate extractors concurrently, so which error wins would
 /// depend on timing; one extractor makes the order part of the contract.
-/// `P` and `Q` are `dropshot::Path<_>`/`dropshot::Query<_>` or [`Nothing`];
-/// `B` is `dropshot::TypedBody<_>`, [`OptionalJsonBody`] or [`Nothing`]; `H`
-/// is [`Headers`] or [`Nothing`]. The OpenAPI metadata is theirs, so the
-/// document is what dropshot would emit for them as separate arguments.
+/// `P` is `dropshot::Path<_>`, [`RoutePath`](crate::RoutePath) (a bridged
+/// route's, whose literals are checked before the query and body are read)
+/// or [`Nothing`]; `Q` is [`Query`] or [`Nothing`]; `B` is [`JsonBody`],
+/// [`OptionalJsonBody`] or [`Nothing`]; `H` is [`Headers`] or [`Nothing`].
+/// The OpenAPI metadata is theirs, so the document is what dropshot would
+/// emit for them as separate arguments.
 pub struct Input<P, Q, B, H = Nothing> {
     pub caller: Caller,
     pub path: P,
@@ -167,6 +170,44 @@ where
     fn metadata(body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
         <dropshot::Header<T> as SharedExtractor>::metadata(body_content_type)
     }
+}
+
+/// An operation's query parameters, as `dropshot::Query<T>` reads (and
+/// documents) them, but an error names the parameter it is about
+/// (`limit: invalid digit found in string`).
+pub struct Query<T>(T);
+
+impl<T> Query<T> {
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+#[async_trait]
+impl<T> SharedExtractor for Query<T>
+where
+    T: DeserializeOwned + JsonSchema + Send + Sync + 'static,
+{
+    async fn from_request<Context: ServerContext>(rqctx: &RequestContext<Context>) -> Result<Self, HttpError> {
+        parse_query(rqctx.request.uri().query().unwrap_or("")).map(Query)
+    }
+
+    fn metadata(body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
+        <dropshot::Query<T> as SharedExtractor>::metadata(body_content_type)
+    }
+}
+
+/// What `dropshot::Query` does (`serde_urlencoded`), with the path of the
+/// error kept.
+fn parse_query<T: DeserializeOwned>(query: &str) -> Result<T, HttpError> {
+    let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = if path != "." { format!("{path}: {inner}") } else { inner.to_string() };
+        let message = clip_message(format!("invalid query string: {message}"));
+        HttpError::for_bad_request(Some(ErrorCode::INVALID_QUERY.to_string()), message)
+    })
 }
 
 /// Gives dropshot's extractor errors (which carry no code) a stable one,
@@ -335,7 +376,7 @@ fn without_value(text: &str) -> String {
     text.to_string()
 }
 
-fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
+fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpError> {
     // Every request body of the API is an object; serde would otherwise
     // also accept a struct written as an array (`["ci"]`).
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -346,10 +387,10 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
+        let path = e.path().clone();
         let inner = e.into_inner();
-        // The field the error is about: where it happened, or the one
-        // serde reports missing.
+        // The field the error is about: the one serde reports missing, or
+        // the declared one where it happened.
         let text = without_value(&inner.to_string());
         let missing = text.strip_prefix("missing field `").and_then(|rest| rest.split('`').next()).map(str::to_string);
         let field = if text.starts_with("unknown field") {
@@ -357,15 +398,8 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
             None
         } else if missing.is_some() {
             missing
-        } else if path != "." {
-            // The innermost named field: `steps[2].expect[0]` → `expect`.
-            let mut p = path.as_str();
-            while let Some(open) = p.strip_suffix(']').and_then(|q| q.rfind('[')) {
-                p = &p[..open];
-            }
-            p.rsplit('.').next().map(str::to_string)
         } else {
-            None
+            declared_field(&schemars::schema_for!(T), &path)
         };
         let code = match &field {
             Some(f)
@@ -377,6 +411,7 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
             }
             _ => ErrorCode::INVALID_BODY.to_string(),
         };
+        let path = path.to_string();
         let message = if path != "." { format!("{path}: {text}") } else { text };
         HttpError::for_bad_request(Some(code), format!("invalid JSON body: {message}"))
     })?;
@@ -387,8 +422,80 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
     Ok(value)
 }
 
+/// The property of the body's schema that the error at `path` is about,
+/// for its code: the innermost one declared (`steps[2].expect[0]` →
+/// `expect`). A free-form object's keys are the client's, not the schema's,
+/// so a path that goes on into one (`metadata.n`, `headers.Authorization`)
+/// stops at the property that holds it (`metadata`, `headers`). `None` when
+/// the path names no declared property.
+fn declared_field(root: &RootSchema, path: &serde_path_to_error::Path) -> Option<String> {
+    use serde_path_to_error::Segment;
+    let mut here = vec![&root.schema];
+    let mut field = None;
+    for segment in path {
+        let key = match segment {
+            Segment::Seq { .. } => {
+                here = alternatives(root, &here)
+                    .into_iter()
+                    .filter_map(|s| match s.array.as_ref()?.items.as_ref()? {
+                        SingleOrVec::Single(items) => Some(items.as_ref()),
+                        SingleOrVec::Vec(_) => None,
+                    })
+                    .filter_map(as_object)
+                    .collect();
+                continue;
+            }
+            Segment::Map { key } => key,
+            Segment::Enum { variant } => variant,
+            Segment::Unknown => break,
+        };
+        let next: Vec<&SchemaObject> = alternatives(root, &here)
+            .into_iter()
+            .filter_map(|s| s.object.as_ref()?.properties.get(key))
+            .filter_map(as_object)
+            .collect();
+        if next.is_empty() {
+            // A key of a free-form object (or of nothing the schema knows).
+            break;
+        }
+        field = Some(key.clone());
+        here = next;
+    }
+    field
+}
+
+fn as_object(schema: &Schema) -> Option<&SchemaObject> {
+    match schema {
+        Schema::Object(o) => Some(o),
+        // `true` (any JSON value) declares no properties.
+        Schema::Bool(_) => None,
+    }
+}
+
+/// The schemas a value described by `schemas` may match: each of them, what
+/// it refers to, and its `allOf`/`anyOf`/`oneOf` parts (an `Option`, a tagged
+/// enum's variants), followed to any depth.
+fn alternatives<'a>(root: &'a RootSchema, schemas: &[&'a SchemaObject]) -> Vec<&'a SchemaObject> {
+    let mut out = Vec::new();
+    let mut todo = schemas.to_vec();
+    // Bounded, in case a schema refers back to itself.
+    while let Some(s) = todo.pop().filter(|_| out.len() < 256) {
+        out.push(s);
+        if let Some(name) = s.reference.as_deref().and_then(|r| r.strip_prefix("#/definitions/")) {
+            todo.extend(root.definitions.get(name).and_then(as_object));
+        }
+        if let Some(sub) = &s.subschemas {
+            for list in [&sub.all_of, &sub.any_of, &sub.one_of].into_iter().flatten() {
+                todo.extend(list.iter().filter_map(as_object));
+            }
+        }
+    }
+    out
+}
+
 /// A JSON body the client may omit (`requestBody.required: false`): an empty
-/// body is `None`, anything else must parse as `T`.
+/// (or whitespace) body is `None`, whatever its `content-type`; anything else
+/// must be JSON and parse as `T`.
 ///
 /// dropshot has no optional typed body; this documents itself as
 /// `TypedBody<T>` would (dropshot marks every body required, which the drift
@@ -410,16 +517,130 @@ where
         rqctx: &RequestContext<Context>,
         request: hyper::Request<dropshot::Body>,
     ) -> Result<Self, HttpError> {
-        check_json_content_type(&request)?;
+        // An empty body is no body, whatever it is labelled: `curl -d ''`
+        // sends one as `application/x-www-form-urlencoded`.
+        let content_type = check_json_content_type(&request);
         let raw = read_body(rqctx, request).await?;
         let bytes = raw.as_bytes();
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(OptionalJsonBody(None));
         }
+        content_type?;
         parse_json(bytes).map(|v| OptionalJsonBody(Some(v)))
     }
 
     fn metadata(body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
         <TypedBody<T> as ExclusiveExtractor>::metadata(body_content_type)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{params, types};
+
+    /// The code and message `parse_json` refuses `body` with.
+    fn refused<T: DeserializeOwned + JsonSchema>(body: &str) -> (String, String) {
+        let e = parse_json::<T>(body.as_bytes()).err().unwrap_or_else(|| panic!("accepted: {body}"));
+        (e.error_code.unwrap_or_default(), e.external_message)
+    }
+
+    /// `{"a": {"a": … 1}}`, `levels` objects deep.
+    fn nested(levels: usize) -> String {
+        format!("{}1{}", r#"{"a":"#.repeat(levels), "}".repeat(levels))
+    }
+
+    #[test]
+    fn a_code_never_names_a_key_the_client_chose() {
+        for (code, message, (got_code, got_message)) in [
+            (
+                "invalid_headers",
+                "headers.Authorization: invalid type: integer, expected a string",
+                refused::<types::UpdateChannelRequest>(r#"{"headers": {"Authorization": 5}}"#),
+            ),
+            ("invalid_metadata", "metadata.n: ", refused::<types::RunBatchRequest>(r#"{"metadata": {"n": 1e400}}"#)),
+            (
+                "invalid_metadata",
+                "metadata.a.a",
+                refused::<types::RunBatchRequest>(&format!(r#"{{"metadata": {}}}"#, nested(200))),
+            ),
+            (
+                "invalid_config",
+                "config.x.a",
+                refused::<types::UpdateIntegrationRequest>(&format!(r#"{{"config": {{"x": {}}}}}"#, nested(200))),
+            ),
+            (
+                "invalid_credentials",
+                "credentials.api_key: ",
+                refused::<types::UpdateIntegrationRequest>(r#"{"credentials": {"api_key": 1e400}}"#),
+            ),
+            // A free-form object inside a list inside a tagged variant.
+            (
+                "invalid_arguments",
+                "evaluators[0].arguments.a",
+                refused::<types::CreateTestRequest>(&format!(
+                    r#"{{"evaluators": [{{"type": "tool_called", "name": "t", "tool": "t", "arguments": {}}}]}}"#,
+                    nested(200)
+                )),
+            ),
+            // A key that happens to be a declared name elsewhere is still the
+            // client's.
+            (
+                "invalid_metadata",
+                "metadata.name: ",
+                refused::<types::RunBatchRequest>(r#"{"metadata": {"name": 1e400}}"#),
+            ),
+        ] {
+            assert_eq!(got_code, code, "{got_message}");
+            assert!(got_message.contains(message), "{got_message} names {message:?}");
+        }
+    }
+
+    #[test]
+    fn a_code_names_the_innermost_declared_property() {
+        for (code, message, (got_code, got_message)) in [
+            ("invalid_name", "name: ", refused::<types::UpdateChannelRequest>(r#"{"name": 5}"#)),
+            ("invalid_metadata", "metadata: ", refused::<types::RunBatchRequest>(r#"{"metadata": 5}"#)),
+            (
+                "invalid_say",
+                "steps[0].say: ",
+                refused::<types::CreateScenarioRequest>(r#"{"steps": [{"say": 5, "expect": []}]}"#),
+            ),
+            (
+                "invalid_type",
+                "steps[0].expect[0].type: ",
+                refused::<types::CreateScenarioRequest>(r#"{"steps": [{"say": "hi", "expect": [{"type": 5}]}]}"#),
+            ),
+            // serde reads a tagged variant's fields from a copy, where the
+            // path ends at the variant.
+            (
+                "invalid_expect",
+                "steps[0].expect[0]: ",
+                refused::<types::CreateScenarioRequest>(
+                    r#"{"steps": [{"say": "hi", "expect": [{"type": "contains", "name": "n", "text": 5}]}]}"#,
+                ),
+            ),
+            // What serde reports missing is a declared field.
+            ("invalid_mode", "missing field `mode`", refused::<types::CreateScenarioRequest>("{}")),
+        ] {
+            assert_eq!(got_code, code, "{got_message}");
+            assert!(got_message.contains(message), "{got_message} names {message:?}");
+        }
+    }
+
+    #[test]
+    fn a_query_error_names_the_parameter() {
+        let message = |query: &str| {
+            let e = parse_query::<params::ListActivityQuery>(query).err().unwrap_or_else(|| panic!("accepted {query}"));
+            assert_eq!(e.error_code.as_deref(), Some(ErrorCode::INVALID_QUERY), "{query}");
+            e.external_message
+        };
+        assert_eq!(message("limit=abc"), "invalid query string: limit: invalid digit found in string");
+        let both = "since=2026-11-24T12:00:00Z&until=2026-11-24T12:00:00";
+        assert_eq!(message(both), "invalid query string: until: premature end of input");
+        assert!(message("limit=1&limit=2").contains("duplicate field `limit`"), "{}", message("limit=1&limit=2"));
+        let ok = parse_query::<params::ListActivityQuery>("limit=7&since=2026-11-24T12%3A00%3A00Z").unwrap();
+        assert_eq!(ok.limit, Some(7));
+        assert!(ok.since.is_some());
     }
 }

@@ -17,7 +17,8 @@
 //!   that is a value of the spec's type or that value already written as
 //!   JSON, documented as the type either way.
 //! - [`BridgedRoute`]: how a documented path that dropshot's router cannot
-//!   hold is served (see `xtask/src/routes.rs`).
+//!   hold is served (see `xtask/src/routes.rs`), and [`RoutePath`], the
+//!   path extractor that checks its literal segments.
 //!
 //! The implementation lives in `sparring-impl`; this crate has no logic.
 
@@ -28,11 +29,11 @@ mod generated;
 mod input;
 mod reply;
 
-pub use bridge::{shared_query, BridgedRoute};
+pub use bridge::{no_route, shared_query, BridgedRoute, RouteLiterals, RoutePath};
 pub use error::{ApiError, ErrorCode};
 pub use generated::*;
 pub use input::{
     unauthorized, ApiContext, Authenticator, BodyFields, Caller, Credential, Headers, Input, JsonBody, Nothing,
-    OptionalJsonBody,
+    OptionalJsonBody, Query,
 };
 pub use reply::{Json, Reply};

@@ -94,7 +94,7 @@ pub fn generate(root: &Path, spec_bytes: &[u8]) -> Result<Vec<(String, String)>>
         let bridged = items.bridged;
         let doc_items = items.doc_items;
         let tokens = quote! {
-            use crate::{ApiContext, ApiError, BodyFields, BridgedRoute, Caller, ErrorCode, Headers, Input, Json, JsonBody, Nothing, OptionalJsonBody, Reply};
+            use crate::{ApiContext, ApiError, BodyFields, BridgedRoute, Caller, ErrorCode, Headers, Input, Json, JsonBody, Nothing, OptionalJsonBody, Query, Reply, RoutePath};
             use dropshot::endpoint;
 
             /// blake3 of the spec this file was generated from.

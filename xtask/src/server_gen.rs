@@ -230,7 +230,50 @@ struct SharedMember {
     matches: TokenStream,
     /// Builds `path` and `query`, then answers with the operation's method.
     serve: TokenStream,
-    error_ty: TokenStream,
+}
+
+/// Whether the route variables (fields of `receiver`) hold the literals of
+/// `route`'s documented path.
+fn literals_match(route: &Route, receiver: &TokenStream) -> TokenStream {
+    let each = route.literals.iter().map(|(var, lit)| {
+        let f = field_ident(var);
+        quote!(#receiver.#f == #lit)
+    });
+    quote!(#(#each)&&*)
+}
+
+/// The error for a request with `method` on `route_path` whose literals
+/// match none of that method's operations: what dropshot's router answers
+/// for a path it does not hold. The other methods whose operations at this
+/// route take the request's path are allowed (405 with `Allow`); with none,
+/// the path is not in the API (404).
+fn no_route(ops: &[Op<'_>], method: &str, route_path: &str, receiver: &TokenStream) -> TokenStream {
+    // Sorted by method, as dropshot lists them; `None` is any path.
+    let mut others: std::collections::BTreeMap<&str, Option<Vec<TokenStream>>> = std::collections::BTreeMap::new();
+    for op in ops.iter().filter(|o| o.method != method && o.route.route_path == route_path) {
+        let entry = others.entry(op.method).or_insert_with(|| Some(Vec::new()));
+        match (op.route.literals.is_empty(), entry.as_mut()) {
+            (true, _) => *entry = None,
+            (false, Some(conditions)) => conditions.push(literals_match(&op.route, receiver)),
+            (false, None) => {}
+        }
+    }
+    if others.is_empty() {
+        return quote!(Err(crate::no_route(&[])));
+    }
+    let pushes = others.iter().map(|(m, conditions)| match conditions {
+        None => quote!(allow.push(#m);),
+        Some(c) => quote! {
+            if #(#c)||* {
+                allow.push(#m);
+            }
+        },
+    });
+    quote! {
+        let mut allow = Vec::new();
+        #(#pushes)*
+        Err(crate::no_route(&allow))
+    }
 }
 
 pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
@@ -359,6 +402,20 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                 ),
                 &route_params,
             ));
+            if !route.literals.is_empty() && shared_of[index].is_none() {
+                let matches = literals_match(route, &quote!(self));
+                let miss = no_route(&ops, op.method, &route.route_path, &quote!(self));
+                params.push(quote! {
+                    impl crate::RouteLiterals for #route_ty {
+                        fn check(&self) -> Result<(), dropshot::HttpError> {
+                            if #matches {
+                                return Ok(());
+                            }
+                            #miss
+                        }
+                    }
+                });
+            }
             let literals = route.literals.iter().map(|(v, l)| quote!((#v, #l)));
             let renames = route.renames.iter().map(|(v, s)| quote!((#v, #s)));
             let method = op.method;
@@ -440,15 +497,16 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         let reply_ty = quote!(Reply<#success_ty, #status_lit>);
 
         // The implementation's method.
-        let path_extractor = if route.is_bridged() {
+        let path_extractor = if !route.literals.is_empty() {
+            quote!(RoutePath<params::#route_ty>)
+        } else if route.is_bridged() {
             quote!(dropshot::Path<params::#route_ty>)
         } else if path_params.is_empty() {
             quote!(Nothing)
         } else {
             quote!(dropshot::Path<params::#path_ty>)
         };
-        let query_extractor =
-            if query_params.is_empty() { quote!(Nothing) } else { quote!(dropshot::Query<params::#query_ty>) };
+        let query_extractor = if query_params.is_empty() { quote!(Nothing) } else { quote!(Query<params::#query_ty>) };
         // The headers' extractor, after `Input`'s other three (it defaults to
         // `Nothing`).
         let header_extractor = if header_params.is_empty() { quote!() } else { quote!(, Headers<params::#header_ty>) };
@@ -489,27 +547,22 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
             ) -> impl std::future::Future<Output = Result<Json<#success_ty>, ApiError<#error_ty>>> + Send;
         });
 
-        // The endpoint.
+        // The endpoint. A bridged route's literals were checked by
+        // `RoutePath` as it was extracted (before the query and the body);
+        // here its variables get their documented names back.
         let unpack_path = if route.is_bridged() {
-            let checks = route.literals.iter().map(|(var, lit)| {
-                let f = field_ident(var);
-                quote! {
-                    if route.#f != #lit {
-                        return Err(ApiError::<#error_ty>::not_found("no route matches this path").into());
-                    }
-                }
-            });
             let fields = route.variables.iter().map(|(var, spec_name)| {
                 let to = field_ident(spec_name);
                 let from = field_ident(var);
                 quote!(#to: route.#from)
             });
-            let build =
-                if path_params.is_empty() { quote!() } else { quote!(let path = params::#path_ty { #(#fields),* };) };
-            quote! {
-                let route = input.path.into_inner();
-                #(#checks)*
-                #build
+            if path_params.is_empty() {
+                quote!()
+            } else {
+                quote! {
+                    let route = input.path.into_inner();
+                    let path = params::#path_ty { #(#fields),* };
+                }
             }
         } else if path_params.is_empty() {
             quote!()
@@ -571,15 +624,6 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         if let Some(key) = &shared_of[index] {
             // Served by the shared route's endpoint; documented at its own
             // path by `SharedRouteDocs`.
-            let matches: Vec<TokenStream> = route
-                .literals
-                .iter()
-                .map(|(var, lit)| {
-                    let f = field_ident(var);
-                    quote!(route.#f == #lit)
-                })
-                .collect();
-            let (first, rest) = (&matches[0], &matches[1..]);
             let mut fields = Vec::new();
             for (var, spec_name) in &route.variables {
                 let p = path_params.iter().find(|p| &p.name == spec_name).expect("checked above");
@@ -600,7 +644,7 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                 }
             };
             shared_members.entry(key.clone()).or_default().push(SharedMember {
-                matches: quote!(#first #(&& #rest)*),
+                matches: literals_match(route, &quote!(route)),
                 serve: quote! {
                     #build_path
                     #build_query
@@ -609,7 +653,6 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                         Err(error) => Err(error.into()),
                     };
                 },
-                error_ty: error_ty.clone(),
             });
             let spec_path = format!("{base}{}", op.spec_path);
             let doc_path_extractor =
@@ -644,7 +687,7 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
     }
 
     // One endpoint per shared route: the first operation whose literals
-    // match answers; none is a 404 like any unknown path.
+    // match answers; none is a 404 (or 405) like any unknown path.
     for ((method, route_path), members) in shared_members {
         let name = format!("shared_{}_{}", method.to_lowercase(), route_path.to_snake_case());
         let endpoint_ident = format_ident!("{name}_endpoint");
@@ -671,7 +714,7 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
             "Serves every operation routed to {method} {route_path}, told apart by their literal segments \
              (unpublished: each is documented by `SharedRouteDocs`)."
         ));
-        let error_ty = &members[0].error_ty;
+        let miss = no_route(&ops, method, &route_path, &quote!(route));
         let arms = members.iter().map(|m| {
             let (matches, serve) = (&m.matches, &m.serve);
             quote!(if #matches { #serve })
@@ -687,7 +730,7 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
             ) -> Result<http::Response<dropshot::Body>, dropshot::HttpError> {
                 let route = input.path.into_inner();
                 #(#arms)*
-                Err(ApiError::<#error_ty>::not_found("no route matches this path").into())
+                #miss
             }
         });
     }
