@@ -1370,6 +1370,37 @@ async fn start_keyed(s: &TestServer, key: &str, path: &str, idempotency_key: &[u
     (resp.status().as_u16(), resp.json().await.unwrap())
 }
 
+/// A run start's body may be left out (`curl -X POST …/run`): it is `{}`,
+/// the same request to its idempotency key too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_without_a_body_is_a_start_with_an_empty_one() {
+    let s = TestServer::start().await;
+    let t = s.team("no body").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "bare", &ch, &scenario, 1)).await;
+    let batch = create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "b", "test_ids": [test]})).await;
+    for path in [format!("/v1/tests/{test}/run"), format!("/v1/batches/{batch}/run"), format!("/v1/channels/{ch}/run")]
+    {
+        let key = format!("bare-{}", path.replace('/', "-"));
+        let resp = s
+            .http
+            .post(s.url(&path))
+            .header("x-api-key", &t.editor)
+            .header("idempotency-key", &key)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let started: Value = resp.json().await.unwrap();
+        assert_eq!((status, started["status"].as_str()), (200, Some("queued")), "{path}: {started}");
+        let (status, again) = start_keyed(&s, &t.editor, &path, key.as_bytes(), json!({})).await;
+        assert_eq!((status, &again["id"]), (200, &started["id"]), "{path}: `{{}}` is the same request: {again}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_repeated_with_its_idempotency_key_starts_nothing_more() {
     let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 10).await;

@@ -472,9 +472,13 @@ impl SparringApi for ServerImpl {
         caller: Caller,
         path: params::RunTestPath,
         headers: params::RunTestHeaders,
-        body: types::RunTestRequest,
+        body: Option<types::RunTestRequest>,
     ) -> Result<Json<types::BatchRun>, ApiError<types::Error>> {
-        crate::runs::run_test(state(&rqctx), caller, path, headers, body).await.map(Json::from).map_err(failure)
+        // An omitted body is `{}`.
+        crate::runs::run_test(state(&rqctx), caller, path, headers, body.unwrap_or_default())
+            .await
+            .map(Json::from)
+            .map_err(failure)
     }
     async fn list_batch_runs(
         rqctx: RequestContext<ApiContext>,
@@ -526,18 +530,26 @@ impl SparringApi for ServerImpl {
         caller: Caller,
         path: params::RunBatchPath,
         headers: params::RunBatchHeaders,
-        body: types::RunBatchRequest,
+        body: Option<types::RunBatchRequest>,
     ) -> Result<Json<types::BatchRun>, ApiError<types::Error>> {
-        crate::runs::run_batch(state(&rqctx), caller, path, headers, body).await.map(Json::from).map_err(failure)
+        // An omitted body is `{}`.
+        crate::runs::run_batch(state(&rqctx), caller, path, headers, body.unwrap_or_default())
+            .await
+            .map(Json::from)
+            .map_err(failure)
     }
     async fn run_channel(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,
         path: params::RunChannelPath,
         headers: params::RunChannelHeaders,
-        body: types::RunChannelRequest,
+        body: Option<types::RunChannelRequest>,
     ) -> Result<Json<types::BatchRun>, ApiError<types::Error>> {
-        crate::runs::run_channel(state(&rqctx), caller, path, headers, body).await.map(Json::from).map_err(failure)
+        // An omitted body is `{}`.
+        crate::runs::run_channel(state(&rqctx), caller, path, headers, body.unwrap_or_default())
+            .await
+            .map(Json::from)
+            .map_err(failure)
     }
     async fn get_queue_stats(
         rqctx: RequestContext<ApiContext>,
