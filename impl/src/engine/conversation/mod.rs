@@ -170,6 +170,16 @@ impl Channel<'_> {
         }
     }
 
+    /// What the agent sent after its last turn ended and before the
+    /// caller's next line: part of that turn (websocket; an http reply is
+    /// whole).
+    async fn late(&mut self) -> Result<Option<Reply>, TurnFailure> {
+        match self {
+            Channel::Http(_) => Ok(None),
+            Channel::Websocket(agent) => agent.late().await,
+        }
+    }
+
     /// Closes the call the way `ending` requires: the caller hangs up (http
     /// `end`, websocket `end_call` then close) unless the agent ended the
     /// call or failed. Best effort, bounded by the turn timeout.
@@ -245,7 +255,7 @@ async fn drive(http: &Outbound, plan: &CallPlan, cancel: &CancellationToken, rec
         Err(TurnFailure::Agent(reason)) => return Ending::agent_error(reason),
         Err(TurnFailure::Deadline(_)) => return Ending::now(EndedReason::MaxDuration),
     };
-    let mut call = Call { channel, rec, turn: 0, deadline };
+    let mut call = Call { channel, rec, turn: 0, deadline, step: None };
     let ending = call.talk(&mut caller, opening, plan, cancel).await;
     call.channel.close(call.turn, &ending).await;
     ending
@@ -274,6 +284,8 @@ struct Call<'a, 'r> {
     rec: &'r mut Recorder,
     turn: u32,
     deadline: Instant,
+    /// The scripted step the last agent turn answered.
+    step: Option<usize>,
 }
 
 impl Call<'_, '_> {
@@ -326,8 +338,25 @@ impl Call<'_, '_> {
     }
 
     /// One caller event and the agent's reply, recorded (with the step it
-    /// answers, for scripted steps).
+    /// answers, for scripted steps). What the agent sent after its previous
+    /// turn is added to that turn first, so it is neither taken for the
+    /// reply nor counted in its latency; if it ended the call, the line is
+    /// not said.
     async fn exchange(&mut self, line: Option<&str>, step: Option<usize>) -> Result<(), Ending> {
+        match self.channel.late().await {
+            Ok(None) => {}
+            Ok(Some(late)) => {
+                if let (Some(index), Some(step)) = (self.rec.late(late), self.step) {
+                    self.rec.step_reply(step, index);
+                }
+                if self.rec.agent_ended() {
+                    return Err(Ending::now(EndedReason::AgentEnded));
+                }
+            }
+            Err(TurnFailure::Agent(reason)) => return Err(Ending::agent_error(reason)),
+            Err(TurnFailure::Deadline(_)) => return Err(Ending::now(EndedReason::MaxDuration)),
+        }
+        self.step = step;
         if let Some(line) = line {
             self.rec.caller(line, Instant::now());
         }

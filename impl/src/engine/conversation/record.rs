@@ -110,6 +110,36 @@ impl Recorder {
         Some(index)
     }
 
+    /// Frames the agent sent after its last turn ended (`late`, a
+    /// continuation of that turn's reply): their words are appended to that
+    /// turn and their tool calls are its own. If that turn added no
+    /// transcript turn (it said nothing), they make it one, timed from the
+    /// turn's first frame; its index is returned, as [`Recorder::agent`]
+    /// does.
+    pub(super) fn late(&mut self, late: Reply) -> Option<usize> {
+        let index = match self.transcript.last() {
+            Some(turn) if turn.role == TurnRole::Agent => self.transcript.len() - 1,
+            _ => return self.agent(late),
+        };
+        self.agent_ended |= late.end_call;
+        let end_ms = late.last_at.map(|at| self.ms(at));
+        if let Some(at) = late.words_at.filter(|_| self.first_words_ms.is_none()) {
+            self.first_words_ms = Some(self.ms(at));
+        }
+        let turn = &mut self.transcript[index];
+        let words = late.texts.iter().map(|t| t.trim()).filter(|t| !t.is_empty());
+        turn.text =
+            std::iter::once(turn.text.as_str()).chain(words).filter(|t| !t.is_empty()).collect::<Vec<_>>().join(" ");
+        turn.end_ms = turn.end_ms.max(end_ms.unwrap_or(turn.end_ms));
+        let turn = i32::try_from(index).unwrap_or(i32::MAX);
+        self.tool_calls.extend(late.tool_calls.into_iter().map(|(name, arguments)| types::ToolCall {
+            name,
+            arguments,
+            turn,
+        }));
+        None
+    }
+
     /// The caller said scripted step `step`'s line.
     pub(super) fn step_said(&mut self, step: usize) {
         self.steps_said = self.steps_said.max(step + 1);

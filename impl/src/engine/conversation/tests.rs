@@ -794,6 +794,98 @@ async fn websocket_max_duration_keeps_what_the_agent_said() {
     assert_eq!(frames(&received).last().unwrap(), "end_call");
 }
 
+/// Sends `frames` in one write, so they reach Sparring together.
+async fn send_together(peer: &mut Peer, frames: &[Value]) {
+    for frame in frames {
+        peer.ws.feed(Message::text(frame.to_string())).await.unwrap();
+    }
+    peer.ws.flush().await.unwrap();
+}
+
+#[tokio::test]
+async fn websocket_frames_after_turn_end_stay_in_their_turn() {
+    // Frames sent after `turn_end` wait in the socket when the caller's next
+    // line goes out: they belong to the turn that ended, and the next
+    // turn's latency runs from the line to the agent's first frame after it.
+    const SLOW: Duration = Duration::from_millis(1200);
+    let (url, _, _) = serve_ws(|mut peer| async move {
+        let message = |content: &str| json!({"type": "message", "role": "assistant", "content": content});
+        let mut lines = 0;
+        while let Some(received) = peer.recv().await {
+            if received["type"] != "message" {
+                continue;
+            }
+            lines += 1;
+            match lines {
+                1 => {
+                    peer.send(message("Reply one.")).await;
+                    let note = json!({"type": "tool_call", "name": "note", "arguments": {"n": 1}});
+                    send_together(&mut peer, &[json!({"type": "turn_end"}), message("Anything else?"), note]).await;
+                }
+                2 => {
+                    tokio::time::sleep(SLOW).await;
+                    send_together(&mut peer, &[message("Reply two."), json!({"type": "turn_end"})]).await;
+                }
+                // A turn that said nothing before its `turn_end`: its words
+                // came after it.
+                3 => send_together(&mut peer, &[json!({"type": "turn_end"}), message("Late words.")]).await,
+                _ => send_together(&mut peer, &[message("Reply four."), json!({"type": "turn_end"})]).await,
+            }
+        }
+    })
+    .await;
+    let plan = plan(ChannelKind::Websocket, url, scripted(Some("Hi"), &["Tuesday please", "Thanks", "Ok"]));
+    let outcome = run(&plan).await;
+
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{:?}", outcome.error);
+    assert_eq!(
+        lines(&outcome),
+        vec![
+            ("caller", s("Hi")),
+            ("agent", s("Reply one. Anything else?")),
+            ("caller", s("Tuesday please")),
+            ("agent", s("Reply two.")),
+            ("caller", s("Thanks")),
+            ("agent", s("Late words.")),
+            ("caller", s("Ok")),
+            ("agent", s("Reply four.")),
+        ]
+    );
+    assert_eq!(tool_calls(&outcome), vec![(s("note"), json!({"n": 1}), 1)]);
+    assert_eq!(outcome.step_replies, vec![vec![3], vec![5], vec![7]]);
+    let latency = |i: usize| outcome.transcript[i].latency_ms.unwrap();
+    assert!(latency(3) >= SLOW.as_millis() as i64, "the slow reply's latency: {:?}", outcome.transcript);
+    assert_eq!(outcome.metrics.latency_ms.max, Some(latency(3)));
+    // The late words' turn is timed from its `turn_end`, before the next line.
+    assert!(latency(5) < SLOW.as_millis() as i64, "{:?}", outcome.transcript);
+    assert!(outcome.transcript[5].end_ms <= outcome.transcript[6].start_ms);
+    assert_consistent(&outcome);
+}
+
+#[tokio::test]
+async fn websocket_end_call_after_turn_end_ends_the_call() {
+    let (url, received, _) = serve_ws(|mut peer| async move {
+        let mut answered = false;
+        while let Some(frame) = peer.recv().await {
+            if frame["type"] == "message" && !answered {
+                answered = true;
+                let bye = json!({"type": "message", "role": "assistant", "content": "Bye now."});
+                send_together(&mut peer, &[json!({"type": "turn_end"}), bye, json!({"type": "end_call"})]).await;
+            }
+        }
+    })
+    .await;
+    let plan = plan(ChannelKind::Websocket, url, scripted(Some("Hi"), &["Tuesday please"]));
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::AgentEnded, "{:?}", outcome.error);
+    assert_eq!(lines(&outcome), vec![("caller", s("Hi")), ("agent", s("Bye now."))]);
+    assert_eq!(outcome.step_replies, Vec::<Vec<usize>>::new(), "the step was never said");
+    assert_eq!(frames(&received), vec![s("start"), s("message: Hi")]);
+    // The turn began at its `turn_end`; its words came with the frame after.
+    let words = outcome.metrics.time_to_first_word_ms.unwrap();
+    assert!(words >= outcome.transcript[1].start_ms && words <= outcome.transcript[1].end_ms, "{outcome:?}");
+}
+
 // ---------------------------------------------------------------------------
 // websocket failures
 
@@ -898,6 +990,28 @@ async fn websocket_unknown_frame_type() {
              (expected message, tool_call, end_call or turn_end)"
         )
     );
+}
+
+#[tokio::test]
+async fn websocket_bad_frame_after_turn_end() {
+    let outcome = ws_failure(
+        |mut peer| async move {
+            peer.recv().await;
+            peer.recv().await;
+            let said = json!({"type": "message", "role": "assistant", "content": "Hello."});
+            for text in [said.to_string(), json!({"type": "turn_end"}).to_string(), s("hello?")] {
+                peer.ws.feed(Message::text(text)).await.unwrap();
+            }
+            peer.ws.flush().await.unwrap();
+            peer.drain().await;
+        },
+        Duration::from_secs(10),
+    )
+    .await;
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with("the agent sent a frame that is not JSON after turn 0 ("), "{error}");
+    // The line was not sent.
+    assert_eq!(lines(&outcome), vec![("caller", s("Hi, a table")), ("agent", s("Hello."))]);
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use crate::engine::outbound::Outbound;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt as _, SinkExt, StreamExt};
 use reqwest::header::{HeaderName, HeaderValue};
 use rustls_platform_verifier::BuilderVerifierExt;
 use serde_json::{json, Map, Value};
@@ -27,6 +27,18 @@ pub(super) struct WsAgent {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     call_id: String,
     turn_timeout: Duration,
+    /// The agent turn that ended last, which frames arriving before the
+    /// caller's next line still belong to (see [`WsAgent::late`]).
+    ended: Option<Ended>,
+}
+
+/// What a later frame of an ended turn needs to know of it.
+struct Ended {
+    turn: u32,
+    sent_at: Instant,
+    first_at: Option<Instant>,
+    /// The size of its text frames so far.
+    size: usize,
 }
 
 /// One frame from the agent.
@@ -90,7 +102,7 @@ impl WsAgent {
                 .map_err(|e| connect_error(target, e))
         };
         match tokio::time::timeout_at(limit, connecting).await {
-            Ok(Ok((ws, _))) => Ok(WsAgent { ws, call_id: plan.call_id.clone(), turn_timeout }),
+            Ok(Ok((ws, _))) => Ok(WsAgent { ws, call_id: plan.call_id.clone(), turn_timeout, ended: None }),
             Ok(Err(e)) => Err(TurnFailure::Agent(e)),
             Err(_) if deadline_binds => Err(TurnFailure::Deadline(None)),
             Err(_) => Err(TurnFailure::Agent(format!(
@@ -121,7 +133,8 @@ impl WsAgent {
         match tokio::time::timeout_at(limit, self.ws.send(Message::text(frame.to_string()))).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(TurnFailure::Agent(
-                read_error(turn, &e).unwrap_or_else(|| format!("could not send turn {turn} to the agent: {e}")),
+                read_error(&format!("during turn {turn}"), &e)
+                    .unwrap_or_else(|| format!("could not send turn {turn} to the agent: {e}")),
             )),
             Err(_) if deadline_binds => Err(TurnFailure::Deadline(None)),
             Err(_) => Err(TurnFailure::Agent(format!(
@@ -131,12 +144,55 @@ impl WsAgent {
         }
     }
 
+    /// The frames that arrived since the last agent turn ended (at its
+    /// `turn_end`, or after its silence) and before the caller's next line:
+    /// they belong to that turn, not to the reply to the next line, whose
+    /// latency must be counted from the line. Called right before the line
+    /// goes out; returns them as a continuation of the ended turn (its
+    /// `sent_at` and `first_at`), or `None` when none came. Reads only what
+    /// is already there; stops at `end_call`.
+    pub(super) async fn late(&mut self) -> Result<Option<Reply>, TurnFailure> {
+        let Some(ended) = &self.ended else { return Ok(None) };
+        let (turn, mut size) = (ended.turn, ended.size);
+        let mut late = Reply::new(ended.sent_at);
+        late.first_at = ended.first_at;
+        // Lets the runtime take in what reached the socket meanwhile.
+        tokio::task::yield_now().await;
+        let when = format!("after turn {turn}");
+        while !late.end_call {
+            // Only what is already there; `unconstrained`, so the runtime's
+            // budget cannot cut the reading short.
+            let Some(next) = tokio::task::unconstrained(self.ws.next()).now_or_never() else { break };
+            let Some(text) = frame_text(turn, &when, next)? else { continue };
+            size = size.saturating_add(text.len());
+            if size > MAX_REPLY_BYTES {
+                return Err(TurnFailure::Agent(too_large(turn)));
+            }
+            let at = Instant::now();
+            late.arrived(at);
+            match parse_frame(&when, &text).map_err(TurnFailure::Agent)? {
+                Frame::Message(content) => late.said(content, at),
+                Frame::ToolCall(name, arguments) => late.tool_calls.push((name, arguments)),
+                Frame::EndCall => late.end_call = true,
+                // A second `turn_end` ends nothing more.
+                Frame::TurnEnd => {}
+            }
+        }
+        if let Some(ended) = &mut self.ended {
+            ended.size = size;
+        }
+        Ok(late.last_at.is_some().then_some(late))
+    }
+
     /// The agent's turn: frames until `turn_end`, `end_call`, or a silence
-    /// of the turn timeout after at least one frame. Frames the agent sends
-    /// between turns (after its `turn_end`) are read with the next turn. A
-    /// turn whose text frames come to more than [`MAX_REPLY_BYTES`] is an
-    /// agent error, as an http reply of that size is.
+    /// of the turn timeout after at least one frame. Only frames read after
+    /// the caller's line went out (`sent_at`) are the turn's: those sent
+    /// between turns were taken by [`WsAgent::late`] first. A turn whose
+    /// text frames come to more than [`MAX_REPLY_BYTES`] is an agent error,
+    /// as an http reply of that size is.
     async fn collect(&mut self, turn: u32, sent_at: Instant, deadline: Instant) -> Result<Reply, TurnFailure> {
+        self.ended = None;
+        let when = format!("during turn {turn}");
         let mut reply = Reply::new(sent_at);
         let mut size = 0usize;
         loop {
@@ -146,7 +202,7 @@ impl WsAgent {
             let next = match tokio::time::timeout_at(limit, self.ws.next()).await {
                 Ok(next) => next,
                 Err(_) if deadline_binds => return Err(TurnFailure::Deadline(reply.first_at.map(|_| reply))),
-                Err(_) if reply.first_at.is_some() => return Ok(reply),
+                Err(_) if reply.first_at.is_some() => return Ok(self.ended(turn, reply, size)),
                 Err(_) => {
                     return Err(TurnFailure::Agent(format!(
                         "the agent sent nothing for turn {turn} within {} ms",
@@ -154,42 +210,29 @@ impl WsAgent {
                     )))
                 }
             };
-            let text = match next {
-                None | Some(Ok(Message::Close(_))) => return Err(TurnFailure::Agent(closed(turn))),
-                Some(Err(tungstenite::Error::Capacity(CapacityError::MessageTooLong { .. }))) => {
-                    return Err(TurnFailure::Agent(too_large(turn)))
-                }
-                Some(Err(e)) => {
-                    return Err(TurnFailure::Agent(
-                        read_error(turn, &e)
-                            .unwrap_or_else(|| format!("the websocket connection failed during turn {turn}: {e}")),
-                    ))
-                }
-                Some(Ok(Message::Text(text))) => text,
-                Some(Ok(Message::Binary(_))) => {
-                    return Err(TurnFailure::Agent(format!(
-                        "the agent sent a binary frame during turn {turn}; the protocol's frames are JSON text"
-                    )))
-                }
-                // Control frames: tungstenite answers pings itself.
-                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
-            };
+            let Some(text) = frame_text(turn, &when, next)? else { continue };
             size = size.saturating_add(text.len());
             if size > MAX_REPLY_BYTES {
                 return Err(TurnFailure::Agent(too_large(turn)));
             }
             let at = Instant::now();
             reply.arrived(at);
-            match parse_frame(turn, &text).map_err(TurnFailure::Agent)? {
+            match parse_frame(&when, &text).map_err(TurnFailure::Agent)? {
                 Frame::Message(content) => reply.said(content, at),
                 Frame::ToolCall(name, arguments) => reply.tool_calls.push((name, arguments)),
                 Frame::EndCall => {
                     reply.end_call = true;
                     return Ok(reply);
                 }
-                Frame::TurnEnd => return Ok(reply),
+                Frame::TurnEnd => return Ok(self.ended(turn, reply, size)),
             }
         }
+    }
+
+    /// `reply` ended the agent's turn `turn` without ending the call.
+    fn ended(&mut self, turn: u32, reply: Reply, size: usize) -> Reply {
+        self.ended = Some(Ended { turn, sent_at: reply.sent_at, first_at: reply.first_at, size });
+        reply
     }
 
     /// Ends the connection: with `hang_up`, the caller's `end_call` first;
@@ -210,17 +253,37 @@ impl WsAgent {
     }
 }
 
-fn parse_frame(turn: u32, text: &str) -> Result<Frame, String> {
-    let value: Value = serde_json::from_str(text).map_err(|e| {
-        format!("the agent sent a frame that is not JSON during turn {turn} ({e}): {}", excerpt(text, 200))
-    })?;
+/// The text of a frame the agent sent for turn `turn` (`when`: "during
+/// turn N" or "after turn N", for errors); `None` for a control frame, which tungstenite
+/// answers itself.
+fn frame_text(
+    turn: u32,
+    when: &str,
+    next: Option<Result<Message, tungstenite::Error>>,
+) -> Result<Option<String>, TurnFailure> {
+    match next {
+        None | Some(Ok(Message::Close(_))) => Err(TurnFailure::Agent(closed(when))),
+        Some(Err(tungstenite::Error::Capacity(CapacityError::MessageTooLong { .. }))) => {
+            Err(TurnFailure::Agent(too_large(turn)))
+        }
+        Some(Err(e)) => Err(TurnFailure::Agent(
+            read_error(when, &e).unwrap_or_else(|| format!("the websocket connection failed {when}: {e}")),
+        )),
+        Some(Ok(Message::Text(text))) => Ok(Some(text.to_string())),
+        Some(Ok(Message::Binary(_))) => Err(TurnFailure::Agent(format!(
+            "the agent sent a binary frame {when}; the protocol's frames are JSON text"
+        ))),
+        Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Ok(None),
+    }
+}
+
+fn parse_frame(when: &str, text: &str) -> Result<Frame, String> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| format!("the agent sent a frame that is not JSON {when} ({e}): {}", excerpt(text, 200)))?;
     let Value::Object(frame) = value else {
-        return Err(format!(
-            "the agent sent a frame that is not a JSON object during turn {turn}: {}",
-            excerpt(text, 200)
-        ));
+        return Err(format!("the agent sent a frame that is not a JSON object {when}: {}", excerpt(text, 200)));
     };
-    let shape = |what: &str| format!("the agent sent a `{what}` frame during turn {turn}: {}", excerpt(text, 200));
+    let shape = |what: &str| format!("the agent sent a `{what}` frame {when}: {}", excerpt(text, 200));
     match frame.get("type").and_then(Value::as_str) {
         Some("message") => match frame.get("content") {
             Some(Value::String(content)) => Ok(Frame::Message(content.clone())),
@@ -240,10 +303,10 @@ fn parse_frame(turn: u32, text: &str) -> Result<Frame, String> {
         Some("end_call") => Ok(Frame::EndCall),
         Some("turn_end") => Ok(Frame::TurnEnd),
         Some(other) => Err(format!(
-            "the agent sent a frame of unknown type `{}` during turn {turn} (expected message, tool_call, end_call or turn_end)",
+            "the agent sent a frame of unknown type `{}` {when} (expected message, tool_call, end_call or turn_end)",
             clip(other, 40)
         )),
-        None => Err(format!("the agent sent a frame without a string `type` during turn {turn}: {}", excerpt(text, 200))),
+        None => Err(format!("the agent sent a frame without a string `type` {when}: {}", excerpt(text, 200))),
     }
 }
 
@@ -251,21 +314,21 @@ fn too_large(turn: u32) -> String {
     format!("the agent's reply to turn {turn} is larger than {MAX_REPLY_BYTES} bytes")
 }
 
-fn closed(turn: u32) -> String {
-    format!("the agent closed the connection during turn {turn}")
+fn closed(when: &str) -> String {
+    format!("the agent closed the connection {when}")
 }
 
 /// The errors that mean the agent went away, said as such.
-fn read_error(turn: u32, e: &tungstenite::Error) -> Option<String> {
+fn read_error(when: &str, e: &tungstenite::Error) -> Option<String> {
     use std::io::ErrorKind;
     match e {
         tungstenite::Error::ConnectionClosed
         | tungstenite::Error::AlreadyClosed
-        | tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => Some(closed(turn)),
+        | tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => Some(closed(when)),
         tungstenite::Error::Io(io)
             if matches!(io.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::UnexpectedEof) =>
         {
-            Some(closed(turn))
+            Some(closed(when))
         }
         _ => None,
     }
