@@ -1019,6 +1019,125 @@ async fn header_values_do_not_follow_a_redirect_to_another_origin() {
     assert!(elsewhere.received().is_empty(), "nothing went to another origin: {:?}", elsewhere.received());
 }
 
+/// A project with a webhook at `url` and a test of it whose agent cannot be
+/// reached, so its runs end at once: (team, test id).
+async fn hooked_project(s: &TestServer, name: &str, url: &str) -> (common::Team, String) {
+    let t = s.team(name).await;
+    let p = &t.project_id;
+    let hook = json!({"name": name, "webhook_url": url, "webhook_secret": "whsec_abc"});
+    s.expect(Method::PUT, &format!("/v1/projects/{p}"), &t.owner, Some(hook), 200).await;
+    let scenario = short_scenario(s, &t.editor, p).await;
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ch = channel(s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let test = create(s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
+    (t, test)
+}
+
+/// Runs `test` to its end; the batch run's id.
+async fn run_to_end(s: &TestServer, t: &common::Team, test: &str) -> String {
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    wait_for_end(s, &t.viewer, &id).await;
+    id
+}
+
+/// The project's (only) webhook delivery once `settled` says so.
+async fn delivery_when(s: &TestServer, t: &common::Team, what: &str, settled: impl Fn(&Value) -> bool) -> Value {
+    let p = &t.project_id;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = s.expect(Method::GET, &format!("/v1/projects/{p}/webhook-deliveries"), &t.editor, None, 200).await;
+        let d = list["webhook_deliveries"][0].clone();
+        if !d.is_null() && settled(&d) {
+            return d;
+        }
+        assert!(Instant::now() < deadline, "{what}: {list:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Attempts run side by side: while one project's receiver takes the
+/// request and never answers, another project's delivery is sent and
+/// recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_never_answers_holds_up_no_other_project() {
+    // Accepts connections, reads nothing, answers nothing.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}/hook", silent.local_addr().unwrap());
+    let (reached, mut reached_rx) = tokio::sync::mpsc::unbounded_channel();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+            let _ = reached.send(());
+        }
+    });
+    let answering = Recorder::start(|_, _| (200, "{}".into())).await;
+    let s = TestServer::start().await;
+    let (a, a_test) = hooked_project(&s, "silent receiver", &silent_url).await;
+    let (b, b_test) = hooked_project(&s, "answering receiver", &format!("{}/hook", answering.base)).await;
+
+    run_to_end(&s, &a, &a_test).await;
+    tokio::time::timeout(Duration::from_secs(30), reached_rx.recv()).await.expect("A's webhook was never sent");
+    // A's attempt now waits (up to its 10 s timeout) for an answer.
+    let b_run = run_to_end(&s, &b, &b_test).await;
+    let b_delivery = delivery_when(&s, &b, "B's webhook not delivered", |d| d["status"] != "pending").await;
+    assert_eq!(b_delivery["status"], "delivered", "{b_delivery:#}");
+    assert_eq!(b_delivery["batch_run_id"], json!(b_run));
+    // B's delivery did not wait for A's attempt, which is still under way.
+    let a_delivery = delivery_when(&s, &a, "A's delivery", |_| true).await;
+    assert_eq!((&a_delivery["status"], &a_delivery["attempts"]), (&json!("pending"), &json!(0)), "{a_delivery:#}");
+    assert_eq!(answering.received().len(), 1);
+    holder.abort();
+}
+
+/// Every attempt goes to the project's webhook as it is then: after the URL
+/// is changed, the retries go to the new URL (which the record shows);
+/// after it is removed, the delivery ends `failed` without another attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_follow_the_project_s_webhook_url() {
+    let old_moved = Recorder::start(|_, _| (500, "{}".into())).await;
+    let old_removed = Recorder::start(|_, _| (500, "{}".into())).await;
+    let new = Recorder::start(|_, _| (200, "{}".into())).await;
+    let s = TestServer::start().await;
+    let (moved, moved_test) = hooked_project(&s, "moved", &format!("{}/hook", old_moved.base)).await;
+    let (removed, removed_test) = hooked_project(&s, "removed", &format!("{}/hook", old_removed.base)).await;
+    let moved_run = run_to_end(&s, &moved, &moved_test).await;
+    run_to_end(&s, &removed, &removed_test).await;
+    // After the second failed attempt, the next one is 5 s away: time to
+    // change the webhooks in between.
+    let twice = |d: &Value| d["attempts"].as_i64().unwrap_or(0) >= 2;
+    delivery_when(&s, &moved, "moved: two attempts", twice).await;
+    delivery_when(&s, &removed, "removed: two attempts", twice).await;
+    let new_url = format!("{}/elsewhere", new.base);
+    let (m, r) = (&moved.project_id, &removed.project_id);
+    let body = json!({"name": "moved", "webhook_url": new_url});
+    s.expect(Method::PUT, &format!("/v1/projects/{m}"), &moved.owner, Some(body), 200).await;
+    let body = json!({"name": "removed", "webhook_url": null});
+    s.expect(Method::PUT, &format!("/v1/projects/{r}"), &removed.owner, Some(body), 200).await;
+    let (sent_moved, sent_removed) = (old_moved.received().len(), old_removed.received().len());
+
+    let settled = |d: &Value| d["status"] != "pending";
+    let d = delivery_when(&s, &moved, "moved: still pending", settled).await;
+    assert_eq!((&d["status"], &d["attempts"], &d["url"]), (&json!("delivered"), &json!(3), &json!(new_url)), "{d:#}");
+    let received = new.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].path, "/elsewhere");
+    assert!(received[0].header("x-sparring-signature").is_some());
+    let body: Value = serde_json::from_str(&received[0].body).unwrap();
+    assert_eq!(body["batch_run"]["id"], json!(moved_run));
+
+    let d = delivery_when(&s, &removed, "removed: still pending", settled).await;
+    assert_eq!(d["status"], "failed", "{d:#}");
+    assert_eq!(d["attempts"], 2, "no attempt once the URL was removed: {d:#}");
+    assert_eq!(d["last_error"], json!(sparring_impl::engine::webhooks::REMOVED));
+    assert_eq!(d["last_response_status"], 500, "what the last attempt got stays: {d:#}");
+    assert_eq!(d["next_attempt_at"], Value::Null);
+
+    assert_eq!(old_moved.received().len(), sent_moved, "sent to the old URL after it changed");
+    assert_eq!(old_removed.received().len(), sent_removed, "sent after the URL was removed");
+}
+
 /// A webhook whose project's secret cannot be opened (the server's secret
 /// key was replaced by another) is not sent unsigned, where the receiver
 /// could not tell it from a forgery: the attempt fails, saying why.

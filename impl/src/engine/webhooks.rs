@@ -5,13 +5,22 @@
 //!
 //! The delivery is queued in the same transaction that ends the batch run,
 //! so it is never lost; a separate task sends due deliveries, so a slow
-//! receiver never holds up a worker. A failed attempt (no answer in
-//! [`ATTEMPT_TIMEOUT`] or a non-2xx status) is retried after 1 s, 5 s, 30 s,
-//! 2 min and 10 min, then the delivery is `failed`. Every attempt updates the
-//! delivery's record, which owners and editors read through
-//! `GET /projects/{id}/webhook-deliveries`.
+//! receiver never holds up a worker. Each attempt runs on its own (at most
+//! [`MAX_IN_FLIGHT`] at once, [`PER_PROJECT`] per project), so a slow or
+//! silent receiver never holds up another delivery either. A failed attempt
+//! (no answer in [`ATTEMPT_TIMEOUT`] or a non-2xx status) is retried after
+//! 1 s, 5 s, 30 s, 2 min and 10 min, then the delivery is `failed`.
+//!
+//! Each attempt goes to the project's webhook as it is at that moment: to
+//! its current URL (recorded as the delivery's `url`) and signed with its
+//! current secret. Once the URL is removed, the delivery's next attempt is
+//! not made: it ends `failed`, its `last_error` saying why ([`REMOVED`]).
+//! Every attempt updates the delivery's record, which owners and editors
+//! read through `GET /projects/{id}/webhook-deliveries`.
 
 use crate::engine::outbound::Outbound;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
@@ -70,59 +79,131 @@ pub fn signature(secret: &[u8], timestamp: i64, body: &str) -> String {
     format!("t={timestamp},v1={hex}")
 }
 
+/// At most this many attempts are under way at once, and at most
+/// [`PER_PROJECT`] of them for one project: attempts never wait on each
+/// other, so a receiver that never answers holds up only its own project's
+/// share, never another project's deliveries.
+const MAX_IN_FLIGHT: usize = 32;
+const PER_PROJECT: usize = 4;
+
 struct Due {
     id: String,
     project_id: String,
-    url: String,
     payload: String,
     attempts: u32,
 }
 
-/// Sends every due delivery once; returns how many it attempted.
-pub async fn deliver_due(state: &AppState, http: &Outbound) -> Result<usize> {
+/// The attempts under way, owned by the sending loop alone: a delivery is
+/// in here from when its attempt starts until that attempt is recorded, so
+/// it is never sent twice at once.
+#[derive(Default)]
+struct InFlight {
+    tasks: tokio::task::JoinSet<()>,
+    /// Delivery and project of each task.
+    of_task: HashMap<tokio::task::Id, (String, String)>,
+    deliveries: HashSet<String>,
+    per_project: HashMap<String, usize>,
+}
+
+impl InFlight {
+    fn started(&mut self, task: tokio::task::Id, delivery: String, project: String) {
+        self.deliveries.insert(delivery.clone());
+        *self.per_project.entry(project.clone()).or_default() += 1;
+        self.of_task.insert(task, (delivery, project));
+    }
+
+    fn finished(&mut self, task: tokio::task::Id) {
+        let Some((delivery, project)) = self.of_task.remove(&task) else { return };
+        self.deliveries.remove(&delivery);
+        if let Some(n) = self.per_project.get_mut(&project) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_project.remove(&project);
+            }
+        }
+    }
+
+    fn project_full(&self, project: &str) -> bool {
+        self.per_project.get(project).is_some_and(|n| *n >= PER_PROJECT)
+    }
+}
+
+/// Starts an attempt at each due delivery that is not under way, within
+/// [`MAX_IN_FLIGHT`] and [`PER_PROJECT`]; returns how many it started.
+async fn start_due(state: &Arc<AppState>, http: &Outbound, in_flight: &mut InFlight) -> Result<usize> {
+    if in_flight.deliveries.len() >= MAX_IN_FLIGHT {
+        return Ok(0);
+    }
     let now_ms = super::queue::now_ms();
+    // The oldest due few of each project, so that one project's flood of
+    // due deliveries (under way or waiting for its share) cannot hide the
+    // others'; enough rows to fill every free place.
+    let nth = (2 * PER_PROJECT) as i64;
+    let rows = (4 * MAX_IN_FLIGHT) as i64;
     let due: Vec<Due> = state
         .store
         .read(move |tx| {
             Ok::<_, Failure>(
                 tx.prepare_cached(
-                    "SELECT id, project_id, url, payload, attempts FROM webhook_deliveries
-                     WHERE status = 'pending' AND next_attempt_ms <= ?1 ORDER BY next_attempt_ms LIMIT 50",
+                    "SELECT id, project_id, payload, attempts FROM (
+                         SELECT id, project_id, payload, attempts, next_attempt_ms,
+                                ROW_NUMBER() OVER (PARTITION BY project_id ORDER BY next_attempt_ms, id) AS nth
+                         FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_ms <= ?1)
+                     WHERE nth <= ?2 ORDER BY next_attempt_ms, id LIMIT ?3",
                 )?
-                .query_map(params![now_ms], |r| {
-                    Ok(Due {
-                        id: r.get(0)?,
-                        project_id: r.get(1)?,
-                        url: r.get(2)?,
-                        payload: r.get(3)?,
-                        attempts: r.get(4)?,
-                    })
+                .query_map(params![now_ms, nth, rows], |r| {
+                    Ok(Due { id: r.get(0)?, project_id: r.get(1)?, payload: r.get(2)?, attempts: r.get(3)? })
                 })?
                 .collect::<rusqlite::Result<_>>()?,
             )
         })
         .await?;
-    let n = due.len();
-    let sends = due.into_iter().map(|d| attempt(state, http, d));
-    for outcome in futures::future::join_all(sends).await {
-        outcome?;
+    let mut started = 0;
+    for due in due {
+        if in_flight.deliveries.len() >= MAX_IN_FLIGHT {
+            break;
+        }
+        if in_flight.deliveries.contains(&due.id) || in_flight.project_full(&due.project_id) {
+            continue;
+        }
+        let (delivery, project) = (due.id.clone(), due.project_id.clone());
+        let (state, http) = (state.clone(), http.clone());
+        let task = in_flight.tasks.spawn(async move {
+            let id = due.id.clone();
+            if let Err(e) = attempt(&state, &http, due).await {
+                // Not recorded: still due, tried again at a later tick.
+                slog::warn!(state.log, "a webhook attempt could not be recorded; will retry"; "delivery" => id, "error" => %e);
+            }
+        });
+        in_flight.started(task.id(), delivery, project);
+        started += 1;
     }
-    Ok(n)
+    Ok(started)
 }
+
+/// The project's webhook as it is now: its URL (`None` once removed) and
+/// its sealed secret.
+type Webhook = (Option<String>, Option<Vec<u8>>);
 
 async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
     let project_id = due.project_id.clone();
-    let sealed: Option<Vec<u8>> = state
+    // Read at every attempt: a retry follows the project's webhook as it
+    // is now, not as it was when the event was queued.
+    let (url, sealed): Webhook = state
         .store
         .read(move |tx| {
             Ok::<_, Failure>(
-                tx.prepare_cached("SELECT webhook_secret FROM projects WHERE id = ?1")?
-                    .query_row(params![project_id], |r| r.get(0))
+                tx.prepare_cached("SELECT webhook_url, webhook_secret FROM projects WHERE id = ?1")?
+                    .query_row(params![project_id], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()?
-                    .flatten(),
+                    .unwrap_or_default(),
             )
         })
         .await?;
+    // Removed: the owner no longer wants events there (nor anywhere).
+    let Some(url) = url.filter(|u| !u.is_empty()) else { return abandon(state, due.id, REMOVED).await };
+    // Changed: sent to the new URL, which the owner put in place of the
+    // old one (often to mend it), and which the record then shows.
     let secret = match sealed {
         Some(s) => match state.secrets.open(&s, &crate::projects::webhook_secret_context(&due.project_id)) {
             Ok(secret) => Some(secret),
@@ -132,14 +213,14 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
                 slog::error!(state.log, "cannot open a project's webhook secret"; "project_id" => &due.project_id, "error" => %e);
                 let error = "the project's webhook secret cannot be opened (was the server's secret key replaced?); \
                              not sent unsigned";
-                return record_attempt(state, due, None, Some(error.to_string())).await;
+                return record_attempt(state, due, url, None, Some(error.to_string())).await;
             }
         },
         None => None,
     };
-    let request = match http.post(&due.url) {
+    let request = match http.post(&url) {
         Ok(request) => request,
-        Err(refused) => return record_attempt(state, due, None, Some(format!("not sent: {refused}"))).await,
+        Err(refused) => return record_attempt(state, due, url, None, Some(format!("not sent: {refused}"))).await,
     };
     let mut request = request
         .timeout(ATTEMPT_TIMEOUT)
@@ -165,12 +246,40 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
             (None, Some(format!("could not reach the receiver: {source}")))
         }
     };
-    record_attempt(state, due, status, error).await
+    record_attempt(state, due, url, status, error).await
 }
 
-/// Records one attempt at `due`: delivered, or retried later, or failed
-/// for good after the last retry.
-async fn record_attempt(state: &AppState, due: Due, status: Option<u16>, error: Option<String>) -> Result<()> {
+/// The `last_error` of a delivery given up because its project's webhook
+/// URL was removed.
+pub const REMOVED: &str = "not sent: the project's webhook URL was removed";
+
+/// Ends a pending delivery as `failed` without an attempt, saying `why`;
+/// what its earlier attempts recorded stays.
+async fn abandon(state: &AppState, id: String, why: &'static str) -> Result<()> {
+    state
+        .store
+        .write(move |tx| {
+            let now_text = ids::format_time(&ids::now());
+            tx.prepare_cached(
+                "UPDATE webhook_deliveries SET status = 'failed', last_error = ?2, next_attempt_at = NULL,
+                                               next_attempt_ms = NULL, updated_at = ?3
+                 WHERE id = ?1 AND status = 'pending'",
+            )?
+            .execute(params![id, why, now_text])?;
+            Ok::<_, Failure>(())
+        })
+        .await
+}
+
+/// Records one attempt at `due`, made to `url`: delivered, or retried
+/// later, or failed for good after the last retry.
+async fn record_attempt(
+    state: &AppState,
+    due: Due,
+    url: String,
+    status: Option<u16>,
+    error: Option<String>,
+) -> Result<()> {
     let attempts = due.attempts + 1;
     let id = due.id;
     state
@@ -188,23 +297,46 @@ async fn record_attempt(state: &AppState, due: Due, status: Option<u16>, error: 
             let next_text = next_ms.and_then(chrono::DateTime::from_timestamp_millis).map(|t| ids::format_time(&t));
             tx.prepare_cached(
                 "UPDATE webhook_deliveries SET status = ?2, attempts = ?3, last_response_status = ?4, last_error = ?5,
-                                               next_attempt_at = ?6, next_attempt_ms = ?7, updated_at = ?8
+                                               next_attempt_at = ?6, next_attempt_ms = ?7, updated_at = ?8, url = ?9
                  WHERE id = ?1",
             )?
-            .execute(params![id, next_status, attempts, status, error, next_text, next_ms, now_text])?;
+            .execute(params![
+                id,
+                next_status,
+                attempts,
+                status,
+                error,
+                next_text,
+                next_ms,
+                now_text,
+                url
+            ])?;
             Ok::<_, Failure>(())
         })
         .await
 }
 
-/// The sending loop: wakes every `every` and sends what is due.
-pub async fn run(state: std::sync::Arc<AppState>, http: Outbound, every: Duration) {
+/// The sending loop: every `every`, starts an attempt at each delivery
+/// that is due and not under way, and meanwhile takes note of the attempts
+/// that ended. Stopping it (its task aborted) stops the attempts under way.
+pub async fn run(state: Arc<AppState>, http: Outbound, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut in_flight = InFlight::default();
     loop {
-        tick.tick().await;
-        if let Err(e) = deliver_due(&state, &http).await {
-            slog::warn!(state.log, "sending webhooks failed; will retry"; "error" => %e);
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Err(e) = start_due(&state, &http, &mut in_flight).await {
+                    slog::warn!(state.log, "sending webhooks failed; will retry"; "error" => %e);
+                }
+            }
+            Some(ended) = in_flight.tasks.join_next_with_id() => {
+                let task = match &ended {
+                    Ok((task, ())) => *task,
+                    Err(e) => e.id(),
+                };
+                in_flight.finished(task);
+            }
         }
     }
 }
