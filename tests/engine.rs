@@ -6,6 +6,8 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::engine::{
@@ -587,6 +589,62 @@ async fn cancelling_a_stopping_batch_run_again_records_nothing() {
     let last = s.expect(Method::POST, &cancel, &t.editor, None, 200).await;
     assert_eq!(last, done);
     assert_eq!(all_pages(&s, &t.viewer, &cancels, "activity").await, recorded);
+}
+
+/// A run claimed as its batch run is cancelled (the claim committed, its
+/// worker not yet listening for the cancel) does not hold its call: seen as
+/// the cancel leaves the database then, with the flag set and the run
+/// still queued, when a worker claims it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_claimed_as_its_batch_run_is_cancelled_holds_no_call() {
+    let (gate, opened) = tokio::sync::watch::channel(false);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let agent = WsAgent::start(move |mut peer| {
+        let mut opened = opened.clone();
+        seen.fetch_add(1, Ordering::SeqCst);
+        async move {
+            while let Some(frame) = ws_recv(&mut peer).await {
+                if frame["type"] == "message" {
+                    let _ = opened.wait_for(|open| *open).await;
+                    ws_send(&mut peer, json!({"type": "message", "role": "assistant", "content": "Sure."})).await;
+                    ws_send(&mut peer, json!({"type": "turn_end"})).await;
+                }
+            }
+        }
+    })
+    .await;
+    let s = TestServer::start().await;
+    let t = s.team("claimed as cancelled").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = json!({"project_id": p, "name": "gated", "kind": "websocket", "target": agent.target,
+                    "turn_timeout_ms": 120_000});
+    let ch = create(&s, &t.editor, "/v1/channels", ch).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "two", &ch, &scenario, 2)).await;
+    let batch = json!({"project_id": p, "name": "one at a time", "test_ids": [test], "concurrency": 1});
+    let batch = create(&s, &t.editor, "/v1/batches", batch).await;
+    let run = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, None, 200).await;
+    let id = run["id"].as_str().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the first run never called");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The first run holds its call at the gate, the second waits its turn.
+    let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    db.execute("UPDATE batch_runs SET cancel_requested = 1 WHERE id = ?1", [id]).unwrap();
+    gate.send(true).unwrap();
+    let done = wait_for_end(&s, &t.viewer, id).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the second run made no call");
+    assert_eq!(done["counts"]["cancelled"], 1, "{done:#}");
+    let runs = all_pages(&s, &t.viewer, &format!("/v1/batch-runs/{id}/runs?status=cancelled"), "runs").await;
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    assert!(runs[0]["test_result_id"].is_null(), "no result: {runs:#?}");
+    let ledger = all_pages(&s, &t.owner, "/v1/transactions", "transactions").await;
+    let charged: i64 = done["credits_charged"].as_i64().unwrap();
+    assert_eq!(charged, 1, "the first call only: {done:#} {ledger:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

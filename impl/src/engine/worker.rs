@@ -380,10 +380,23 @@ fn load(state: &AppState, tx: &rusqlite::Connection, run: &Claimed) -> Result<Re
 async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
     let engine = &state.engine;
     let owner = engine.owner.clone();
+    // Its batch run may have been cancelled as the run was claimed: after
+    // the claim, before the run's token was in `running` for the cancel to
+    // find. The token is in `running` before this read begins, so a cancel
+    // committed after it finds the token, and one committed before it is
+    // seen here.
     let loaded = {
         let state2 = state.clone();
         let run = run.clone();
-        state.store.read(move |tx| load(&state2, tx, &run)).await
+        state
+            .store
+            .read(move |tx| {
+                if queue::cancel_requested(tx, &run.batch_run_id)? {
+                    return Ok(None);
+                }
+                load(&state2, tx, &run).map(Some)
+            })
+            .await
     };
     let finished = match loaded {
         Err(e) => {
@@ -392,7 +405,28 @@ async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
             slog::error!(state.log, "loading a run failed"; "run_id" => &run.run_id, "error" => %e);
             return;
         }
-        Ok(Err(Unrunnable(reason))) => {
+        Ok(None) => {
+            // Ended as a queued run is by a cancel: no call, no result, no
+            // charge.
+            let run = run.clone();
+            state
+                .store
+                .write(move |tx| {
+                    queue::finish(
+                        tx,
+                        &owner,
+                        &run,
+                        Finish {
+                            status: types::RunStatus::Cancelled,
+                            result: None,
+                            error: Some("cancelled before its call began"),
+                            credits: 0,
+                        },
+                    )
+                })
+                .await
+        }
+        Ok(Some(Err(Unrunnable(reason)))) => {
             let run = run.clone();
             state
                 .store
@@ -406,7 +440,7 @@ async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
                 })
                 .await
         }
-        Ok(Ok(loaded)) => {
+        Ok(Some(Ok(loaded))) => {
             let result = converse_and_judge(engine, &run, &loaded, &token).await;
             let credits = result.credits as i64;
             let status = match (result.ended_reason, result.status) {
