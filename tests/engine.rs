@@ -535,13 +535,15 @@ async fn cancel_stops_queued_runs_at_once_and_running_ones_at_their_next_turn() 
 /// A second cancel while the running runs are still stopping changes
 /// nothing: it answers the batch run as it is and records nothing, as a
 /// second revoke of a key does. The one cancel has one record.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelling_a_stopping_batch_run_again_records_nothing() {
-    // An agent that answers only once the test opens the gate: until then
-    // its calls are running, and a cancel leaves them stopping.
+/// A websocket agent that answers each caller line only once the test
+/// opens its gate (sends `true`), and counts the calls it is given.
+async fn gated_agent() -> (tokio::sync::watch::Sender<bool>, WsAgent, Arc<AtomicUsize>) {
     let (gate, opened) = tokio::sync::watch::channel(false);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
     let agent = WsAgent::start(move |mut peer| {
         let mut opened = opened.clone();
+        seen.fetch_add(1, Ordering::SeqCst);
         async move {
             while let Some(frame) = ws_recv(&mut peer).await {
                 if frame["type"] == "message" {
@@ -553,13 +555,26 @@ async fn cancelling_a_stopping_batch_run_again_records_nothing() {
         }
     })
     .await;
+    (gate, agent, calls)
+}
+
+/// A channel to a [`gated_agent`] that waits for it as long as a test may.
+async fn gated_channel(s: &TestServer, key: &str, project_id: &str, agent: &WsAgent) -> String {
+    let ch = json!({"project_id": project_id, "name": "gated", "kind": "websocket", "target": agent.target,
+                    "turn_timeout_ms": 120_000});
+    create(s, key, "/v1/channels", ch).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_stopping_batch_run_again_records_nothing() {
+    // Until the gate opens the calls are running, and a cancel leaves them
+    // stopping.
+    let (gate, agent, _) = gated_agent().await;
     let s = TestServer::start().await;
     let t = s.team("cancel twice").await;
     let p = &t.project_id;
     let scenario = short_scenario(&s, &t.editor, p).await;
-    let ch = json!({"project_id": p, "name": "gated", "kind": "websocket", "target": agent.target,
-                    "turn_timeout_ms": 120_000});
-    let ch = create(&s, &t.editor, "/v1/channels", ch).await;
+    let ch = gated_channel(&s, &t.editor, p, &agent).await;
     let test = create(&s, &t.editor, "/v1/tests", test_body(p, "held", &ch, &scenario, 2)).await;
     let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
     let id = run["id"].as_str().unwrap();
@@ -597,30 +612,12 @@ async fn cancelling_a_stopping_batch_run_again_records_nothing() {
 /// still queued, when a worker claims it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_claimed_as_its_batch_run_is_cancelled_holds_no_call() {
-    let (gate, opened) = tokio::sync::watch::channel(false);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let seen = calls.clone();
-    let agent = WsAgent::start(move |mut peer| {
-        let mut opened = opened.clone();
-        seen.fetch_add(1, Ordering::SeqCst);
-        async move {
-            while let Some(frame) = ws_recv(&mut peer).await {
-                if frame["type"] == "message" {
-                    let _ = opened.wait_for(|open| *open).await;
-                    ws_send(&mut peer, json!({"type": "message", "role": "assistant", "content": "Sure."})).await;
-                    ws_send(&mut peer, json!({"type": "turn_end"})).await;
-                }
-            }
-        }
-    })
-    .await;
+    let (gate, agent, calls) = gated_agent().await;
     let s = TestServer::start().await;
     let t = s.team("claimed as cancelled").await;
     let p = &t.project_id;
     let scenario = short_scenario(&s, &t.editor, p).await;
-    let ch = json!({"project_id": p, "name": "gated", "kind": "websocket", "target": agent.target,
-                    "turn_timeout_ms": 120_000});
-    let ch = create(&s, &t.editor, "/v1/channels", ch).await;
+    let ch = gated_channel(&s, &t.editor, p, &agent).await;
     let test = create(&s, &t.editor, "/v1/tests", test_body(p, "two", &ch, &scenario, 2)).await;
     let batch = json!({"project_id": p, "name": "one at a time", "test_ids": [test], "concurrency": 1});
     let batch = create(&s, &t.editor, "/v1/batches", batch).await;

@@ -405,41 +405,13 @@ async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
             slog::error!(state.log, "loading a run failed"; "run_id" => &run.run_id, "error" => %e);
             return;
         }
+        // Ended as a queued run is by a cancel: no call, no result, no
+        // charge.
         Ok(None) => {
-            // Ended as a queued run is by a cancel: no call, no result, no
-            // charge.
-            let run = run.clone();
-            state
-                .store
-                .write(move |tx| {
-                    queue::finish(
-                        tx,
-                        &owner,
-                        &run,
-                        Finish {
-                            status: types::RunStatus::Cancelled,
-                            result: None,
-                            error: Some("cancelled before its call began"),
-                            credits: 0,
-                        },
-                    )
-                })
-                .await
+            let why = "cancelled before its call began".to_string();
+            end_without_call(state, &run, types::RunStatus::Cancelled, why).await
         }
-        Ok(Some(Err(Unrunnable(reason)))) => {
-            let run = run.clone();
-            state
-                .store
-                .write(move |tx| {
-                    queue::finish(
-                        tx,
-                        &owner,
-                        &run,
-                        Finish { status: types::RunStatus::Error, result: None, error: Some(&reason), credits: 0 },
-                    )
-                })
-                .await
-        }
+        Ok(Some(Err(Unrunnable(reason)))) => end_without_call(state, &run, types::RunStatus::Error, reason).await,
         Ok(Some(Ok(loaded))) => {
             let result = converse_and_judge(engine, &run, &loaded, &token).await;
             let credits = result.credits as i64;
@@ -468,6 +440,23 @@ async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
         }
         Err(e) => slog::error!(state.log, "recording a run's end failed"; "run_id" => &run.run_id, "error" => %e),
     }
+}
+
+/// Ends a held run that made no call, and so has no result and costs
+/// nothing, saying `why`.
+async fn end_without_call(
+    state: &Arc<AppState>,
+    run: &Claimed,
+    status: types::RunStatus,
+    why: String,
+) -> crate::failure::Result<bool> {
+    let (owner, run) = (state.engine.owner.clone(), run.clone());
+    state
+        .store
+        .write(move |tx| {
+            queue::finish(tx, &owner, &run, Finish { status, result: None, error: Some(&why), credits: 0 })
+        })
+        .await
 }
 
 async fn converse_and_judge(
