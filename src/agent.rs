@@ -506,7 +506,12 @@ pub async fn serve(config: AgentConfig, log: slog::Logger) -> anyhow::Result<dro
     ServerBuilder::new(api, agent, log)
         .config(ConfigDropshot { bind_address: bind, default_request_body_max_bytes: 256 * 1024, ..Default::default() })
         .start()
-        .map_err(|e| anyhow::anyhow!("starting the agent on {bind}: {e}"))
+        .map_err(|e| {
+            // As `serve` does: dropshot's message ("failed to bind to ADDR")
+            // leaves out why, which is its source ("Address already in use").
+            let cause = std::error::Error::source(&e).map(|c| format!(": {c}")).unwrap_or_default();
+            anyhow::anyhow!("starting the agent on {bind}: {e}{cause}")
+        })
 }
 
 #[cfg(test)]

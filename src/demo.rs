@@ -56,7 +56,11 @@ fn agent_config(bug: Bug) -> AgentConfig {
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let dir = tempfile::tempdir().context("creating a temporary data dir")?;
+    // Readable by its owner only, as every data dir (see `create_data_dir`).
+    let mut dir = tempfile::Builder::new();
+    #[cfg(unix)]
+    dir.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700));
+    let dir = dir.tempdir().context("creating a temporary data dir")?;
     let config = sparring_impl::Config {
         bind: "127.0.0.1:0".parse()?,
         data_dir: dir.path().to_path_buf(),

@@ -117,7 +117,8 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "SPARRING_BIND", default_value = "127.0.0.1:8080")]
     bind: SocketAddr,
-    /// Where the database and other state live (created if missing).
+    /// Where the database and other state live (created if missing; the
+    /// admin commands need one that exists).
     #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
     data_dir: PathBuf,
     /// Accept ID tokens from this OpenID Connect issuer (repeatable).
@@ -137,18 +138,21 @@ struct ServeArgs {
     secret_key_file: Option<PathBuf>,
     /// Conversations held at once by this server (they mostly wait on the
     /// network, so hundreds are normal).
-    #[arg(long, env = "SPARRING_WORKERS", default_value_t = sparring_impl::engine::worker::DEFAULT_WORKERS)]
+    #[arg(long, env = "SPARRING_WORKERS", default_value_t = sparring_impl::engine::worker::DEFAULT_WORKERS,
+          value_parser = clap::value_parser!(u32).range(1..))]
     workers: u32,
     /// Conversations held at once for one user, so one user's big batch
     /// cannot starve the others.
-    #[arg(long, env = "SPARRING_MAX_CALLS_PER_USER", default_value_t = sparring_impl::engine::worker::DEFAULT_PER_USER)]
+    #[arg(long, env = "SPARRING_MAX_CALLS_PER_USER", default_value_t = sparring_impl::engine::worker::DEFAULT_PER_USER,
+          value_parser = clap::value_parser!(u32).range(1..))]
     max_calls_per_user: u32,
     /// Credits a new user gets.
-    #[arg(long, env = "SPARRING_STARTING_CREDITS", default_value_t = sparring_impl::credits::DEFAULT_STARTING_CREDITS)]
+    #[arg(long, env = "SPARRING_STARTING_CREDITS", default_value_t = sparring_impl::credits::DEFAULT_STARTING_CREDITS,
+          value_parser = clap::value_parser!(i64).range(0..), allow_hyphen_values = true)]
     starting_credits: i64,
     /// How long a worker's claim on a run lasts without renewal, in seconds;
     /// runs of a server that died are retried after at most this long.
-    #[arg(long, env = "SPARRING_LEASE_SECONDS", default_value_t = 30)]
+    #[arg(long, env = "SPARRING_LEASE_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     lease_seconds: u64,
     /// Let channels, LLM integrations and webhooks reach private and local
     /// addresses (loopback, 10/8, 192.168/16, link-local, …). Off, the
@@ -267,12 +271,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         oidc_refetch_interval: sparring_impl::oidc::REFETCH_INTERVAL,
         secret_key_file: args.secret_key_file.clone(),
         engine: sparring_impl::engine::worker::EngineConfig {
-            workers: args.workers.max(1),
-            per_user: args.max_calls_per_user.max(1),
-            lease: std::time::Duration::from_secs(args.lease_seconds.max(1)),
+            workers: args.workers,
+            per_user: args.max_calls_per_user,
+            lease: std::time::Duration::from_secs(args.lease_seconds),
             allow_private_targets: args.allow_private_targets,
         },
-        starting_credits: args.starting_credits.max(0),
+        starting_credits: args.starting_credits,
     };
     let server = sparring_impl::start(config, log.clone()).await?;
     let addr = server.local_addr();
@@ -331,6 +335,8 @@ async fn admin(command: AdminCommand) -> anyhow::Result<()> {
             Ok(())
         }
         AdminCommand::GrantCredits { data_dir, user, amount, description } => {
+            // As `create-key` keeps it (the lookup is case aside).
+            let user = user.trim().to_string();
             let (store, _lock) = sparring_impl::open_store_for_admin(&data_dir)?;
             let balance = sparring_impl::credits::admin_grant_async(&store, user.clone(), amount, description).await?;
             println!("{user} now has {balance} credits");

@@ -19,14 +19,33 @@ pub struct Remote {
 
 impl Remote {
     pub fn client(&self) -> anyhow::Result<sparring_client::Client> {
-        let Some(key) = self.api_key.as_deref().filter(|k| !k.is_empty()) else {
+        // A key stored from a file often ends with a line break.
+        let Some(key) = self.api_key.as_deref().map(str::trim).filter(|k| !k.is_empty()) else {
             anyhow::bail!(
                 "no API key: set SPARRING_API_KEY (or give --api-key, which other users of the machine can see)"
             )
         };
-        sparring_client::Client::with_api_key(&base_url(&self.url), key)
-            .map_err(|e| anyhow::anyhow!("the API key cannot be sent as a header: {e}"))
+        check_url(&self.url)?;
+        sparring_client::Client::with_api_key(&base_url(&self.url), key).map_err(|_| {
+            anyhow::anyhow!(
+                "the API key contains a line break or another character a header cannot carry: \
+                 check how SPARRING_API_KEY is set"
+            )
+        })
     }
+}
+
+/// Refuses a `--url` that no request could be sent to (a scheme left out is
+/// a common slip in a CI variable), rather than trying it for a minute.
+fn check_url(url: &str) -> anyhow::Result<()> {
+    let ok = url
+        .parse::<http::Uri>()
+        .is_ok_and(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some_and(|h| !h.is_empty()));
+    if !ok {
+        // Not echoed: it may hold a password.
+        anyhow::bail!("--url/SPARRING_URL must look like https://host[:port] (with http:// or https://)");
+    }
+    Ok(())
 }
 
 fn base_url(url: &str) -> String {
@@ -64,6 +83,10 @@ pub fn api_error(e: sparring_client::Error<types::Error>) -> anyhow::Error {
             anyhow::anyhow!("{} {}: {} (request {})", status.as_u16(), body.error_code, body.message, body.request_id)
         }
         sparring_client::Error::CommunicationError(e) => anyhow::Error::new(e).context("could not reach the server"),
+        // JSON of another shape: something else answers at that address.
+        sparring_client::Error::InvalidResponsePayload(_, e) => {
+            anyhow::anyhow!("the answer is not a Sparring server's ({e}): is --url a Sparring server?")
+        }
         other => anyhow::anyhow!("{other}"),
     }
 }

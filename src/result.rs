@@ -24,6 +24,9 @@ pub struct ResultArgs {
 }
 
 pub async fn main(args: ResultArgs) -> anyhow::Result<()> {
+    if args.id.trim().is_empty() {
+        anyhow::bail!("give the id of a test result (`trs_…`) or a call id");
+    }
     let api = args.remote.client()?;
     let result = if args.id.starts_with("trs_") {
         api.get_test_result().id(&args.id).send().await
@@ -63,6 +66,10 @@ pub fn show(r: &types::TestResult) -> String {
     }
     if let Some(blinded) = &r.blinded {
         let _ = writeln!(out, "hidden: {}", blinded.reason);
+        // Their evaluations are hidden, but a review labels them by name.
+        if !blinded.evaluator_names.is_empty() {
+            let _ = writeln!(out, "to label: {}", blinded.evaluator_names.join("; "));
+        }
     }
     let _ = writeln!(
         out,

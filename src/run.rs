@@ -60,8 +60,8 @@ pub struct RunArgs {
     #[arg(long)]
     json: bool,
     /// Also write a JUnit XML report here (one test case per test), for the
-    /// CI system's test report; written whenever a batch run was started,
-    /// verdict or not.
+    /// CI system's test report; written whatever the exit code (checked
+    /// before anything starts).
     #[arg(long, value_name = "PATH", conflicts_with = "no_wait")]
     junit: Option<std::path::PathBuf>,
 }
@@ -106,6 +106,11 @@ const KEEP_TRYING_FOR: Duration = Duration::from_secs(300);
 
 /// Cancels that fail in a row before giving up (1.5 s of pauses in all).
 const MAX_FAILED_CANCELS: u32 = 3;
+/// How long the cancel and the reads for the summary and the report may
+/// take, in all, once the wait is given up: a CI runner kills a cancelled
+/// job a few seconds after its SIGTERM, and the report must be written by
+/// then (a request that hangs would otherwise take the client's 60 s).
+const GIVE_UP_WITHIN: Duration = Duration::from_secs(5);
 
 /// Runs `sparring run` and gives its exit code.
 pub async fn main(args: RunArgs) -> ExitCode {
@@ -130,7 +135,10 @@ enum Verdict {
 fn transient(e: &sparring_client::Error<types::Error>) -> bool {
     match e {
         sparring_client::Error::ErrorResponse(r) => r.status().is_server_error(),
-        sparring_client::Error::CommunicationError(_) | sparring_client::Error::ResponseBodyError(_) => true,
+        // A request that could not even be made (a URL reqwest refuses) fails
+        // the same way every time.
+        sparring_client::Error::CommunicationError(e) => !e.is_builder(),
+        sparring_client::Error::ResponseBodyError(_) => true,
         sparring_client::Error::UnexpectedResponse(r) => r.status().is_server_error(),
         // Not JSON at all: a page of a proxy or load balancer in front of a
         // server that is away (JSON of another shape is not tried again).
@@ -142,22 +150,39 @@ fn transient(e: &sparring_client::Error<types::Error>) -> bool {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
-    let source = args.source()?;
     let mut interrupts = Interrupts::listen();
-    let api = args.remote.client()?;
-    let metadata: serde_json::Map<String, serde_json::Value> =
-        args.metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
-    // `--timeout` counts from here: a start tried again spends it too.
-    let deadline = args.timeout.map(|s| Instant::now() + Duration::from_secs(s));
-    let started =
-        start(&api, &source, &metadata, args.timeout, &mut interrupts).await.context("starting the batch run");
-    let started = match started {
+    // `--timeout` counts from here: a start tried again spends it too (one
+    // too far to count is none).
+    let deadline = args.timeout.and_then(|s| Instant::now().checked_add(Duration::from_secs(s)));
+    // A report that cannot be written is found out before anything runs
+    // (and is paid for); the one written now stands if the command is
+    // killed before it writes its own.
+    if let Some(path) = &args.junit {
+        report::write(path, report::unfinished())
+            .context("--junit: the report could not be written; nothing was started")?;
+    }
+    let ready = args.source().and_then(|source| Ok((source, args.remote.client()?)));
+    let started = match ready {
+        Ok((source, api)) => {
+            let metadata: serde_json::Map<String, serde_json::Value> =
+                args.metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+            start(&api, &source, &metadata, args.timeout, &mut interrupts)
+                .await
+                .context("starting the batch run")
+                .map(|started| (started, api))
+        }
+        Err(e) => Err(e),
+    };
+    let (started, api) = match started {
         Ok(started) => started,
         Err(e) => {
             // A pipeline publishes the report whatever happened: it says
-            // why nothing ran (insufficient credits, a wrong id, a bad key).
+            // why nothing ran (insufficient credits, a wrong id, a bad or
+            // missing key) or that something may have.
+            let unknown = e.downcast_ref::<StartUnknown>().is_some();
             if let Some(path) = &args.junit {
-                report::write(path, report::not_started(&format!("{e:#}")))?;
+                let why = format!("{e:#}");
+                report::write(path, if unknown { report::start_unknown(&why) } else { report::not_started(&why) })?;
             }
             return Err(e);
         }
@@ -172,14 +197,34 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
     }
     eprintln!("started batch run {} ({} runs)", started.id, started.counts.total);
 
-    let (ended, gave_up) = match wait(&api, &started, &args, deadline, &mut interrupts).await? {
-        Waited::Ended(run) => (*run, None),
+    let (ended, gave_up, by) = match wait(&api, &started, &args, deadline, &mut interrupts).await? {
+        Waited::Ended(run) => (*run, None, None),
         Waited::GaveUp(why, last_seen) => {
             let mut last = *last_seen;
+            // The cancel and the reads after it, in all.
+            let by = Instant::now() + GIVE_UP_WITHIN;
             if args.keep_running {
                 eprintln!("{why}; batch run {} keeps running", started.id);
             } else {
-                match cancel(&api, &started.id).await {
+                eprintln!("{why}; cancelling batch run {}…", started.id);
+                let cancelled = tokio::select! {
+                    cancelled = tokio::time::timeout_at(by.into(), cancel(&api, &started.id)) => {
+                        cancelled.unwrap_or_else(|_| {
+                            Err(anyhow::anyhow!("the server did not answer within {} s", GIVE_UP_WITHIN.as_secs()))
+                        })
+                    }
+                    // Told again to stop: the report as things stand, now.
+                    signal = interrupts.recv() => {
+                        eprintln!(
+                            "interrupted again ({signal}); stopped cancelling batch run {}, it may still be running",
+                            started.id
+                        );
+                        let why = format!("{why}; interrupted again ({signal}) while cancelling it");
+                        let tests = Err(anyhow::anyhow!("not read: interrupted"));
+                        return conclude(&last, &args, Some(&why), Some(tests));
+                    }
+                };
+                match cancelled {
                     // It ended before the cancel (unseen: the last reads
                     // failed): its verdict stands.
                     Ok(run)
@@ -191,7 +236,7 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
                         ) =>
                     {
                         eprintln!("{why}, but batch run {} had already ended: {}", started.id, run.status);
-                        return finish(&api, &run, &args, None).await;
+                        return finish(&api, &run, &args, None, Some(by), &mut interrupts).await;
                     }
                     Ok(run) => {
                         eprintln!("{why}; cancelled batch run {}", started.id);
@@ -202,11 +247,32 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
                     }
                 }
             }
-            (last, Some(why))
+            (last, Some(why), Some(by))
         }
     };
-    finish(&api, &ended, &args, gave_up.as_deref()).await
+    finish(&api, &ended, &args, gave_up, by, &mut interrupts).await
 }
+
+/// An interrupted start whose attempt may have reached the server: a batch
+/// run may have been started, and paid for.
+#[derive(Debug)]
+struct StartUnknown {
+    signal: &'static str,
+    key: String,
+}
+
+impl std::fmt::Display for StartUnknown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "interrupted ({}) while starting; a batch run may have been started: look in the project's batch runs \
+             (Idempotency-Key {})",
+            self.signal, self.key
+        )
+    }
+}
+
+impl std::error::Error for StartUnknown {}
 
 /// How long a start may keep failing (see [`start`]) before the command
 /// gives up: shorter than the wait's reads, since nothing runs yet and a
@@ -255,13 +321,20 @@ async fn start(
             attempt = &mut attempt => attempt,
             // The server may be starting it: its answer, if it comes soon,
             // names the batch run, which the wait then cancels (or keeps).
-            signal = interrupts.recv() => match tokio::time::timeout(INTERRUPTED_START_GRACE, attempt).await {
-                Ok(Ok(started)) => {
-                    interrupts.pending = Some(signal);
-                    return Ok(started.into_inner());
+            // A second signal stops waiting for it.
+            signal = interrupts.recv() => {
+                let answered = tokio::select! {
+                    answered = tokio::time::timeout(INTERRUPTED_START_GRACE, attempt) => answered,
+                    _ = interrupts.recv() => return Err(StartUnknown { signal, key: key.clone() }.into()),
+                };
+                match answered {
+                    Ok(Ok(started)) => {
+                        interrupts.pending = Some(signal);
+                        return Ok(started.into_inner());
+                    }
+                    _ => return Err(StartUnknown { signal, key: key.clone() }.into()),
                 }
-                _ => anyhow::bail!("interrupted ({signal}) while starting; an attempt may have started it"),
-            },
+            }
         };
         let e = match attempt {
             Ok(started) => return Ok(started.into_inner()),
@@ -271,46 +344,75 @@ async fn start(
         if said.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
             said = Some(Instant::now());
             eprintln!(
-                "starting the batch run failed ({}); trying again (failing for {} s)",
+                "starting the batch run failed ({:#}); trying again (failing for {} s)",
                 api_error(e),
                 first.elapsed().as_secs()
             );
         }
         tokio::select! {
             () = tokio::time::sleep(POLL * 4) => {}
-            signal = interrupts.recv() => {
-                anyhow::bail!("interrupted ({signal}) while starting; an attempt may have started it")
-            }
+            signal = interrupts.recv() => return Err(StartUnknown { signal, key: key.clone() }.into()),
         }
     }
 }
 
 /// The verdict of a batch run as last seen (`gave_up` says why the wait
-/// ended before it did), its summary or JSON, and the JUnit report.
+/// ended before it did), its summary or JSON, and the JUnit report. The
+/// tests are read by `by`, if given; a signal meanwhile stops reading them.
 async fn finish(
     api: &sparring_client::Client,
     ended: &types::BatchRun,
     args: &RunArgs,
+    mut gave_up: Option<String>,
+    by: Option<Instant>,
+    interrupts: &mut Interrupts,
+) -> anyhow::Result<Verdict> {
+    // The summary and the report need the tests; JSON alone does not.
+    let tests = match (args.json, &args.junit) {
+        (true, None) => None,
+        _ => Some(tokio::select! {
+            tests = tests_of(api, ended) => tests,
+            () = past(by) => Err(anyhow::anyhow!("its tests were not read within {} s", GIVE_UP_WITHIN.as_secs())),
+            signal = interrupts.recv() => {
+                eprintln!("interrupted ({signal}) while reading the tests of batch run {}", ended.id);
+                gave_up = Some(match gave_up {
+                    Some(why) => format!("{why}; interrupted again ({signal})"),
+                    None => format!("interrupted ({signal})"),
+                });
+                Err(anyhow::anyhow!("not read: interrupted"))
+            }
+        }),
+    };
+    conclude(ended, args, gave_up.as_deref(), tests)
+}
+
+/// [`finish`] with the tests read (`None` if not needed): the summary or
+/// JSON first, so that a report that cannot be written leaves the verdict
+/// said (and the exit code).
+fn conclude(
+    ended: &types::BatchRun,
+    args: &RunArgs,
     gave_up: Option<&str>,
+    tests: Option<anyhow::Result<Vec<types::BatchRunTest>>>,
 ) -> anyhow::Result<Verdict> {
     let verdict = match (gave_up, &ended.status, ended.passed) {
         (None, types::BatchRunStatus::Completed, Some(true)) => Verdict::Passed,
         (None, types::BatchRunStatus::Completed, Some(false)) => Verdict::Failed,
         _ => Verdict::None,
     };
-    // The summary and the report need the tests; JSON alone does not.
-    let tests = match (args.json, &args.junit) {
-        (true, None) => None,
-        _ => Some(tests_of(api, ended).await),
-    };
-    if let Some(path) = &args.junit {
-        let tests = tests.as_ref().expect("read for the report");
-        report::write(path, report::junit(ended, tests.as_ref().map_err(|e| format!("{e:#}")), gave_up))?;
-    }
+    let report = args.junit.as_ref().map(|_| match &tests {
+        Some(tests) => report::junit(ended, tests.as_ref().map_err(|e| format!("{e:#}")), gave_up),
+        None => report::junit(ended, Err("not read".to_string()), gave_up),
+    });
     if args.json {
         println!("{}", serde_json::to_string_pretty(ended)?);
     } else if gave_up.is_none() {
-        summary(ended, tests.expect("read for the summary"));
+        summary(ended, tests.unwrap_or_else(|| Err(anyhow::anyhow!("not read"))));
+    }
+    if let (Some(path), Some(report)) = (&args.junit, report) {
+        if let Err(e) = report::write(path, report) {
+            eprintln!("error: {e:#} (only the report: the verdict above stands)");
+        }
     }
     Ok(verdict)
 }
@@ -391,7 +493,7 @@ async fn wait(
                 if failed_polls == 1 || said.elapsed() >= LOG_EVERY {
                     *said = now;
                     progress.note(&format!(
-                        "reading the batch run failed ({}); trying again (failing for {} s)",
+                        "reading the batch run failed ({:#}); trying again (failing for {} s)",
                         api_error(e),
                         since.elapsed().as_secs()
                     ));

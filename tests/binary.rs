@@ -31,6 +31,12 @@ fn keys_in(text: &str) -> Vec<String> {
     keys
 }
 
+/// A data dir as a server leaves it, with no user yet: the admin commands
+/// work on an existing one only.
+fn data_dir_at(path: &std::path::Path) {
+    drop(sparring_impl::open_store(path).unwrap());
+}
+
 /// The server on a fresh data dir, and the key its first start printed.
 fn first_start(data_dir: &std::path::Path) -> (common::process::Server, String) {
     let server = serve(data_dir);
@@ -115,6 +121,7 @@ async fn a_stopped_server_leaves_its_data_in_the_database_file() {
 #[tokio::test]
 async fn admin_create_key_prints_the_key_alone() {
     let dir = tempfile::tempdir().unwrap();
+    data_dir_at(dir.path());
     let data_dir = dir.path().to_str().unwrap();
     let args = ["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "deploy"];
     let mut keys = Vec::new();
@@ -154,19 +161,6 @@ async fn a_new_data_dir_is_readable_by_its_owner_only() {
     use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().unwrap();
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    let by_admin = dir.path().join("ops/data");
-    let (status, _, stderr) = run(&[
-        "admin",
-        "create-key",
-        "--data-dir",
-        by_admin.to_str().unwrap(),
-        "--user",
-        "ops@example.com",
-        "--label",
-        "deploy",
-    ]);
-    assert!(status.success(), "{stderr}");
-    assert_eq!(mode(&by_admin), 0o700);
     let by_server = dir.path().join("served");
     let mut server = serve(&by_server);
     assert_eq!(mode(&by_server), 0o700);
@@ -177,6 +171,70 @@ async fn a_new_data_dir_is_readable_by_its_owner_only() {
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o750)).unwrap();
     let mut server = serve(&shared);
     assert_eq!(mode(&shared), 0o750, "an existing data dir keeps its mode");
+    // Its database is the owner's alone all the same (SQLite gives the
+    // `-wal` and `-shm` files the database's mode).
+    for file in ["sparring.db", "sparring.db-wal", "sparring.db-shm"] {
+        assert_eq!(mode(&shared.join(file)), 0o600, "{file}");
+    }
+    assert!(server.proc.terminate().success());
+}
+
+/// The admin commands work on a server's data dir: one that is not there
+/// (a typo, another working directory than the server's) is refused, not
+/// made, so that no key is printed that works nowhere.
+#[test]
+fn the_admin_commands_need_an_existing_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("sparring-data");
+    let at = missing.to_str().unwrap();
+    let with_empty_dir = dir.path().join("empty");
+    std::fs::create_dir(&with_empty_dir).unwrap();
+    for data_dir in [at, with_empty_dir.to_str().unwrap()] {
+        for args in [
+            vec!["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "deploy"],
+            vec!["admin", "grant-credits", "--data-dir", data_dir, "--user", "ops@example.com", "--amount", "5"],
+            vec!["admin", "rotate-secret-key", "--data-dir", data_dir],
+        ] {
+            let (status, stdout, stderr) = run(&args);
+            assert_eq!(status.code(), Some(1), "{args:?}: {stdout}");
+            assert!(!stdout.contains("spk_"), "{args:?}: {stdout}");
+            let says = format!(
+                "no database at {}: is {data_dir} a data dir?",
+                std::path::Path::new(data_dir).join("sparring.db").display()
+            );
+            assert!(stderr.contains(&says), "{args:?}: {stderr}");
+        }
+    }
+    assert!(!missing.exists(), "an admin command made a data dir");
+    assert_eq!(std::fs::read_dir(&with_empty_dir).unwrap().count(), 0, "an admin command wrote in a directory");
+}
+
+/// `--user` is the address people type: trimmed, and found case aside,
+/// so that a pasted ` Bob@Example.com ` is Bob, not a second user; and an
+/// address without a name or a domain is refused.
+#[tokio::test]
+async fn admin_create_key_finds_the_user_by_the_address_as_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, _) = first_start(dir.path());
+    let data_dir = dir.path().to_str().unwrap();
+    let create = |user: &str| run(&["admin", "create-key", "--data-dir", data_dir, "--user", user, "--label", "ci"]);
+    let (status, bob, stderr) = create("bob@example.com");
+    assert!(status.success(), "{stderr}");
+    let (status, pasted, stderr) = create(" Bob@Example.com \t");
+    assert!(status.success(), "{stderr}");
+    let keys_of = |key: String| {
+        let url = server.url("/v1/api-keys");
+        async move { http().get(url).header("x-api-key", key.trim()).send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let (bob_keys, pasted_keys) = (keys_of(bob).await, keys_of(pasted).await);
+    let ids = |keys: &Value| keys["keys"].as_array().unwrap().iter().map(|k| k["id"].clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&bob_keys).len(), 2, "one user with both keys: {bob_keys}");
+    assert_eq!(ids(&bob_keys), ids(&pasted_keys));
+    for user in ["@", "bob@", "@example.com", "bob smith@example.com", "bob"] {
+        let (status, stdout, stderr) = create(user);
+        assert!(!status.success() && !stdout.contains("spk_"), "{user:?} accepted: {stdout}");
+        assert!(stderr.contains("--user"), "{user:?}: {stderr}");
+    }
     assert!(server.proc.terminate().success());
 }
 
@@ -186,6 +244,7 @@ async fn a_new_data_dir_is_readable_by_its_owner_only() {
 #[tokio::test]
 async fn admin_create_key_beside_a_running_server_goes_through_it() {
     let dir = tempfile::tempdir().unwrap();
+    data_dir_at(dir.path());
     let data_dir = dir.path().to_str().unwrap();
     let args = ["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "first"];
     let (status, stdout, stderr) = run(&args);
@@ -236,6 +295,7 @@ async fn admin_create_key_beside_a_running_server_goes_through_it() {
 #[tokio::test]
 async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
     let dir = tempfile::tempdir().unwrap();
+    data_dir_at(dir.path());
     let data_dir = dir.path().to_str().unwrap();
     let (status, stdout, _) =
         run(&["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "deploy"]);
@@ -288,6 +348,7 @@ async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
 #[test]
 fn admin_grant_credits_does_not_migrate_under_an_older_running_server() {
     let dir = tempfile::tempdir().unwrap();
+    data_dir_at(dir.path());
     let data_dir = dir.path().to_str().unwrap();
     let (status, _, stderr) =
         run(&["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "deploy"]);
@@ -600,4 +661,67 @@ async fn a_backup_made_beside_a_running_server_starts_a_server_that_reads_its_se
         assert!(status.success(), "{stderr}");
         assert_eq!(std::fs::metadata(&open).unwrap().permissions().mode() & 0o777, 0o700);
     }
+}
+
+/// `sparring demo`'s data dir is its owner's alone, as every data dir.
+#[cfg(unix)]
+#[test]
+fn the_demo_data_dir_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut demo = common::process::Proc::spawn(&["demo", "--keep-running"]);
+    demo.expect("the data dir", |o| o.stdout.contains("(data in "));
+    let stdout = demo.stdout();
+    let at = stdout.find("(data in ").unwrap() + "(data in ".len();
+    let dir = std::path::PathBuf::from(&stdout[at..at + stdout[at..].find(')').unwrap()]);
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{}", dir.display());
+    let mode = std::fs::metadata(dir.join("sparring.db")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    demo.terminate();
+}
+
+/// A bad `serve` value is refused and named, not changed into another.
+#[test]
+fn out_of_range_serve_values_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    for (flag, value) in [
+        ("--workers", "0"),
+        ("--max-calls-per-user", "0"),
+        ("--lease-seconds", "0"),
+        ("--starting-credits", "-5"),
+        ("--starting-credits=-5", ""),
+    ] {
+        let mut args = vec!["serve", "--bind", "127.0.0.1:0", "--data-dir", data_dir, flag];
+        if !value.is_empty() {
+            args.push(value);
+        }
+        let (status, _, stderr) = run(&args);
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        let name = flag.split('=').next().unwrap();
+        assert!(stderr.contains(&format!("invalid value '")) && stderr.contains(name), "{args:?}: {stderr}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "a server started");
+}
+
+/// Errors that say what is wrong: a data dir that is a file, a port in use
+/// for the agent (with the cause), an empty result id.
+#[test]
+fn misdirected_commands_say_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("afile");
+    std::fs::write(&file, "").unwrap();
+    let (status, _, stderr) = run(&["serve", "--bind", "127.0.0.1:0", "--data-dir", file.to_str().unwrap()]);
+    assert!(!status.success());
+    assert!(stderr.contains(&format!("data dir {} is not a directory", file.display())), "{stderr}");
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bind = taken.local_addr().unwrap().to_string();
+    let (status, _, stderr) = run(&["agent", "--bind", &bind]);
+    assert!(!status.success());
+    assert!(stderr.contains(&format!("failed to bind to {bind}: ")), "the cause is said: {stderr}");
+
+    let (status, _, stderr) = run(&["result", "", "--api-key", "spk_x", "--url", "http://127.0.0.1:9"]);
+    assert!(!status.success());
+    assert!(stderr.contains("give the id of a test result"), "{stderr}");
 }

@@ -176,9 +176,15 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
     let suite = suite(&s, &key, &project, &good, &good).await;
     let outsider = s.key_for_user("outsider@example.com").await;
 
-    let cases: [(&str, Vec<&str>, &str); 5] = [
+    // A key stored from a file, with its line break: trimmed.
+    let key_from_a_file = format!("{key}\n");
+    let cases: [(&str, Vec<&str>, &str); 8] = [
         ("spk_not_a_key", vec!["--test", &suite.good_test], "401 "),
         (&outsider, vec!["--test", &suite.good_test], "404 not_found"),
+        (&key_from_a_file, vec!["--test", &suite.good_test], "402 insufficient_credits"),
+        ("spk_\u{1}x", vec!["--test", &suite.good_test], "character a header cannot carry"),
+        // A timeout too far to count is none (not a panic).
+        (&outsider, vec!["--test", &suite.good_test, "--timeout", "18446744073709551615"], "404 not_found"),
         // Two conversations of at most a minute, one credit left.
         (&key, vec!["--test", &suite.good_test], "402 insufficient_credits"),
         (&key, vec!["--batch", "bat_0", "--test", &suite.good_test], "--batch"),
@@ -200,11 +206,46 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
     assert!(xml.contains(r#"tests="1" failures="0" errors="1""#), "{xml}");
     assert!(xml.contains("no batch run started: starting the batch run: 402 insufficient_credits"), "{xml}");
 
-    // No key: said how to give one.
-    let mut p =
-        Proc::spawn_with_env(&["run", "--url", &s.base, "--test", &suite.good_test], &[("SPARRING_API_KEY", "")]);
+    // No key (a pull request from a fork gets empty secrets): said how to
+    // give one, in the report too.
+    let j = junit.to_str().unwrap();
+    let mut p = Proc::spawn_with_env(
+        &["run", "--url", &s.base, "--test", &suite.good_test, "--junit", j],
+        &[("SPARRING_API_KEY", "")],
+    );
     assert_eq!(p.wait_exit().code(), Some(2));
     assert!(p.stderr().contains("no API key: set SPARRING_API_KEY"), "{}", p.stderr());
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("no batch run started: no API key: set SPARRING_API_KEY"), "{xml}");
+    // Arguments that do not say what to run: the report says so too.
+    let (code, _, stderr) = run(&s, &key, &["--test", &suite.good_test, "--test", &suite.bad_test, "--junit", j]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("no batch run started: --test more than once needs --channel"), "{xml}");
+
+    // A report that cannot be written: found out before anything starts.
+    let nowhere = dir.path().join("no/such/dir/report.xml");
+    let (code, _, stderr) = run(&s, &outsider, &["--test", &suite.good_test, "--junit", nowhere.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("the report could not be written; nothing was started"), "{stderr}");
+    assert!(!stderr.contains("404"), "it was not started: {stderr}");
+
+    // A URL without its scheme: said at once, not tried for a minute.
+    for url in ["not a url", "localhost:8080", "sparring.example.com"] {
+        let at = std::time::Instant::now();
+        let (code, _, stderr) = run_at(url, &key, &["--test", &suite.good_test]);
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(stderr.contains("--url/SPARRING_URL must look like https://host[:port]"), "{url}: {stderr}");
+        assert!(at.elapsed() < std::time::Duration::from_secs(10), "{url}: {:?}", at.elapsed());
+    }
+    // Something else answers at the URL: said so.
+    let other = Front::start(&s.base, |_, _| {
+        Some(Answer::With(404, "application/json", r#"{"request_id": "x", "message": "Not Found"}"#))
+    })
+    .await;
+    let (code, _, stderr) = run_at(&other.base, &key, &["--test", &suite.good_test]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("is --url a Sparring server?"), "{stderr}");
 
     // The server is not there: tried again until the timeout, then said.
     let at = std::time::Instant::now();
@@ -216,6 +257,9 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
     assert!(at.elapsed() < std::time::Duration::from_secs(20), "{:?}: {}", at.elapsed(), p.stderr());
     let said = p.stderr();
     assert!(said.contains("trying again"), "{said}");
+    // With the cause, not only "could not reach the server".
+    let retry = said.lines().find(|l| l.contains("trying again")).unwrap();
+    assert!(retry.contains("Connection refused"), "{retry}");
     assert!(said.contains("error: starting the batch run: could not reach the server"), "{said}");
 }
 
@@ -817,4 +861,126 @@ async fn a_batch_run_cancelled_by_someone_else_is_no_verdict_in_the_report_even_
     let xml = std::fs::read_to_string(&junit).unwrap();
     assert!(xml.contains(r#"tests="1" failures="0" errors="1""#), "{xml}");
     assert!(xml.contains(r#"<error message="no verdict: the batch run is cancelled""#), "{xml}");
+}
+
+/// `kill -SIGNAL` the process.
+fn signal(p: &Proc, name: &str) {
+    let status = std::process::Command::new("kill").arg(format!("-{name}")).arg(p.child.id().to_string()).status();
+    assert!(status.unwrap().success(), "kill -{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_up_says_so_and_ends_within_seconds_when_the_server_stops_answering() {
+    use std::time::{Duration, Instant};
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let test = slow_suite(&s, &key, &slow).await;
+    // The batch run starts; then nothing is answered, the cancel and the
+    // reads for the report neither.
+    let front = Front::start(&s.base, |method, path| (!is_start(method, path)).then_some(Answer::Hang)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let spawn = || {
+        let args = ["run", "--url", &front.base, "--test", &test, "--junit", junit.to_str().unwrap()];
+        let p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", &key)]);
+        p.expect("the batch run to start", |o| o.stderr.contains("started batch run brn_"));
+        p
+    };
+
+    // The CI job is cancelled: it says at once what it does, and the
+    // report is written before a runner's SIGKILL (seconds later).
+    let mut p = spawn();
+    let id = started_id(&p.stderr());
+    let at = Instant::now();
+    signal(&p, "INT");
+    let cancelling = format!("interrupted (SIGINT); cancelling batch run {id}…");
+    p.expect("the cancel said", |o| o.stderr.contains(&cancelling));
+    assert!(at.elapsed() < Duration::from_secs(2), "said after {:?}", at.elapsed());
+    let code = p.wait_exit().code();
+    assert!(at.elapsed() < Duration::from_secs(9), "{:?} after SIGINT: {}", at.elapsed(), p.stderr());
+    assert_eq!(code, Some(2), "{}", p.stderr());
+    assert!(
+        p.stderr().contains(&format!("could not cancel batch run {id}, it may still be running")),
+        "{}",
+        p.stderr()
+    );
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains(r#"<error message="no verdict: interrupted (SIGINT); the batch run is "#), "{xml}");
+
+    // Told twice: the report from what is known, and out at once.
+    let mut p = spawn();
+    let id = started_id(&p.stderr());
+    signal(&p, "INT");
+    p.expect("the cancel said", |o| o.stderr.contains(&format!("cancelling batch run {id}…")));
+    let at = Instant::now();
+    signal(&p, "TERM");
+    let code = p.wait_exit().code();
+    assert!(at.elapsed() < Duration::from_secs(2), "{:?} after the second signal: {}", at.elapsed(), p.stderr());
+    assert_eq!(code, Some(2), "{}", p.stderr());
+    assert!(p.stderr().contains("interrupted again (SIGTERM)"), "{}", p.stderr());
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("interrupted again (SIGTERM) while cancelling it"), "{xml}");
+    assert!(xml.contains(&format!(r#"<testsuite name="sparring batch run {id}""#)), "{xml}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_start_says_where_to_look_for_what_it_may_have_started() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &good).await;
+    // The start reaches the gateway and is never answered.
+    let reached = Arc::new(AtomicBool::new(false));
+    let seen = reached.clone();
+    let front = Front::start(&s.base, move |method, path| {
+        is_start(method, path).then(|| seen.store(true, Ordering::SeqCst)).map(|()| Answer::Hang)
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let args = ["run", "--url", &front.base, "--test", &suite.good_test, "--junit", junit.to_str().unwrap()];
+    let mut p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", &key)]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !reached.load(Ordering::SeqCst) {
+        assert!(std::time::Instant::now() < deadline, "no start: {}", p.stderr());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Twice: the second does not wait for the start's answer.
+    signal(&p, "INT");
+    signal(&p, "INT");
+    assert_eq!(p.wait_exit().code(), Some(2), "{}", p.stderr());
+    let said = "a batch run may have been started: look in the project's batch runs (Idempotency-Key sparring-run-";
+    assert!(p.stderr().contains(said), "{}", p.stderr());
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(
+        xml.contains("batch runs (Idempotency-Key sparring-run-") && xml.contains(r#"type="start_unknown""#),
+        "{xml}"
+    );
+    assert!(!xml.contains("no batch run started"), "{xml}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_that_cannot_be_written_at_the_end_leaves_the_verdict() {
+    let good = Agent::start(&["--latency-ms", "500"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &good).await;
+    let dir = tempfile::tempdir().unwrap();
+    let reports = dir.path().join("reports");
+    std::fs::create_dir(&reports).unwrap();
+    let junit = reports.join("report.xml");
+    let args = ["run", "--url", &s.base, "--test", &suite.good_test, "--junit", junit.to_str().unwrap()];
+    let mut p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", &key)]);
+    p.expect("the batch run to start", |o| o.stderr.contains("started batch run brn_"));
+    // Its directory is gone by the end (a workspace cleaned).
+    std::fs::remove_dir_all(&reports).unwrap();
+    let code = p.wait_exit().code();
+    assert_eq!(code, Some(0), "the verdict stands: {}\n{}", p.stdout(), p.stderr());
+    assert!(p.stdout().contains(": PASSED;"), "{}", p.stdout());
+    assert!(p.stderr().contains("only the report"), "{}", p.stderr());
 }

@@ -119,18 +119,17 @@ async fn read_request(read: impl tokio::io::AsyncRead + Unpin) -> anyhow::Result
 }
 
 async fn create_key_here(store: &crate::store::Store, email: String, label: &str) -> anyhow::Result<String> {
-    let label = checked(&email, label)?;
+    let (email, label) = checked(&email, label)?;
     let raw = crate::users::create_key_for_email(store, email, label).await.context("creating the key")?;
     Ok(raw.expose())
 }
 
-/// The label of a key to make, if it and the email are acceptable.
-fn checked(email: &str, label: &str) -> anyhow::Result<ApiKeyLabel> {
+/// The email (as `users::email` keeps it) and the label of a key to make,
+/// if both are acceptable.
+fn checked(email: &str, label: &str) -> anyhow::Result<(String, ApiKeyLabel)> {
     let label = ApiKeyLabel::parse(label)?;
-    if !email.contains('@') {
-        anyhow::bail!("--user must be an email address");
-    }
-    Ok(label)
+    let email = crate::users::email(email).map_err(|e| anyhow::anyhow!("--user: {e}"))?;
+    Ok((email, label))
 }
 
 /// `sparring admin create-key`: a key for the user with this email (made
@@ -138,7 +137,8 @@ fn checked(email: &str, label: &str) -> anyhow::Result<ApiKeyLabel> {
 /// Returns the raw key, to show once.
 pub async fn create_key(data_dir: &Path, email: String, label: String) -> anyhow::Result<String> {
     // Refuse bad input before looking for a server (which checks it too).
-    checked(&email, &label)?;
+    let (email, _) = checked(&email, &label)?;
+    crate::require_data_dir(data_dir)?;
     match crate::try_lock_data_dir(data_dir)? {
         Some(_lock) => {
             let store = crate::open_store(data_dir)?;

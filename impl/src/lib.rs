@@ -122,6 +122,9 @@ pub struct AppState {
 /// transcripts, emails and the secret key. An existing one keeps the mode
 /// its operator gave it.
 pub fn create_data_dir(data_dir: &std::path::Path) -> anyhow::Result<()> {
+    if data_dir.exists() && !data_dir.is_dir() {
+        anyhow::bail!("data dir {} is not a directory", data_dir.display());
+    }
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
@@ -136,7 +139,36 @@ pub fn create_data_dir(data_dir: &std::path::Path) -> anyhow::Result<()> {
 pub fn open_store(data_dir: &std::path::Path) -> anyhow::Result<Store> {
     create_data_dir(data_dir)?;
     let path = data_dir.join(DATABASE_FILE);
+    // A new database is readable by its owner only, whatever the data
+    // dir's mode (a volume made 0755): SQLite gives its `-wal` and `-shm`
+    // files the database file's mode.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(e).with_context(|| format!("creating database {}", path.display()))
+            }
+            _ => {}
+        }
+    }
     Store::open(&path).with_context(|| format!("opening database {}", path.display()))
+}
+
+/// Refuses a data dir with no database: an admin command works on the data
+/// dir of a server, and one that made a new database (a typo, another
+/// working directory than the server's) would hand out keys that work
+/// nowhere. Only `serve` creates a data dir.
+pub fn require_data_dir(data_dir: &std::path::Path) -> anyhow::Result<()> {
+    let path = data_dir.join(DATABASE_FILE);
+    if !path.is_file() {
+        anyhow::bail!(
+            "no database at {}: is {dir} a data dir? (start `sparring serve --data-dir {dir}` first)",
+            path.display(),
+            dir = data_dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// The store for an admin command that writes to the database itself, beside
@@ -145,6 +177,7 @@ pub fn open_store(data_dir: &std::path::Path) -> anyhow::Result<Store> {
 /// the database must already be at this build's schema: migrating it would
 /// change tables under a server of an older build that still uses them.
 pub fn open_store_for_admin(data_dir: &std::path::Path) -> anyhow::Result<(Store, Option<DataDirLock>)> {
+    require_data_dir(data_dir)?;
     let lock = try_lock_data_dir(data_dir)?;
     if lock.is_none() {
         let path = data_dir.join(DATABASE_FILE);
@@ -197,6 +230,7 @@ pub fn try_lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<Option<Da
 /// secret re-sealed with it in one transaction (see `secrets::rotate`). The
 /// server must be stopped.
 pub async fn rotate_secret_key(data_dir: &std::path::Path, key_file: Option<PathBuf>) -> anyhow::Result<usize> {
+    require_data_dir(data_dir)?;
     let _lock = lock_data_dir(data_dir)?;
     let store = open_store(data_dir)?;
     let key_path = key_file.unwrap_or_else(|| data_dir.join(secrets::KEY_FILE));

@@ -12,6 +12,30 @@ use crate::store::{Store, StoreError};
 
 pub const ADMIN_EMAIL: &str = "admin@localhost";
 
+/// The longest email address kept, as the members endpoint's `email` takes.
+pub const MAX_EMAIL: usize = 320;
+
+/// An email address as a user is made with it: trimmed, as adding a member
+/// trims the address it looks up (both compare addresses case aside), with
+/// a local part and a domain and no whitespace or control character, so
+/// that the user can be found by the address people type. `Err` says why not.
+pub fn email(raw: &str) -> Result<String, String> {
+    let email = raw.trim();
+    let Some((local, domain)) = email.rsplit_once('@') else {
+        return Err(format!("`{}` is not an email address (no `@`)", email.escape_debug()));
+    };
+    if local.is_empty() || domain.is_empty() {
+        return Err(format!("`{}` is not an email address (NAME@DOMAIN)", email.escape_debug()));
+    }
+    if email.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("`{}` has whitespace or a control character inside", email.escape_debug()));
+    }
+    if email.chars().count() > MAX_EMAIL {
+        return Err(format!("an email address has at most {MAX_EMAIL} characters"));
+    }
+    Ok(email.to_string())
+}
+
 /// The user with this email (case aside, as sign-in and adding a member
 /// compare addresses), created if there is none.
 pub fn ensure_by_email(tx: &rusqlite::Transaction<'_>, email: &str) -> Result<String, StoreError> {
@@ -126,4 +150,17 @@ pub async fn create_key_for_email(
             Ok(raw)
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_email_is_trimmed_and_needs_a_name_and_a_domain() {
+        assert_eq!(super::email("  Bob@Example.com \n").as_deref(), Ok("Bob@Example.com"));
+        assert_eq!(super::email("admin@localhost").as_deref(), Ok("admin@localhost"));
+        for bad in ["@", "bob@", "@example.com", "bob", "bob smith@example.com", "bob@exa\u{7}mple.com", ""] {
+            assert!(super::email(bad).is_err(), "{bad:?}");
+        }
+        assert!(super::email(&format!("{}@example.com", "a".repeat(320))).is_err());
+    }
 }

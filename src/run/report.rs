@@ -85,9 +85,29 @@ fn render(suite: TestSuite) -> anyhow::Result<String> {
 /// The report of a batch run that could not be started: one case, an
 /// error saying why.
 pub fn not_started(why: &str) -> anyhow::Result<String> {
+    one_error("start the batch run", &format!("no batch run started: {why}"), "not_started")
+}
+
+/// The report of a start interrupted while an attempt may have reached the
+/// server (`why` says where to look for the batch run).
+pub fn start_unknown(why: &str) -> anyhow::Result<String> {
+    one_error("start the batch run", why, "start_unknown")
+}
+
+/// The report written before anything starts, which stands if the command
+/// is killed before it writes its own (a CI runner's SIGKILL).
+pub fn unfinished() -> anyhow::Result<String> {
+    one_error(
+        "sparring run",
+        "no verdict: `sparring run` was stopped before it wrote its report (killed?)",
+        "unfinished",
+    )
+}
+
+fn one_error(name: &str, message: &str, kind: &str) -> anyhow::Result<String> {
     let mut status = TestCaseStatus::non_success(NonSuccessKind::Error);
-    status.set_message(format!("no batch run started: {why}")).set_type("not_started");
-    let mut case = TestCase::new("start the batch run", status);
+    status.set_message(message).set_type(kind);
+    let mut case = TestCase::new(name, status);
     case.set_classname("sparring");
     let mut suite = TestSuite::new("sparring");
     suite.add_test_case(case);
