@@ -3,7 +3,7 @@
 //!
 //! For each agent reply latency asked for (500 ms and 0 ms by default):
 //!
-//! 1. a fresh data dir with one user (`sparring admin create-key`) and
+//! 1. a fresh data dir (its database made here) with one user (`sparring admin create-key`) and
 //!    enough credits (`sparring admin grant-credits`);
 //! 2. the reference agent (`sparring agent --latency-ms L`) and `sparring
 //!    serve` with room for every conversation at once (`--workers`,
@@ -199,6 +199,8 @@ async fn measure(o: &Options, latency_ms: u64) -> anyhow::Result<Figures> {
     let data_dir = dir.join("data");
     std::fs::create_dir_all(&dir)?;
     let data = data_dir.to_str().context("a UTF-8 work dir")?;
+    // The database as `serve` makes it: the admin commands need an existing one.
+    drop(sparring_impl::open_store(&data_dir)?);
     let key =
         run_admin(&o.sparring, &["create-key", "--data-dir", data, "--user", "bench@example.com", "--label", "bench"])?;
     let credits = (o.conversations * 10).to_string();
