@@ -532,9 +532,6 @@ async fn cancel_stops_queued_runs_at_once_and_running_ones_at_their_next_turn() 
     assert_eq!(ledger_balances(&ledger), 1000 - charged);
 }
 
-/// A second cancel while the running runs are still stopping changes
-/// nothing: it answers the batch run as it is and records nothing, as a
-/// second revoke of a key does. The one cancel has one record.
 /// A websocket agent that answers each caller line only once the test
 /// opens its gate (sends `true`), and counts the calls it is given.
 async fn gated_agent() -> (tokio::sync::watch::Sender<bool>, WsAgent, Arc<AtomicUsize>) {
@@ -565,6 +562,9 @@ async fn gated_channel(s: &TestServer, key: &str, project_id: &str, agent: &WsAg
     create(s, key, "/v1/channels", ch).await
 }
 
+/// A second cancel while the running runs are still stopping changes
+/// nothing: it answers the batch run as it is and records nothing, as a
+/// second revoke of a key does. The one cancel has one record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_stopping_batch_run_again_records_nothing() {
     // Until the gate opens the calls are running, and a cancel leaves them

@@ -113,6 +113,15 @@ async fn a_project_keeps_an_owner() {
     // sign-in, and its users are made by the admin command.
     let message = e["message"].as_str().unwrap();
     assert!(message.contains("nobody@example.com") && message.contains("sparring admin create-key"), "{message}");
+    // Something that is no address at all says so, by the rule the admin
+    // command makes users by.
+    for not_an_address in ["nobody", "@example.com", "no body@example.com"] {
+        let body = json!({"email": not_an_address, "role": "viewer"});
+        let (status, e) = error_body(s.send_json(Method::POST, &members, &t.editor, Some(body)).await).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_email"), "{not_an_address}");
+        let message = e["message"].as_str().unwrap();
+        assert!(!message.contains("sparring admin create-key"), "{not_an_address}: {message}");
+    }
 }
 
 #[tokio::test]

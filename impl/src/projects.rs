@@ -447,7 +447,8 @@ pub async fn add_member(
 ) -> Result<types::ProjectMember> {
     let role = role_of(body.role);
     let who = match (body.email, body.user_id) {
-        (Some(email), None) => Who::Email(email.trim().to_string()),
+        // The rule `sparring admin create-key --user` makes users by.
+        (Some(email), None) => Who::Email(crate::users::email(&email).map_err(|e| Failure::invalid("email", e))?),
         (None, Some(user_id)) => Who::Id(user_id),
         _ => return Err(Failure::invalid("email", "give exactly one of `email` and `user_id`")),
     };
