@@ -68,7 +68,6 @@ pub mod types {
     }
     ///Add an existing user to a project with a role. Exactly one of `email` and `user_id` must be given; giving neither or both is a 400.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct AddProjectMemberRequest {
         ///Email address of the user to add; give this or `user_id`, not both
         #[serde(skip_serializing_if = "::std::option::Option::is_none")]
@@ -709,7 +708,6 @@ pub mod types {
     }
     ///How a calibration's results were drawn: the `size` results of a batch run or a test with the smallest blake3 hash of (`seed`, result id). The same seed over the same results always draws the same sample.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct CalibrationSample {
         ///Draw from the results of this batch run (`brn_…`); give this or `test_id`
         #[serde(skip_serializing_if = "::std::option::Option::is_none")]
@@ -873,7 +871,6 @@ pub mod types {
     }
     ///Create an API key for the current user.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct CreateApiKeyRequest {
         ///Human name for the key, 1 to 100 characters; not blank, no control characters
         pub label: CreateApiKeyRequestLabel,
@@ -934,7 +931,6 @@ pub mod types {
     }
     ///Create a batch (a suite of tests) in a project. Absent optional fields take their defaults.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct CreateBatchRequest {
         ///Maximum number of calls at once, 1 to 1000; default the project's `default_concurrency`
         #[serde(skip_serializing_if = "::std::option::Option::is_none")]
@@ -1051,7 +1047,6 @@ pub mod types {
     }
     ///A new calibration review. Give the results either as `test_result_ids` or as a `sample` to draw, not both.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct CreateCalibrationRequest {
         ///Project id, `prj_…`
         pub project_id: ::std::string::String,
@@ -1070,7 +1065,6 @@ pub mod types {
     }
     ///Create a channel in a project. Absent optional fields take their defaults.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct CreateChannelRequest {
         ///Headers sent to the agent with every request, by name; the values are write-only and never returned; default none; at most 50, each name a valid HTTP header name of at most 100 characters (not `host`, `content-length`, `connection`, `transfer-encoding`, `x-sparring-call-id` or another hop-by-hop header), each value at most 4096 bytes of visible ASCII, spaces and tabs (no line breaks)
         #[serde(default, skip_serializing_if = ":: std :: collections :: HashMap::is_empty")]
@@ -1197,7 +1191,6 @@ pub mod types {
     }
     ///Create an integration in a project.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct CreateIntegrationRequest {
         ///Non-secret provider configuration, e.g. `base_url`, `model`, `account_sid`; default empty. At most 16384 bytes as JSON and 16 levels deep (the object itself is level 1); more is a 400 naming the field.
         #[serde(default, skip_serializing_if = "::serde_json::Map::is_empty")]
@@ -1270,7 +1263,6 @@ pub mod types {
     }
     ///Create a persona in a project. Absent optional fields take their defaults.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct CreatePersonaRequest {
         ///Accent, e.g. `Scottish`
         #[serde(skip_serializing_if = "::std::option::Option::is_none")]
@@ -1646,7 +1638,6 @@ pub mod types {
     }
     ///Create a project; the caller becomes its owner. Absent optional fields take their defaults.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct CreateProjectRequest {
         ///Free-text description, at most 2000 characters; default empty
         #[serde(skip_serializing_if = "::std::option::Option::is_none")]
@@ -1856,7 +1847,6 @@ pub mod types {
     }
     ///The caller's review of a test result; replaces their earlier review of it.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct CreateReviewRequest {
         ///The human label per evaluator of the result, by evaluator name; each name at most once
         #[serde(default, skip_serializing_if = "::std::vec::Vec::is_empty")]
@@ -1921,7 +1911,6 @@ pub mod types {
     }
     ///Create a scenario in a project, at version 1. Absent optional fields take their defaults.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct CreateScenarioRequest {
         ///Default persona id, `per_…`
         #[serde(skip_serializing_if = "::std::option::Option::is_none")]
@@ -2202,7 +2191,6 @@ pub mod types {
     }
     ///Create a test in a project.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct CreateTestRequest {
         ///Channel id, `chn_…`
         pub channel_id: ::std::string::String,
@@ -2566,7 +2554,7 @@ pub mod types {
     }
     ///A check applied to a conversation, tagged by `type`. A result passes when every critical evaluator passes. Unknown `type`s and missing fields are rejected with the field named.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(tag = "type", deny_unknown_fields)]
+    #[serde(tag = "type")]
     pub enum Evaluator {
         ///Evaluator `contains`: Passes when the agent said the given text.
         #[serde(rename = "contains")]
@@ -3271,7 +3259,6 @@ pub mod types {
     }
     ///The synthetic voice the caller speaks with (used by voice channels).
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct PersonaVoice {
         ///Text-to-speech provider, 1 to 100 characters; null for the server default
         #[serde(deserialize_with = "::std::option::Option::deserialize")]
@@ -3331,7 +3318,6 @@ pub mod types {
     }
     ///A phone number registered with a telephony integration.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct PhoneNumber {
         pub direction: PhoneDirection,
         ///Human label; empty when not set
@@ -3573,7 +3559,6 @@ pub mod types {
     }
     ///Project-wide defaults.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct ProjectSettings {
         ///Default maximum number of calls at once for the project's batches, 1 to 1000
         pub default_concurrency: ::std::num::NonZeroU32,
@@ -3628,7 +3613,6 @@ pub mod types {
     }
     ///Replace the editable part of a batch. Absent optional fields are reset to their defaults.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct ReplaceBatchRequest {
         ///Maximum number of calls at once, 1 to 1000; default the project's `default_concurrency`
         #[serde(skip_serializing_if = "::std::option::Option::is_none")]
@@ -3743,7 +3727,6 @@ pub mod types {
     }
     ///Replace the editable part of a project. Absent optional fields are reset to their defaults, except `webhook_secret`, which is kept when absent.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct ReplaceProjectRequest {
         ///Free-text description, at most 2000 characters; default empty
         #[serde(skip_serializing_if = "::std::option::Option::is_none")]
@@ -3953,7 +3936,6 @@ pub mod types {
     }
     ///Replace the editable part of a scenario; its version is incremented. Absent optional fields are reset to their defaults.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct ReplaceScenarioRequest {
         ///Default persona id, `per_…`
         #[serde(skip_serializing_if = "::std::option::Option::is_none")]
@@ -4261,7 +4243,6 @@ pub mod types {
     }
     ///A reviewer's label for one evaluator.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct ReviewLabel {
         ///Evaluator name
         pub name: ::std::string::String,
@@ -4367,12 +4348,23 @@ pub mod types {
         }
     }
     ///Empty object; the body may be omitted.
-    #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug, Default)]
-    #[serde(deny_unknown_fields)]
-    pub struct RotateApiKeyRequest {}
-    impl RotateApiKeyRequest {
-        pub fn builder() -> builder::RotateApiKeyRequest {
-            Default::default()
+    #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
+    #[serde(transparent)]
+    pub struct RotateApiKeyRequest(pub ::serde_json::Map<::std::string::String, ::serde_json::Value>);
+    impl ::std::ops::Deref for RotateApiKeyRequest {
+        type Target = ::serde_json::Map<::std::string::String, ::serde_json::Value>;
+        fn deref(&self) -> &::serde_json::Map<::std::string::String, ::serde_json::Value> {
+            &self.0
+        }
+    }
+    impl ::std::convert::From<RotateApiKeyRequest> for ::serde_json::Map<::std::string::String, ::serde_json::Value> {
+        fn from(value: RotateApiKeyRequest) -> Self {
+            value.0
+        }
+    }
+    impl ::std::convert::From<::serde_json::Map<::std::string::String, ::serde_json::Value>> for RotateApiKeyRequest {
+        fn from(value: ::serde_json::Map<::std::string::String, ::serde_json::Value>) -> Self {
+            Self(value)
         }
     }
     ///One conversation inside a batch run.
@@ -4473,7 +4465,6 @@ pub mod types {
     }
     ///Start a run of a batch.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug, Default)]
-    #[serde(deny_unknown_fields)]
     pub struct RunBatchRequest {
         ///Free-form data kept with the batch run, e.g. git commit and CI job; default empty. At most 16 KiB of JSON and 16 levels deep (400 `invalid_metadata`)
         #[serde(default, skip_serializing_if = "::serde_json::Map::is_empty")]
@@ -4535,7 +4526,6 @@ pub mod types {
     }
     ///Start a run of a channel's tests.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug, Default)]
-    #[serde(deny_unknown_fields)]
     pub struct RunChannelRequest {
         ///Free-form data kept with the batch run, e.g. git commit and CI job; default empty. At most 16 KiB of JSON and 16 levels deep (400 `invalid_metadata`)
         #[serde(default, skip_serializing_if = "::serde_json::Map::is_empty")]
@@ -4668,7 +4658,6 @@ pub mod types {
     }
     ///Start a run of a single test.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug, Default)]
-    #[serde(deny_unknown_fields)]
     pub struct RunTestRequest {
         ///Free-form data kept with the batch run, e.g. git commit and CI job; default empty. At most 16 KiB of JSON and 16 levels deep (400 `invalid_metadata`)
         #[serde(default, skip_serializing_if = "::serde_json::Map::is_empty")]
@@ -4779,7 +4768,6 @@ pub mod types {
     }
     ///One scripted caller turn and the checks on the agent's reply to it.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct ScenarioStep {
         ///Checks applied to the agent's reply to this line (may be empty)
         pub expect: ::std::vec::Vec<Evaluator>,
@@ -5225,7 +5213,6 @@ pub mod types {
     }
     ///Change a channel. Absent fields are unchanged; `integration_id: null` removes the integration and `headers: null` removes all headers. The kind of a channel cannot be changed.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug, Default)]
-    #[serde(deny_unknown_fields)]
     pub struct UpdateChannelRequest {
         ///Headers sent to the agent; an object replaces all stored headers, null removes them; at most 50, each name a valid HTTP header name of at most 100 characters (not `host`, `content-length`, `connection`, `transfer-encoding`, `x-sparring-call-id` or another hop-by-hop header), each value at most 4096 bytes of visible ASCII, spaces and tabs (no line breaks)
         #[serde(skip_serializing_if = "::std::option::Option::is_none")]
@@ -5351,7 +5338,6 @@ pub mod types {
     }
     ///Change an integration. Absent fields are unchanged; `credentials: null` removes the stored credentials.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug, Default)]
-    #[serde(deny_unknown_fields)]
     pub struct UpdateIntegrationRequest {
         ///Non-secret provider configuration; replaces the stored config as a whole; moving `base_url` to another origin (scheme, host, port) while credentials are stored needs `credentials` in the same request (400 `invalid_credentials` otherwise), since stored credentials only go where they were set. At most 16384 bytes as JSON and 16 levels deep (the object itself is level 1); more is a 400 naming the field.
         #[serde(default, skip_serializing_if = "::serde_json::Map::is_empty")]
@@ -5422,7 +5408,6 @@ pub mod types {
     }
     ///Change a persona. Absent fields are unchanged; `accent: null` and `gender: null` clear those fields.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug, Default)]
-    #[serde(deny_unknown_fields)]
     pub struct UpdatePersonaRequest {
         ///Accent, e.g. `Scottish`; null clears it
         #[serde(skip_serializing_if = "::std::option::Option::is_none")]
@@ -5797,7 +5782,6 @@ pub mod types {
     }
     ///Change a member's role.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug)]
-    #[serde(deny_unknown_fields)]
     pub struct UpdateProjectMemberRequest {
         pub role: ProjectRole,
     }
@@ -5808,7 +5792,6 @@ pub mod types {
     }
     ///Change a test. Absent fields are unchanged; a given list replaces the stored one as a whole.
     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug, Default)]
-    #[serde(deny_unknown_fields)]
     pub struct UpdateTestRequest {
         ///Channel id, `chn_…`
         #[serde(skip_serializing_if = "::std::option::Option::is_none")]
@@ -11917,25 +11900,6 @@ pub mod types {
             }
         }
         #[derive(Clone, Debug)]
-        pub struct RotateApiKeyRequest {}
-        impl ::std::default::Default for RotateApiKeyRequest {
-            fn default() -> Self {
-                Self {}
-            }
-        }
-        impl RotateApiKeyRequest {}
-        impl ::std::convert::TryFrom<RotateApiKeyRequest> for super::RotateApiKeyRequest {
-            type Error = super::error::ConversionError;
-            fn try_from(_value: RotateApiKeyRequest) -> ::std::result::Result<Self, super::error::ConversionError> {
-                Ok(Self {})
-            }
-        }
-        impl ::std::convert::From<super::RotateApiKeyRequest> for RotateApiKeyRequest {
-            fn from(_value: super::RotateApiKeyRequest) -> Self {
-                Self {}
-            }
-        }
-        #[derive(Clone, Debug)]
         pub struct Run {
             attempt: ::std::result::Result<::std::num::NonZeroU32, ::std::string::String>,
             batch_run_id: ::std::result::Result<::std::string::String, ::std::string::String>,
@@ -16408,14 +16372,14 @@ pub mod builder {
     pub struct RotateApiKey<'a> {
         client: &'a super::Client,
         id: Result<::std::string::String, String>,
-        body: Result<types::builder::RotateApiKeyRequest, String>,
+        body: Result<types::RotateApiKeyRequest, String>,
     }
     impl<'a> RotateApiKey<'a> {
         pub fn new(client: &'a super::Client) -> Self {
             Self {
                 client: client,
                 id: Err("id was not initialized".to_string()),
-                body: Ok(::std::default::Default::default()),
+                body: Err("body was not initialized".to_string()),
             }
         }
         pub fn id<V>(mut self, value: V) -> Self
@@ -16429,28 +16393,15 @@ pub mod builder {
         pub fn body<V>(mut self, value: V) -> Self
         where
             V: std::convert::TryInto<types::RotateApiKeyRequest>,
-            <V as std::convert::TryInto<types::RotateApiKeyRequest>>::Error: std::fmt::Display,
         {
-            self.body = value
-                .try_into()
-                .map(From::from)
-                .map_err(|s| format!("conversion to `RotateApiKeyRequest` for body failed: {}", s));
-            self
-        }
-        pub fn body_map<F>(mut self, f: F) -> Self
-        where
-            F: std::ops::FnOnce(types::builder::RotateApiKeyRequest) -> types::builder::RotateApiKeyRequest,
-        {
-            self.body = self.body.map(f);
+            self.body = value.try_into().map_err(|_| "conversion to `RotateApiKeyRequest` for body failed".to_string());
             self
         }
         ///Sends a `POST` request to `/api-keys/{id}/rotate`
         pub async fn send(self) -> Result<ResponseValue<types::ApiKeySecret>, Error<types::ApiKeyError>> {
             let Self { client, id, body } = self;
             let id = id.map_err(Error::InvalidRequest)?;
-            let body = body
-                .and_then(|v| types::RotateApiKeyRequest::try_from(v).map_err(|e| e.to_string()))
-                .map_err(Error::InvalidRequest)?;
+            let body = body.map_err(Error::InvalidRequest)?;
             let url = format!("{}/api-keys/{}/rotate", client.baseurl, encode_path(&id.to_string()),);
             let mut header_map = ::reqwest::header::HeaderMap::with_capacity(1usize);
             header_map.append(

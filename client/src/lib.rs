@@ -30,3 +30,22 @@ impl Client {
         Ok(Client::new_with_client(baseurl, http))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::types;
+
+    /// The server refuses unknown fields in what it is sent; the client
+    /// reads answers with fields it does not know (a newer server's), in
+    /// the objects requests share with answers too.
+    #[test]
+    fn an_answer_with_a_field_the_client_does_not_know_is_read() {
+        let settings: types::ProjectSettings =
+            serde_json::from_str(r#"{"max_call_duration_s": 60, "default_concurrency": 2, "added_later": true}"#)
+                .unwrap();
+        assert_eq!(settings.default_concurrency.get(), 2);
+        let evaluator: types::Evaluator =
+            serde_json::from_str(r#"{"type": "contains", "name": "c", "text": "ok", "added_later": 1}"#).unwrap();
+        assert!(matches!(evaluator, types::Evaluator::Contains { .. }), "{evaluator:?}");
+    }
+}

@@ -77,7 +77,7 @@ pub fn generate(root: &Path, spec_bytes: &[u8]) -> Result<Vec<(String, String)>>
         let mut settings = GenerationSettings::default();
         settings.with_interface(InterfaceStyle::Builder).with_tag(TagStyle::Merged);
         let mut generator = Generator::new(&settings);
-        let tokens = generator.generate_tokens(&spec).context("progenitor (client)")?;
+        let tokens = generator.generate_tokens(&lenient(spec_bytes)?).context("progenitor (client)")?;
         format_rust(root, &tokens.to_string())?
     };
 
@@ -142,6 +142,29 @@ pub fn generate(root: &Path, spec_bytes: &[u8]) -> Result<Vec<(String, String)>>
         (SERVER_OUT.to_string(), format!("{}{server}", header(&hash))),
         (CLIENT_OUT.to_string(), format!("{}{client}", header(&hash))),
     ])
+}
+
+/// The spec as the client reads it: every object open to fields it does
+/// not know. The server refuses an unknown field in a request (the spec's
+/// `additionalProperties: false`), but a client built today must still read
+/// the answers of a server that has since gained fields, and the request
+/// and response objects share schemas (`Evaluator`, `ProjectSettings`, …).
+fn lenient(spec_bytes: &[u8]) -> Result<OpenAPI> {
+    fn open(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if map.get("additionalProperties") == Some(&serde_json::Value::Bool(false)) {
+                    map.remove("additionalProperties");
+                }
+                map.values_mut().for_each(open);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(open),
+            _ => {}
+        }
+    }
+    let mut value: serde_json::Value = serde_json::from_slice(spec_bytes).with_context(|| format!("parsing {SPEC}"))?;
+    open(&mut value);
+    serde_json::from_value(value).with_context(|| format!("parsing {SPEC} with its objects opened"))
 }
 
 /// prettyplease first (it lays out any token stream), then rustfmt with the
