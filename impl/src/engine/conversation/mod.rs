@@ -255,7 +255,7 @@ async fn drive(http: &Outbound, plan: &CallPlan, cancel: &CancellationToken, rec
         Err(TurnFailure::Agent(reason)) => return Ending::agent_error(reason),
         Err(TurnFailure::Deadline(_)) => return Ending::now(EndedReason::MaxDuration),
     };
-    let mut call = Call { channel, rec, turn: 0, deadline, step: None };
+    let mut call = Call { channel, rec, turn: 0, deadline, step: None, max_turns: plan.max_turns };
     let ending = call.talk(&mut caller, opening, plan, cancel).await;
     call.channel.close(call.turn, &ending).await;
     ending
@@ -286,6 +286,8 @@ struct Call<'a, 'r> {
     deadline: Instant,
     /// The scripted step the last agent turn answered.
     step: Option<usize>,
+    /// The scenario's `max_turns`.
+    max_turns: u32,
 }
 
 impl Call<'_, '_> {
@@ -301,6 +303,12 @@ impl Call<'_, '_> {
             return ending;
         }
         loop {
+            // What the agent sent after its turn ended belongs to that turn:
+            // taken before the checks, so that the room counts it and the
+            // simulated caller hears it before it answers.
+            if let Err(ending) = self.take_late().await {
+                return ending;
+            }
             if self.rec.agent_ended() {
                 return Ending::now(EndedReason::AgentEnded);
             }
@@ -337,14 +345,12 @@ impl Call<'_, '_> {
         }
     }
 
-    /// One caller event and the agent's reply, recorded (with the step it
-    /// answers, for scripted steps). What the agent sent after its previous
-    /// turn is added to that turn first, so it is neither taken for the
-    /// reply nor counted in its latency; if it ended the call, the line is
-    /// not said.
-    async fn exchange(&mut self, line: Option<&str>, step: Option<usize>) -> Result<(), Ending> {
+    /// Records what the agent sent after its last turn ended (a
+    /// continuation of that turn, neither taken for the next reply nor
+    /// counted in its latency); if it ended the call, the call ends.
+    async fn take_late(&mut self) -> Result<(), Ending> {
         match self.channel.late().await {
-            Ok(None) => {}
+            Ok(None) => Ok(()),
             Ok(Some(late)) => {
                 if let (Some(index), Some(step)) = (self.rec.late(late), self.step) {
                     self.rec.step_reply(step, index);
@@ -352,9 +358,23 @@ impl Call<'_, '_> {
                 if self.rec.agent_ended() {
                     return Err(Ending::now(EndedReason::AgentEnded));
                 }
+                Ok(())
             }
-            Err(TurnFailure::Agent(reason)) => return Err(Ending::agent_error(reason)),
-            Err(TurnFailure::Deadline(_)) => return Err(Ending::now(EndedReason::MaxDuration)),
+            Err(TurnFailure::Agent(reason)) => Err(Ending::agent_error(reason)),
+            Err(TurnFailure::Deadline(_)) => Err(Ending::now(EndedReason::MaxDuration)),
+        }
+    }
+
+    /// One caller event and the agent's reply, recorded (with the step it
+    /// answers, for scripted steps). What the agent sent after its previous
+    /// turn while the line was being made is added to that turn first; if
+    /// it ended the call, or left no room for the line and its reply, the
+    /// line is not said.
+    async fn exchange(&mut self, line: Option<&str>, step: Option<usize>) -> Result<(), Ending> {
+        let before = self.rec.transcript().len();
+        self.take_late().await?;
+        if line.is_some() && self.rec.transcript().len() > before && !self.rec.has_room(self.max_turns, 2) {
+            return Err(Ending::now(EndedReason::MaxTurns));
         }
         self.step = step;
         if let Some(line) = line {

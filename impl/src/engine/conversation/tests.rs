@@ -863,6 +863,35 @@ async fn websocket_frames_after_turn_end_stay_in_their_turn() {
 }
 
 #[tokio::test]
+async fn websocket_late_words_count_toward_max_turns() {
+    // The opening's reply says nothing before its `turn_end` and its words
+    // come after it; every later reply is on time. The late words are a
+    // turn, so the next line and its reply do not fit in 3.
+    let (url, _, _) = serve_ws(|mut peer| async move {
+        let message = |content: &str| json!({"type": "message", "role": "assistant", "content": content});
+        let mut lines = 0;
+        while let Some(received) = peer.recv().await {
+            if received["type"] != "message" {
+                continue;
+            }
+            lines += 1;
+            if lines == 1 {
+                send_together(&mut peer, &[json!({"type": "turn_end"}), message("Late hello.")]).await;
+            } else {
+                send_together(&mut peer, &[message("Reply."), json!({"type": "turn_end"})]).await;
+            }
+        }
+    })
+    .await;
+    let mut plan = plan(ChannelKind::Websocket, url, scripted(Some("Hi"), &["Tuesday please", "Thanks"]));
+    plan.max_turns = 3;
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::MaxTurns, "{:?}", outcome.error);
+    assert_eq!(lines(&outcome), vec![("caller", s("Hi")), ("agent", s("Late hello."))]);
+    assert_consistent(&outcome);
+}
+
+#[tokio::test]
 async fn websocket_end_call_after_turn_end_ends_the_call() {
     let (url, received, _) = serve_ws(|mut peer| async move {
         let mut answered = false;
@@ -1142,6 +1171,37 @@ async fn simulated_caller_plays_toward_its_goal() {
     assert_eq!(messages[1]["content"], json!({"say": "Hello", "done": false}).to_string());
     assert_eq!(messages[2]["content"], "Hi! How can I help?");
     assert_eq!(messages[6]["content"], "Sorry?");
+}
+
+#[tokio::test]
+async fn simulated_caller_hears_late_words_before_it_answers() {
+    // The agent's words to the opening come after its `turn_end`: the
+    // simulated caller's next line is written knowing them.
+    let (agent, _, _) = serve_ws(|mut peer| async move {
+        let message = |content: &str| json!({"type": "message", "role": "assistant", "content": content});
+        let mut lines = 0;
+        while let Some(received) = peer.recv().await {
+            if received["type"] == "message" {
+                lines += 1;
+                let late = [json!({"type": "turn_end"}), message("Late hello.")];
+                let on_time = [message("Reply."), json!({"type": "turn_end"})];
+                send_together(&mut peer, if lines == 1 { &late } else { &on_time }).await;
+            }
+        }
+    })
+    .await;
+    let (llm, asked) = serve_llm(vec![(200, "{\"say\": \"Tuesday please\", \"done\": false}")]).await;
+    let mut plan = simulated_plan(agent, Some(&llm), Some("Hello"));
+    plan.agent.kind = ChannelKind::Websocket;
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{:?}", outcome.error);
+    assert_eq!(
+        lines(&outcome)[..3],
+        [("caller", s("Hello")), ("agent", s("Late hello.")), ("caller", s("Tuesday please"))]
+    );
+    let asked = asked.lock().unwrap();
+    let first = asked[0].body["messages"].as_array().unwrap();
+    assert_eq!(first.last().unwrap()["content"], "Late hello.", "{first:#?}");
 }
 
 #[tokio::test]
