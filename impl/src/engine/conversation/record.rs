@@ -82,7 +82,7 @@ impl Recorder {
     /// turn: there is nothing to show or to time.
     pub(super) fn agent(&mut self, reply: Reply) -> Option<usize> {
         self.agent_ended |= reply.end_call;
-        let text = reply.texts.iter().map(|t| t.trim()).filter(|t| !t.is_empty()).collect::<Vec<_>>().join(" ");
+        let text = joined(reply.texts.iter().map(String::as_str));
         if text.is_empty() && reply.tool_calls.is_empty() {
             return None;
         }
@@ -101,12 +101,7 @@ impl Recorder {
                 i64::try_from(first.saturating_duration_since(reply.sent_at).as_millis()).unwrap_or(i64::MAX),
             ),
         });
-        let turn = i32::try_from(index).unwrap_or(i32::MAX);
-        self.tool_calls.extend(reply.tool_calls.into_iter().map(|(name, arguments)| types::ToolCall {
-            name,
-            arguments,
-            turn,
-        }));
+        self.tool_calls_of(index, reply.tool_calls);
         Some(index)
     }
 
@@ -127,17 +122,16 @@ impl Recorder {
             self.first_words_ms = Some(self.ms(at));
         }
         let turn = &mut self.transcript[index];
-        let words = late.texts.iter().map(|t| t.trim()).filter(|t| !t.is_empty());
-        turn.text =
-            std::iter::once(turn.text.as_str()).chain(words).filter(|t| !t.is_empty()).collect::<Vec<_>>().join(" ");
+        turn.text = joined(std::iter::once(turn.text.as_str()).chain(late.texts.iter().map(String::as_str)));
         turn.end_ms = turn.end_ms.max(end_ms.unwrap_or(turn.end_ms));
-        let turn = i32::try_from(index).unwrap_or(i32::MAX);
-        self.tool_calls.extend(late.tool_calls.into_iter().map(|(name, arguments)| types::ToolCall {
-            name,
-            arguments,
-            turn,
-        }));
+        self.tool_calls_of(index, late.tool_calls);
         None
+    }
+
+    /// Records `calls` as made in transcript turn `index`.
+    fn tool_calls_of(&mut self, index: usize, calls: Vec<(String, serde_json::Map<String, serde_json::Value>)>) {
+        let turn = i32::try_from(index).unwrap_or(i32::MAX);
+        self.tool_calls.extend(calls.into_iter().map(|(name, arguments)| types::ToolCall { name, arguments, turn }));
     }
 
     /// The caller said scripted step `step`'s line.
@@ -198,4 +192,10 @@ pub(super) fn nearest_rank(sorted: &[i64], p: usize) -> Option<i64> {
     }
     let rank = (p * sorted.len()).div_ceil(100).max(1);
     sorted.get(rank - 1).copied()
+}
+
+/// Pieces of what the agent said, trimmed, joined with a single space,
+/// the empty ones left out.
+fn joined<'a>(texts: impl Iterator<Item = &'a str>) -> String {
+    texts.map(str::trim).filter(|t| !t.is_empty()).collect::<Vec<_>>().join(" ")
 }
