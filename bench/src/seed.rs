@@ -163,8 +163,10 @@ pub async fn via_api(base: &str, id_token: &str, subject: &str, scale: &Scale) -
         let channel_id = api
             .create(
                 "/v1/channels",
+                // Never called (the results are written by SQL); named by a
+                // host, as the server refuses a private address it is given.
                 json!({"project_id": id, "name": "staging agent", "kind": "http",
-                       "target": "http://127.0.0.1:9/agent"}),
+                       "target": "https://agent.example.com/turn"}),
             )
             .await?;
         projects.push(ProjectParts { id, channel_id, scenario_id, persona_id, test_ids: Vec::new() });
