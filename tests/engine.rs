@@ -1171,6 +1171,10 @@ async fn retries_follow_the_project_s_webhook_url() {
     let body = json!({"name": "removed", "webhook_url": null});
     s.expect(Method::PUT, &format!("/v1/projects/{r}"), &removed.owner, Some(body), 200).await;
     let (sent_moved, sent_removed) = (old_moved.received().len(), old_removed.received().len());
+    // Ended by the write that removed the URL, not left due until its next
+    // attempt (seconds away).
+    let d = delivery_when(&s, &removed, "removed", |_| true).await;
+    assert_eq!((&d["status"], &d["attempts"]), (&json!("failed"), &json!(2)), "{d:#}");
 
     let settled = |d: &Value| d["status"] != "pending";
     let d = delivery_when(&s, &moved, "moved: still pending", settled).await;
@@ -1182,7 +1186,7 @@ async fn retries_follow_the_project_s_webhook_url() {
     let body: Value = serde_json::from_str(&received[0].body).unwrap();
     assert_eq!(body["batch_run"]["id"], json!(moved_run));
 
-    let d = delivery_when(&s, &removed, "removed: still pending", settled).await;
+    let d = delivery_when(&s, &removed, "removed", |_| true).await;
     assert_eq!(d["status"], "failed", "{d:#}");
     assert_eq!(d["attempts"], 2, "no attempt once the URL was removed: {d:#}");
     assert_eq!(d["last_error"], json!(sparring_impl::engine::webhooks::REMOVED));

@@ -317,6 +317,9 @@ pub async fn replace(
                 let value = secret.as_ref().and(sealed.as_ref());
                 tx.execute("UPDATE projects SET webhook_secret = ?2 WHERE id = ?1", params![path.id, value])?;
             }
+            if before.webhook_url.is_some() && input.webhook_url.is_none() {
+                crate::engine::webhooks::abandon_pending_of(tx, &path.id)?;
+            }
             activity::record(
                 tx,
                 &Actor::Caller(caller.clone()),

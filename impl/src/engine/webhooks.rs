@@ -13,8 +13,10 @@
 //!
 //! Each attempt goes to the project's webhook as it is at that moment: to
 //! its current URL (recorded as the delivery's `url`) and signed with its
-//! current secret. Once the URL is removed, the delivery's next attempt is
-//! not made: it ends `failed`, its `last_error` saying why ([`REMOVED`]).
+//! current secret. Once the URL is removed, no attempt is made: the write
+//! that removes it ends the project's pending deliveries `failed`, their
+//! `last_error` saying why ([`REMOVED`]) (as would an attempt that found it
+//! gone).
 //! Every attempt updates the delivery's record, which owners and editors
 //! read through `GET /projects/{id}/webhook-deliveries`.
 
@@ -256,19 +258,25 @@ pub const REMOVED: &str = "not sent: the project's webhook URL was removed";
 /// Ends a pending delivery as `failed` without an attempt, saying `why`;
 /// what its earlier attempts recorded stays.
 async fn abandon(state: &AppState, id: String, why: &'static str) -> Result<()> {
-    state
-        .store
-        .write(move |tx| {
-            let now_text = ids::format_time(&ids::now());
-            tx.prepare_cached(
-                "UPDATE webhook_deliveries SET status = 'failed', last_error = ?2, next_attempt_at = NULL,
-                                               next_attempt_ms = NULL, updated_at = ?3
-                 WHERE id = ?1 AND status = 'pending'",
-            )?
-            .execute(params![id, why, now_text])?;
-            Ok::<_, Failure>(())
-        })
-        .await
+    state.store.write(move |tx| Ok::<_, Failure>(end_pending(tx, "id", &id, why).map(drop)?)).await
+}
+
+/// Ends the project's pending deliveries as [`abandon`] does, in the write
+/// that removes its webhook URL, so that none of them reads `pending` (and
+/// due to be tried) after the owner removed where it was to go.
+pub fn abandon_pending_of(tx: &rusqlite::Connection, project_id: &str) -> rusqlite::Result<usize> {
+    end_pending(tx, "project_id", project_id, REMOVED)
+}
+
+/// The pending deliveries whose `column` is `value`, ended `failed`.
+fn end_pending(tx: &rusqlite::Connection, column: &str, value: &str, why: &str) -> rusqlite::Result<usize> {
+    let now_text = ids::format_time(&ids::now());
+    tx.prepare_cached(&format!(
+        "UPDATE webhook_deliveries SET status = 'failed', last_error = ?2, next_attempt_at = NULL,
+                                       next_attempt_ms = NULL, updated_at = ?3
+         WHERE {column} = ?1 AND status = 'pending'"
+    ))?
+    .execute(params![value, why, now_text])
 }
 
 /// Records one attempt at `due`, made to `url`: delivered, or retried
