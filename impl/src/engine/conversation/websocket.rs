@@ -164,19 +164,8 @@ impl WsAgent {
             // budget cannot cut the reading short.
             let Some(next) = tokio::task::unconstrained(self.ws.next()).now_or_never() else { break };
             let Some(text) = frame_text(turn, &when, next)? else { continue };
-            size = size.saturating_add(text.len());
-            if size > MAX_REPLY_BYTES {
-                return Err(TurnFailure::Agent(too_large(turn)));
-            }
-            let at = Instant::now();
-            late.arrived(at);
-            match parse_frame(&when, &text).map_err(TurnFailure::Agent)? {
-                Frame::Message(content) => late.said(content, at),
-                Frame::ToolCall(name, arguments) => late.tool_calls.push((name, arguments)),
-                Frame::EndCall => late.end_call = true,
-                // A second `turn_end` ends nothing more.
-                Frame::TurnEnd => {}
-            }
+            // A second `turn_end` ends nothing more.
+            absorb(&mut late, &mut size, turn, &when, &text)?;
         }
         if let Some(ended) = &mut self.ended {
             ended.size = size;
@@ -211,20 +200,12 @@ impl WsAgent {
                 }
             };
             let Some(text) = frame_text(turn, &when, next)? else { continue };
-            size = size.saturating_add(text.len());
-            if size > MAX_REPLY_BYTES {
-                return Err(TurnFailure::Agent(too_large(turn)));
+            let turn_end = absorb(&mut reply, &mut size, turn, &when, &text)?;
+            if reply.end_call {
+                return Ok(reply);
             }
-            let at = Instant::now();
-            reply.arrived(at);
-            match parse_frame(&when, &text).map_err(TurnFailure::Agent)? {
-                Frame::Message(content) => reply.said(content, at),
-                Frame::ToolCall(name, arguments) => reply.tool_calls.push((name, arguments)),
-                Frame::EndCall => {
-                    reply.end_call = true;
-                    return Ok(reply);
-                }
-                Frame::TurnEnd => return Ok(self.ended(turn, reply, size)),
+            if turn_end {
+                return Ok(self.ended(turn, reply, size));
             }
         }
     }
@@ -365,4 +346,23 @@ fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
                 .map_err(|e| format!("TLS for wss:// targets could not be set up: {e}"))
         })
         .clone()
+}
+
+/// Adds one frame of turn `turn` (its `text`) to `reply`: its words, tool
+/// call or `end_call`, counting its size against the reply's limit.
+/// Returns whether it was a `turn_end`.
+fn absorb(reply: &mut Reply, size: &mut usize, turn: u32, when: &str, text: &str) -> Result<bool, TurnFailure> {
+    *size = size.saturating_add(text.len());
+    if *size > MAX_REPLY_BYTES {
+        return Err(TurnFailure::Agent(too_large(turn)));
+    }
+    let at = Instant::now();
+    reply.arrived(at);
+    match parse_frame(when, text).map_err(TurnFailure::Agent)? {
+        Frame::Message(content) => reply.said(content, at),
+        Frame::ToolCall(name, arguments) => reply.tool_calls.push((name, arguments)),
+        Frame::EndCall => reply.end_call = true,
+        Frame::TurnEnd => return Ok(true),
+    }
+    Ok(false)
 }
