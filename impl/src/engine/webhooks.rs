@@ -21,7 +21,7 @@
 //! read through `GET /projects/{id}/webhook-deliveries`.
 
 use crate::engine::outbound::Outbound;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -101,39 +101,28 @@ struct Due {
 #[derive(Default)]
 struct InFlight {
     tasks: tokio::task::JoinSet<()>,
-    /// Delivery and project of each task.
+    /// Delivery and project of each task (at most [`MAX_IN_FLIGHT`]).
     of_task: HashMap<tokio::task::Id, (String, String)>,
-    deliveries: HashSet<String>,
-    per_project: HashMap<String, usize>,
 }
 
 impl InFlight {
-    fn started(&mut self, task: tokio::task::Id, delivery: String, project: String) {
-        self.deliveries.insert(delivery.clone());
-        *self.per_project.entry(project.clone()).or_default() += 1;
-        self.of_task.insert(task, (delivery, project));
+    fn len(&self) -> usize {
+        self.of_task.len()
     }
 
-    fn finished(&mut self, task: tokio::task::Id) {
-        let Some((delivery, project)) = self.of_task.remove(&task) else { return };
-        self.deliveries.remove(&delivery);
-        if let Some(n) = self.per_project.get_mut(&project) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_project.remove(&project);
-            }
-        }
+    fn holds(&self, delivery: &str) -> bool {
+        self.of_task.values().any(|(d, _)| d == delivery)
     }
 
     fn project_full(&self, project: &str) -> bool {
-        self.per_project.get(project).is_some_and(|n| *n >= PER_PROJECT)
+        self.of_task.values().filter(|(_, p)| p == project).count() >= PER_PROJECT
     }
 }
 
 /// Starts an attempt at each due delivery that is not under way, within
 /// [`MAX_IN_FLIGHT`] and [`PER_PROJECT`]; returns how many it started.
 async fn start_due(state: &Arc<AppState>, http: &Outbound, in_flight: &mut InFlight) -> Result<usize> {
-    if in_flight.deliveries.len() >= MAX_IN_FLIGHT {
+    if in_flight.len() >= MAX_IN_FLIGHT {
         return Ok(0);
     }
     let now_ms = super::queue::now_ms();
@@ -162,10 +151,10 @@ async fn start_due(state: &Arc<AppState>, http: &Outbound, in_flight: &mut InFli
         .await?;
     let mut started = 0;
     for due in due {
-        if in_flight.deliveries.len() >= MAX_IN_FLIGHT {
+        if in_flight.len() >= MAX_IN_FLIGHT {
             break;
         }
-        if in_flight.deliveries.contains(&due.id) || in_flight.project_full(&due.project_id) {
+        if in_flight.holds(&due.id) || in_flight.project_full(&due.project_id) {
             continue;
         }
         let (delivery, project) = (due.id.clone(), due.project_id.clone());
@@ -177,7 +166,7 @@ async fn start_due(state: &Arc<AppState>, http: &Outbound, in_flight: &mut InFli
                 slog::warn!(state.log, "a webhook attempt could not be recorded; will retry"; "delivery" => id, "error" => %e);
             }
         });
-        in_flight.started(task.id(), delivery, project);
+        in_flight.of_task.insert(task.id(), (delivery, project));
         started += 1;
     }
     Ok(started)
@@ -343,7 +332,7 @@ pub async fn run(state: Arc<AppState>, http: Outbound, every: Duration) {
                     Ok((task, ())) => *task,
                     Err(e) => e.id(),
                 };
-                in_flight.finished(task);
+                in_flight.of_task.remove(&task);
             }
         }
     }
