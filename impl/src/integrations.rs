@@ -97,8 +97,6 @@ fn check_config(provider: types::IntegrationProvider, config: &Map<String, Value
     Ok(())
 }
 
-/// What any provider's `config` must be: small and shallow
-/// ([`validate::free_form`]), with no key that looks like a secret.
 /// An LLM endpoint this server will call (see `engine::outbound`), given
 /// with a new integration.
 fn check_base_url(state: &AppState, config: &Map<String, Value>) -> Result<()> {
@@ -110,6 +108,8 @@ fn check_base_url(state: &AppState, config: &Map<String, Value>) -> Result<()> {
     }
 }
 
+/// What any provider's `config` must be: small and shallow
+/// ([`validate::free_form`]), with no key that looks like a secret.
 fn check_config_shape(config: &Map<String, Value>) -> Result<()> {
     validate::free_form("config", config)?;
     for key in config.keys() {
