@@ -6,8 +6,6 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::engine::{
@@ -534,13 +532,12 @@ async fn cancel_stops_queued_runs_at_once_and_running_ones_at_their_next_turn() 
 
 /// A websocket agent that answers each caller line only once the test
 /// opens its gate (sends `true`), and counts the calls it is given.
-async fn gated_agent() -> (tokio::sync::watch::Sender<bool>, WsAgent, Arc<AtomicUsize>) {
+async fn gated_agent() -> (tokio::sync::watch::Sender<bool>, WsAgent, tokio::sync::watch::Receiver<usize>) {
     let (gate, opened) = tokio::sync::watch::channel(false);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let seen = calls.clone();
+    let (seen, calls) = tokio::sync::watch::channel(0);
     let agent = WsAgent::start(move |mut peer| {
         let mut opened = opened.clone();
-        seen.fetch_add(1, Ordering::SeqCst);
+        seen.send_modify(|n| *n += 1);
         async move {
             while let Some(frame) = ws_recv(&mut peer).await {
                 if frame["type"] == "message" {
@@ -623,18 +620,18 @@ async fn a_run_claimed_as_its_batch_run_is_cancelled_holds_no_call() {
     let batch = create(&s, &t.editor, "/v1/batches", batch).await;
     let run = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, None, 200).await;
     let id = run["id"].as_str().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while calls.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the first run never called");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // (The value is read inside: a `Ref` kept would block the agent's
+    // next count.)
+    let first = async { calls.clone().wait_for(|n| *n > 0).await.is_ok() };
+    let first = tokio::time::timeout(Duration::from_secs(30), first).await;
+    assert_eq!(first, Ok(true), "the first run never called");
     // The first run holds its call at the gate, the second waits its turn.
     let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
     db.busy_timeout(Duration::from_secs(10)).unwrap();
     db.execute("UPDATE batch_runs SET cancel_requested = 1 WHERE id = ?1", [id]).unwrap();
     gate.send(true).unwrap();
     let done = wait_for_end(&s, &t.viewer, id).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the second run made no call");
+    assert_eq!(*calls.borrow(), 1, "the second run made no call");
     assert_eq!(done["counts"]["cancelled"], 1, "{done:#}");
     let runs = all_pages(&s, &t.viewer, &format!("/v1/batch-runs/{id}/runs?status=cancelled"), "runs").await;
     assert_eq!(runs.len(), 1, "{runs:#?}");
