@@ -293,47 +293,38 @@ async fn an_unknown_field_is_refused_at_any_depth() {
     let key = &s.admin_key;
     let p = &s.create_project(key, "spelling").await;
     let (channel, scenario) = channel_and_scenario(&s, key, p).await;
-    let tool = |arguments: &str| {
-        json!({"project_id": p, "name": format!("books {arguments}"), "channel_id": channel, "scenario_id": scenario,
-               "evaluators": [{"type": "tool_called", "name": "books friday", "tool": "book", arguments: {"day": "Friday"}}]})
+    // Each body with `field: value` where the misspelling (or its right
+    // spelling) goes.
+    let tool = |field: &str, value: Value| {
+        json!({"project_id": p, "name": format!("books {field}"), "channel_id": channel, "scenario_id": scenario,
+               "evaluators": [{"type": "tool_called", "name": "books friday", "tool": "book", field: value}]})
     };
-    let settings =
-        |extra: &str| json!({"name": format!("settings {extra}"), "settings": {"max_call_duration_s": 60, extra: 1}});
-    let voice = |extra: &str| json!({"project_id": p, "name": format!("voice {extra}"), "voice": {"provider": "x", "voice_id": "y", extra: 1}});
-    let step = |extra: &str| {
-        json!({"project_id": p, "name": format!("step {extra}"), "mode": "scripted",
-               "steps": [{"say": "hi", "expect": [], extra: 1}]})
+    let settings = |field: &str, value: Value| json!({"name": format!("settings {field}"), "settings": {"max_call_duration_s": 60, field: value}});
+    let voice = |field: &str, value: Value| json!({"project_id": p, "name": format!("voice {field}"), "voice": {"provider": "x", "voice_id": "y", field: value}});
+    let step = |field: &str, value: Value| {
+        json!({"project_id": p, "name": format!("step {field}"), "mode": "scripted",
+               "steps": [{"say": "hi", "expect": [], field: value}]})
     };
-    let number = |extra: &str| {
-        json!({"project_id": p, "provider": "twilio", "name": format!("numbers {extra}"), "config": {"account_sid": "AC1"},
-               "phone_numbers": [{"number": "+14155550100", "direction": "both", extra: 1}]})
+    let number = |field: &str, value: Value| {
+        json!({"project_id": p, "provider": "twilio", "name": format!("numbers {field}"), "config": {"account_sid": "AC1"},
+               "phone_numbers": [{"number": "+14155550100", "direction": "both", field: value}]})
     };
-    type Body<'a> = &'a dyn Fn(&str) -> Value;
-    let cases: [(&str, Body, &str, &str); 5] = [
-        ("/v1/tests", &tool, "args", "arguments"),
-        ("/v1/projects", &settings, "bogus", "default_concurrency"),
-        ("/v1/personas", &voice, "bogus", "speed"),
-        ("/v1/scenarios", &step, "bogus", "say"),
-        ("/v1/integrations", &number, "bogus", "label"),
+    type Body<'a> = &'a dyn Fn(&str, Value) -> Value;
+    let friday = json!({"day": "Friday"});
+    let cases: [(&str, Body, &str, (&str, Value)); 5] = [
+        ("/v1/tests", &tool, "args", ("arguments", friday.clone())),
+        ("/v1/projects", &settings, "bogus", ("default_concurrency", json!(2))),
+        ("/v1/personas", &voice, "bogus", ("speed", json!(1.0))),
+        ("/v1/scenarios", &step, "bogus", ("say", json!("x"))),
+        ("/v1/integrations", &number, "bogus", ("label", json!("x"))),
     ];
-    for (path, body, wrong, right) in cases {
-        let (status, e) = error_body(s.send_json(Method::POST, path, key, Some(body(wrong))).await).await;
+    for (path, body, wrong, (right, value)) in cases {
+        let wrong_value = if wrong == "args" { friday.clone() } else { json!(1) };
+        let (status, e) = error_body(s.send_json(Method::POST, path, key, Some(body(wrong, wrong_value))).await).await;
         assert_eq!(status, 400, "{path} with `{wrong}`: {e}");
         assert!(e["message"].as_str().unwrap().contains(&format!("`{wrong}`")), "{path}: the message names it: {e}");
         // Spelled right, the same body is taken.
-        let right_value = if right == "label" || right == "say" { json!("x") } else { json!({"day": "Friday"}) };
-        let mut ok = body(right);
-        if right != "arguments" {
-            // Replace the placeholder `1` with a value of the right type.
-            let fix = |v: &mut Value| v[right] = right_value.clone();
-            match path {
-                "/v1/projects" => ok["settings"][right] = json!(2),
-                "/v1/personas" => ok["voice"][right] = json!(1.0),
-                "/v1/scenarios" => fix(&mut ok["steps"][0]),
-                _ => fix(&mut ok["phone_numbers"][0]),
-            }
-        }
-        s.expect(Method::POST, path, key, Some(ok), 200).await;
+        s.expect(Method::POST, path, key, Some(body(right, value)), 200).await;
     }
     // The bodies of reviews and calibrations, top level and nested.
     for (path, body) in [
