@@ -7,6 +7,7 @@
 mod common;
 
 use common::{error_body, TestServer};
+use futures::StreamExt as _;
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -231,6 +232,133 @@ async fn a_test_read_before_a_change_is_read_after_it_as_changed() {
     for (_, key) in t.all() {
         s.expect(Method::GET, &path, key, None, 404).await;
     }
+}
+
+/// Ids of a page of tests.
+fn ids_of(page: &Value) -> Vec<String> {
+    page["tests"].as_array().unwrap().iter().map(id).collect()
+}
+
+/// The first page of a project's tests is kept in memory: it shows every
+/// change at once, and reads as the database's page does.
+#[tokio::test]
+async fn a_first_page_of_tests_read_before_a_change_is_read_after_it_as_changed() {
+    let s = TestServer::start().await;
+    let t = s.team("first page after change").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let p = &x.project_id;
+    let first = format!("/v1/tests?project_id={p}");
+    let members = format!("/v1/projects/{p}/members");
+    let listed = s.expect(Method::GET, &members, &t.owner, None, 200).await;
+    let viewer_id = listed["members"].as_array().unwrap().iter().find(|m| m["role"] == "viewer").unwrap()["user_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let read = |key: &str| {
+        let (s, first, key) = (&s, first.clone(), key.to_string());
+        async move { s.expect(Method::GET, &first, &key, None, 200).await }
+    };
+
+    // Read while empty (twice: the second from memory), then each test
+    // made is first at once, for every member.
+    for _ in 0..2 {
+        assert_eq!(ids_of(&read(&t.viewer).await), Vec::<String>::new());
+    }
+    let mut made = Vec::new();
+    for i in 0..4 {
+        made.insert(0, id(&create(&s, "/v1/tests", &t.editor, x.test(&format!("t{i}"))).await));
+        for (role, key) in t.all() {
+            if role != "outsider" {
+                assert_eq!(ids_of(&read(key).await), made, "{role} after test {i}");
+            }
+        }
+    }
+    s.expect(Method::GET, &first, &t.outsider, None, 404).await;
+
+    // Pages from memory are the database's: every limit, and the page after.
+    for limit in [1, 3, 4, 5, 200] {
+        let path = format!("{first}&limit={limit}");
+        // A change to a test empties what is kept: the next read is the
+        // database's, the one after it from memory.
+        let patch = json!({"description": format!("limit {limit}")});
+        s.expect(Method::PATCH, &format!("/v1/tests/{}", made[3]), &t.editor, Some(patch), 200).await;
+        let from_database = s.get(&path, &t.viewer).await.text().await.unwrap();
+        let from_memory = s.get(&path, &t.viewer).await.text().await.unwrap();
+        assert_eq!(from_memory, from_database, "limit {limit}");
+        let page: Value = serde_json::from_str(&from_memory).unwrap();
+        assert_eq!(ids_of(&page), made[..limit.min(4)].to_vec(), "limit {limit}");
+        assert_eq!(page["next_cursor"].is_string(), limit < 4, "limit {limit}");
+        if limit >= 4 {
+            assert_eq!(page["tests"][3]["description"], json!(format!("limit {limit}")));
+        }
+    }
+
+    // Renamed, deleted: at once.
+    s.expect(Method::PATCH, &format!("/v1/tests/{}", made[1]), &t.editor, Some(json!({"name": "renamed"})), 200).await;
+    assert_eq!(read(&t.viewer).await["tests"][1]["name"], "renamed");
+    s.expect(Method::DELETE, &format!("/v1/tests/{}", made[0]), &t.owner, None, 200).await;
+    made.remove(0);
+    assert_eq!(ids_of(&read(&t.viewer).await), made);
+    // A member removed reads nothing at once; added back, reads again.
+    s.expect(Method::DELETE, &format!("{members}/{viewer_id}"), &t.owner, None, 200).await;
+    s.expect(Method::GET, &first, &t.viewer, None, 404).await;
+    assert_eq!(ids_of(&read(&t.owner).await), made);
+    s.expect(Method::POST, &members, &t.owner, Some(json!({"user_id": viewer_id, "role": "viewer"})), 200).await;
+    assert_eq!(ids_of(&read(&t.viewer).await), made);
+    // The project deleted: its page is gone for everyone.
+    s.expect(Method::DELETE, &format!("/v1/projects/{p}"), &t.owner, None, 200).await;
+    for (_, key) in t.all() {
+        s.expect(Method::GET, &first, key, None, 404).await;
+    }
+}
+
+/// Tests made many at once, with the first page read all the while, past
+/// the most a page holds: once every create is answered, the pages hold
+/// every test once, newest first.
+#[tokio::test]
+async fn tests_made_while_the_first_page_is_read_are_all_listed() {
+    let s = TestServer::start().await;
+    let owner = s.key_for_user("pages@example.com").await;
+    let project_id = s.create_project(&owner, "busy").await;
+    let x = parts(&s, &owner, &project_id).await;
+    let first = format!("/v1/tests?project_id={project_id}&limit=200");
+    let made = std::sync::Mutex::new(Vec::new());
+    let creates = futures::stream::iter(0..230)
+        .map(|i| {
+            let (s, x, owner, made) = (&s, &x, &owner, &made);
+            async move {
+                let test = id(&create(s, "/v1/tests", owner, x.test(&format!("t{i}"))).await);
+                made.lock().unwrap().push(test);
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<()>();
+    let reads = async {
+        let mut pages = 0;
+        while made.lock().unwrap().len() < 230 {
+            let page = s.expect(Method::GET, &first, &owner, None, 200).await;
+            let ids = ids_of(&page);
+            assert!(ids.windows(2).all(|w| w[0] > w[1]), "newest first, each once: {ids:?}");
+            pages += 1;
+        }
+        pages
+    };
+    let ((), pages) = tokio::join!(creates, reads);
+    assert!(pages > 0);
+
+    let mut made = made.into_inner().unwrap();
+    made.sort_unstable_by(|a, b| b.cmp(a));
+    let mut seen = Vec::new();
+    let mut path = first.clone();
+    loop {
+        let page = s.expect(Method::GET, &path, &owner, None, 200).await;
+        seen.extend(ids_of(&page));
+        match page["next_cursor"].as_str() {
+            Some(c) => path = format!("{first}&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, made);
 }
 
 #[tokio::test]
@@ -767,7 +895,6 @@ async fn tests_are_listed_by_filter_and_page() {
     let y = parts(&s, &t.owner, &other).await;
     create(&s, "/v1/tests", &t.owner, y.test("elsewhere")).await;
 
-    let ids_of = |v: &Value| v["tests"].as_array().unwrap().iter().map(id).collect::<Vec<_>>();
     let newest_first = |mut v: Vec<String>| {
         v.reverse();
         v

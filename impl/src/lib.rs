@@ -106,7 +106,8 @@ pub struct AppState {
     pub keys: key_cache::KeyCache,
     /// First pages of keys, while current (see `api_keys::list`).
     pub key_pages: api_keys::KeyPages,
-    /// Tests and members' roles, for `GET /v1/tests/{id}` (see
+    /// Tests, projects' newest tests and members' roles, for `GET
+    /// /v1/tests/{id}` and the first page of a project's tests (see
     /// `test_cache`); made with [`test_cache::TestCache::watching`] on
     /// `store`.
     pub test_cache: test_cache::TestCache,

@@ -210,6 +210,21 @@ impl Store {
         E: From<StoreError> + Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E> + Send + 'static,
     {
+        self.write_then(f, |_| ()).await
+    }
+
+    /// [`Store::write`], then `committed` with what `f` returned, once the
+    /// write is durable and before it is answered (on the writer thread:
+    /// keep it to a few map operations). Only for a write that `f` kept and
+    /// whose transaction committed. For a cache that a write adds to rather
+    /// than empties (see `test_cache`).
+    pub async fn write_then<T, E, F, G>(&self, f: F, committed: G) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E> + Send + 'static,
+        G: FnOnce(&T) + Send + 'static,
+    {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |t| {
             let result = match t {
@@ -223,6 +238,9 @@ impl Store {
                         Err(e) if result.is_ok() => Err(E::from(StoreError::Task(e.to_string()))),
                         _ => result,
                     };
+                    if let Ok(value) = &answer {
+                        committed(value);
+                    }
                     // The caller may have gone away; the write stands.
                     let _ = tx.send(answer);
                 }),
@@ -515,6 +533,15 @@ impl<T: Default + Send + Sync + 'static> Watched<T> {
         if kept.1 == generation {
             f(&mut kept.0);
         }
+    }
+
+    /// Changes the value in step with a write that just committed, and
+    /// refuses what reads begun before it would keep (they may predate the
+    /// write).
+    pub fn change(&self, f: impl FnOnce(&mut T)) {
+        let mut kept = self.kept.write().unwrap_or_else(|p| p.into_inner());
+        f(&mut kept.0);
+        kept.1 += 1;
     }
 
     /// Sets the value back to its default.

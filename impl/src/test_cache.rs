@@ -16,11 +16,22 @@
 //! A read that raced with a change cannot put the old state back: it notes
 //! the cache's generation before reading the database and keeps its answer
 //! only if nothing was emptied since (`store::Watched`).
+//!
+//! Also kept: the newest tests of a project, for the first page of `GET
+//! /v1/tests?project_id=…` (what a dashboard of a project polls), enough
+//! for the largest page and the test after it. Here a new test does change
+//! what is kept, and the kept tests are added to rather than emptied:
+//! `tests::create` adds its test once its write is durable and before it
+//! is answered ([`TestCache::created`], through `Store::write_then`),
+//! which also refuses what any read begun before then would keep. That is
+//! the only way the server creates tests; another would have to add its
+//! tests here too. Updates and deletions empty everything, as above.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::access::Role;
+use crate::pagination::MAX_LIMIT;
 use crate::store::{Action, Store, Watched};
 
 /// More bytes of tests than this and the tests start over (a bound on
@@ -31,6 +42,14 @@ const MAX_BYTES: usize = 32 * 1024 * 1024;
 /// More memberships than this and they start over.
 const MAX_ROLES: usize = 100_000;
 
+/// The newest tests kept per project: the largest page and the test after
+/// it (which says whether there is a next page).
+pub const NEWEST: usize = MAX_LIMIT as usize + 1;
+
+/// More bytes of projects' newest tests than this and they start over
+/// (~180 KB per project of `cargo xtask bench api`).
+const MAX_NEWEST_BYTES: usize = 16 * 1024 * 1024;
+
 /// The changes that make what is kept stale. A project's deletion deletes
 /// its tests and members by cascade, which the store sees as such.
 const WATCHED: &[(&str, &[Action])] = &[
@@ -38,6 +57,7 @@ const WATCHED: &[(&str, &[Action])] = &[
     ("project_members", &[Action::SQLITE_INSERT, Action::SQLITE_UPDATE, Action::SQLITE_DELETE]),
 ];
 
+#[derive(Clone)]
 pub struct TestCache {
     kept: Arc<Watched<Kept>>,
 }
@@ -52,6 +72,26 @@ struct Kept {
     roles: HashMap<String, HashMap<String, Role>>,
     /// Entries in `roles`.
     role_count: usize,
+    /// Project id → its newest tests.
+    newest: HashMap<String, Newest>,
+    /// Bytes of ids and JSON in `newest`.
+    newest_bytes: usize,
+}
+
+/// A test as a page lists it: its id and served JSON.
+pub type Listed = (String, Arc<str>);
+
+/// A project's newest tests.
+struct Newest {
+    /// (test id, served JSON), newest first (by id, as the listing orders),
+    /// at most [`NEWEST`].
+    tests: Vec<Listed>,
+    /// Whether `tests` are all the project's tests.
+    all: bool,
+}
+
+fn size_of(test_id: &str, served: &str) -> usize {
+    test_id.len() + served.len()
 }
 
 /// A test as a caller may read it.
@@ -75,9 +115,71 @@ impl TestCache {
         })
     }
 
-    /// To take before reading the database, and give to [`TestCache::keep`].
+    /// A project's `n` newest tests (all of them, if it has fewer), newest
+    /// first, and the caller's role there, if both are kept.
+    pub fn newest(&self, project_id: &str, user_id: &str, n: usize) -> Option<(Role, Vec<Listed>)> {
+        self.kept.read(|kept| {
+            let newest = kept.newest.get(project_id)?;
+            if newest.tests.len() < n && !newest.all {
+                return None;
+            }
+            let role = *kept.roles.get(user_id)?.get(project_id)?;
+            Some((role, newest.tests.iter().take(n).cloned().collect()))
+        })
+    }
+
+    /// To take before reading the database, and give to [`TestCache::keep`]
+    /// or [`TestCache::keep_newest`].
     pub fn generation(&self) -> u64 {
         self.kept.generation()
+    }
+
+    /// Keeps a project's newest tests (at most [`NEWEST`], newest first: all
+    /// of them if fewer) and a member's role there, found by a read that
+    /// started at `generation`, unless a change came since.
+    pub fn keep_newest(&self, generation: u64, project_id: &str, mut tests: Vec<Listed>, user_id: &str, role: Role) {
+        self.kept.keep(generation, |kept| {
+            let all = tests.len() < NEWEST;
+            tests.truncate(NEWEST);
+            let size: usize = project_id.len() + tests.iter().map(|(id, served)| size_of(id, served)).sum::<usize>();
+            if kept.newest_bytes + size > MAX_NEWEST_BYTES {
+                kept.newest.clear();
+                kept.newest_bytes = 0;
+            }
+            if let Some(old) = kept.newest.insert(project_id.to_string(), Newest { tests, all }) {
+                kept.newest_bytes -= project_id.len() + old.tests.iter().map(|(id, s)| size_of(id, s)).sum::<usize>();
+            }
+            kept.newest_bytes += size;
+            keep_role(kept, user_id, project_id, role);
+        });
+    }
+
+    /// A test just created: its write is durable and not yet answered (see
+    /// the module's doc). Added to its project's newest tests if they are
+    /// kept; reads begun before now keep nothing.
+    pub fn created(&self, test_id: &str, project_id: &str, served: Arc<str>) {
+        self.kept.change(|kept| {
+            let Some(newest) = kept.newest.get_mut(project_id) else { return };
+            // Ids order by creation time, but two creates may commit in the
+            // other order.
+            let at = newest.tests.partition_point(|(id, _)| id.as_str() > test_id);
+            if newest.tests.get(at).is_some_and(|(id, _)| id == test_id) {
+                return;
+            }
+            if at == newest.tests.len() && !newest.all {
+                // Older than every kept test of a project with more: not
+                // among its newest.
+                return;
+            }
+            kept.newest_bytes += size_of(test_id, &served);
+            newest.tests.insert(at, (test_id.to_string(), served));
+            if newest.tests.len() > NEWEST {
+                if let Some((id, served)) = newest.tests.pop() {
+                    kept.newest_bytes -= size_of(&id, &served);
+                }
+                newest.all = false;
+            }
+        });
     }
 
     /// Keeps a test and a member's role found by a read that started at
@@ -90,17 +192,21 @@ impl TestCache {
                 kept.tests.clear();
                 kept.bytes = 0;
             }
-            if kept.role_count >= MAX_ROLES {
-                kept.roles.clear();
-                kept.role_count = 0;
-            }
             if kept.tests.insert(test_id.to_string(), (project_id.to_string(), served)).is_none() {
                 kept.bytes += size;
             }
-            if kept.roles.entry(user_id.to_string()).or_default().insert(project_id.to_string(), role).is_none() {
-                kept.role_count += 1;
-            }
+            keep_role(kept, user_id, project_id, role);
         });
+    }
+}
+
+fn keep_role(kept: &mut Kept, user_id: &str, project_id: &str, role: Role) {
+    if kept.role_count >= MAX_ROLES {
+        kept.roles.clear();
+        kept.role_count = 0;
+    }
+    if kept.roles.entry(user_id.to_string()).or_default().insert(project_id.to_string(), role).is_none() {
+        kept.role_count += 1;
     }
 }
 
@@ -137,6 +243,78 @@ mod tests {
         assert!(cache.get("tst_1", "usr_1").is_none());
         cache.keep(cache.generation(), "tst_1", "prj_1", served("{}"), "usr_1", Role::Owner);
         assert!(cache.get("tst_1", "usr_1").is_some());
+    }
+
+    fn t(id: &str) -> Listed {
+        (id.to_string(), served("{}"))
+    }
+
+    /// Ids of a project's `n` newest tests, checking the bytes counted.
+    fn newest(cache: &TestCache, project_id: &str, n: usize) -> Option<Vec<String>> {
+        let counted = cache.kept.read(|kept| {
+            let sum = |n: &Newest| n.tests.iter().map(|(id, s)| size_of(id, s)).sum::<usize>();
+            kept.newest.iter().map(|(p, n)| p.len() + sum(n)).sum::<usize>()
+        });
+        assert_eq!(cache.kept.read(|kept| kept.newest_bytes), counted);
+        let (_, tests) = cache.newest(project_id, "usr_1", n)?;
+        Some(tests.into_iter().map(|(id, _)| id).collect())
+    }
+
+    #[test]
+    fn a_created_test_joins_its_projects_newest_in_id_order() {
+        let cache = TestCache { kept: Arc::default() };
+        // Nothing kept: a created test keeps nothing.
+        cache.created("tst_5", "prj_1", served("{}"));
+        assert!(newest(&cache, "prj_1", 1).is_none());
+        let g = cache.generation();
+        cache.keep_newest(g, "prj_1", vec![t("tst_4"), t("tst_2")], "usr_1", Role::Viewer);
+        // Every test of the project is kept (fewer than `NEWEST`): any page.
+        assert_eq!(newest(&cache, "prj_1", 51).unwrap(), ["tst_4", "tst_2"]);
+        assert_eq!(newest(&cache, "prj_1", 1).unwrap(), ["tst_4"]);
+        assert!(cache.newest("prj_1", "usr_2", 1).is_none(), "another user's role is not kept");
+        // Two creates may commit out of their ids' order; each is kept once.
+        for id in ["tst_3", "tst_6", "tst_1", "tst_3"] {
+            cache.created(id, "prj_1", served("{}"));
+        }
+        assert_eq!(newest(&cache, "prj_1", 51).unwrap(), ["tst_6", "tst_4", "tst_3", "tst_2", "tst_1"]);
+        // Another project's test is not this one's.
+        cache.created("tst_7", "prj_2", served("{}"));
+        assert_eq!(newest(&cache, "prj_1", 1).unwrap(), ["tst_6"]);
+        // A read begun before a create keeps nothing: it may not have seen it.
+        cache.keep_newest(g, "prj_2", vec![], "usr_1", Role::Owner);
+        assert!(newest(&cache, "prj_2", 1).is_none());
+        // Emptied by a change: nothing kept.
+        cache.kept.reset();
+        assert!(newest(&cache, "prj_1", 1).is_none());
+    }
+
+    #[test]
+    fn a_project_with_more_tests_than_kept_keeps_only_its_newest() {
+        let cache = TestCache { kept: Arc::default() };
+        let id = |i: usize| format!("tst_{i:04}");
+        let many = (0..NEWEST + 10).rev().map(|i| t(&id(i))).collect();
+        cache.keep_newest(cache.generation(), "prj_1", many, "usr_1", Role::Owner);
+        let kept = newest(&cache, "prj_1", NEWEST).unwrap();
+        assert_eq!((kept.len(), &kept[0], &kept[NEWEST - 1]), (NEWEST, &id(NEWEST + 9), &id(10)));
+        assert!(newest(&cache, "prj_1", NEWEST + 1).is_none(), "the page after the kept ones is not kept");
+        // Older than every kept test of a project with more: not among them.
+        cache.created(&id(5), "prj_1", served("{}"));
+        assert_eq!(newest(&cache, "prj_1", NEWEST).unwrap(), kept);
+        // Newer: first, and the oldest kept goes.
+        cache.created(&id(9999), "prj_1", served("{}"));
+        let now = newest(&cache, "prj_1", NEWEST).unwrap();
+        assert_eq!((now.len(), &now[0], &now[1], &now[NEWEST - 1]), (NEWEST, &id(9999), &id(NEWEST + 9), &id(11)));
+
+        // A project with one test fewer than kept: all of them, until it has
+        // more than `NEWEST`.
+        let few = (0..NEWEST - 1).rev().map(|i| t(&id(i))).collect();
+        cache.keep_newest(cache.generation(), "prj_2", few, "usr_1", Role::Owner);
+        assert_eq!(newest(&cache, "prj_2", NEWEST + 1).unwrap().len(), NEWEST - 1);
+        cache.created(&id(NEWEST), "prj_2", served("{}"));
+        assert_eq!(newest(&cache, "prj_2", NEWEST + 1).unwrap().len(), NEWEST);
+        cache.created(&id(NEWEST + 1), "prj_2", served("{}"));
+        assert!(newest(&cache, "prj_2", NEWEST + 1).is_none());
+        assert_eq!(newest(&cache, "prj_2", NEWEST).unwrap()[NEWEST - 1], id(1));
     }
 
     #[test]

@@ -35,7 +35,7 @@ use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
 use crate::pagination::PageRequest;
-use crate::{evaluators, ids, validate, written, AppState};
+use crate::{evaluators, ids, test_cache, validate, written, AppState};
 
 pub const DEFAULT_ITERATIONS: u32 = 1;
 pub const MAX_ITERATIONS: u32 = 100;
@@ -315,31 +315,57 @@ fn page_sql(by_project: bool, given: [bool; 4]) -> String {
 pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) -> Result<Json<types::TestList>> {
     let page =
         PageRequest::parse(query.limit, query.cursor.as_deref(), "tst").map_err(|e| Failure::invalid("cursor", e))?;
-    state
+    let filters = [&query.channel_id, &query.scenario_id, &query.tag, &page.after];
+    // The first page of a project's tests, unfiltered, is its newest tests,
+    // kept in memory (`test_cache`).
+    let newest = match &query.project_id {
+        Some(project_id) if filters.iter().all(|f| f.is_none()) => Some(project_id.as_str()),
+        _ => None,
+    };
+    let cache = &state.test_cache;
+    if let Some(project_id) = newest {
+        if let Some((role, tests)) = cache.newest(project_id, &caller.user_id, page.limit + 1) {
+            access::check(role, Need::Read)?;
+            return Ok(Json::written(page_of(&page, tests)));
+        }
+    }
+    let generation = cache.generation();
+    let (rows, kept) = state
         .store
-        .read(move |tx| {
+        .read(|tx| {
             let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
+            let mut role = None;
             match &query.project_id {
                 Some(project_id) => {
-                    access::require(tx, &caller.user_id, project_id, Need::Read)?;
+                    role = Some(access::require(tx, &caller.user_id, project_id, Need::Read)?);
                     args.push(project_id);
                 }
                 None => args.push(&caller.user_id),
             }
-            let filters = [&query.channel_id, &query.scenario_id, &query.tag, &page.after];
             args.extend(filters.iter().filter_map(|v| v.as_ref().map(|v| v as &dyn rusqlite::ToSql)));
             let sql = page_sql(query.project_id.is_some(), filters.map(Option::is_some));
-            let limit = page.fetch_limit();
+            let limit = if newest.is_some() { test_cache::NEWEST as i64 } else { page.fetch_limit() };
             args.push(&limit);
             let rows = tx
                 .prepare_cached(&sql)?
-                .query_map(&args[..], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
+                .query_map(&args[..], |r| Ok((r.get::<_, String>(0)?, Arc::<str>::from(r.get::<_, String>(1)?))))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |(id, _)| id.clone());
-            let tests = page.items.iter().map(|(_, json)| json.as_str());
-            Ok(Json::written(written::page("tests", tests, page.next_cursor.as_deref())))
+            Ok::<_, Failure>((rows, role))
         })
-        .await
+        .await?;
+    if let (Some(project_id), Some(role)) = (newest, kept) {
+        let tests = rows.iter().take(page.limit + 1).cloned().collect();
+        cache.keep_newest(generation, project_id, rows, &caller.user_id, role);
+        return Ok(Json::written(page_of(&page, tests)));
+    }
+    Ok(Json::written(page_of(&page, rows)))
+}
+
+/// A page of tests as served, from `page`'s rows: (id, served JSON).
+fn page_of(page: &PageRequest, rows: Vec<test_cache::Listed>) -> String {
+    let page = page.finish(rows, |(id, _)| id.clone());
+    let tests = page.items.iter().map(|(_, json)| &**json);
+    written::page("tests", tests, page.next_cursor.as_deref())
 }
 
 pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestRequest) -> Result<types::Test> {
@@ -373,20 +399,23 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
         updated_at: now,
     };
     let document = encode(&doc)?;
-    let served_json = served(&test)?;
+    let served_json: Arc<str> = served(&test)?.into();
     let changes = activity::Changes::from(Value::Object(shown(&test)));
     let created_at = ids::format_time(&now);
+    let cache = state.test_cache.clone();
+    let kept = served_json.clone();
     state
         .store
-        .write(move |tx| {
-            let t = &test;
-            access::require(tx, &caller.user_id, &t.project_id, Need::Edit)?;
-            check_channel(tx, &t.channel_id, &t.project_id)?;
-            check_scenario(tx, &t.scenario_id, &t.project_id)?;
-            check_personas(tx, &t.persona_ids, &t.project_id)?;
-            check_someone_calls(tx, &t.persona_ids, &t.scenario_id)?;
-            check_judges(tx, &judges, &t.project_id)?;
-            tx.prepare_cached(
+        .write_then(
+            move |tx| {
+                let t = &test;
+                access::require(tx, &caller.user_id, &t.project_id, Need::Edit)?;
+                check_channel(tx, &t.channel_id, &t.project_id)?;
+                check_scenario(tx, &t.scenario_id, &t.project_id)?;
+                check_personas(tx, &t.persona_ids, &t.project_id)?;
+                check_someone_calls(tx, &t.persona_ids, &t.scenario_id)?;
+                check_judges(tx, &judges, &t.project_id)?;
+                tx.prepare_cached(
                 "INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at, updated_at,
                                     served)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8)",
@@ -399,24 +428,26 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
                 t.scenario_id,
                 document,
                 created_at,
-                served_json
+                &*served_json
             ])?;
-            insert_personas(tx, &t.id, &t.persona_ids)?;
-            insert_judges(tx, &t.id, &judges)?;
-            activity::record(
-                tx,
-                &Actor::Caller(caller),
-                Record {
-                    action: "test.create",
-                    resource_type: "test",
-                    resource_id: &t.id,
-                    project_id: Some(&t.project_id),
-                    summary: format!("created test \"{name}\""),
-                    changes,
-                },
-            )?;
-            Ok(test)
-        })
+                insert_personas(tx, &t.id, &t.persona_ids)?;
+                insert_judges(tx, &t.id, &judges)?;
+                activity::record(
+                    tx,
+                    &Actor::Caller(caller),
+                    Record {
+                        action: "test.create",
+                        resource_type: "test",
+                        resource_id: &t.id,
+                        project_id: Some(&t.project_id),
+                        summary: format!("created test \"{name}\""),
+                        changes,
+                    },
+                )?;
+                Ok(test)
+            },
+            move |test| cache.created(&test.id, &test.project_id, kept),
+        )
         .await
 }
 
