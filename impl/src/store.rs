@@ -66,6 +66,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0012_test_names_as_queued", include_str!("../migrations/0012_test_names_as_queued.sql"), None),
     ("0013_idempotency_keys", include_str!("../migrations/0013_idempotency_keys.sql"), None),
     ("0014_phone_number_rows", include_str!("../migrations/0014_phone_number_rows.sql"), None),
+    ("0015_tests_by_project", include_str!("../migrations/0015_tests_by_project.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -291,9 +291,9 @@ const PAGE_FILTERS: [&str; 4] = [
 /// project (or, without one, the caller, for the tests of every project they
 /// are in), then the value of each filter given, then the limit.
 ///
-/// With a project, its tests come straight from the covering index
-/// `tests_listing` (migration 0007): no sort, no read of the table, and the
-/// page stops at the limit. Only the filters given are in the SQL (one
+/// With a project, its tests come in order from the index `tests_by_project`
+/// (migration 0015): no sort, and the page stops at the limit. Only the
+/// filters given are in the SQL (one
 /// cached statement per combination), so the planner sees each one: it
 /// cannot use an index for `(? IS NULL OR …)` (see `store` on why plans do
 /// not look at bound values).
@@ -757,12 +757,11 @@ mod unit {
         assert!(invalid(checked_evaluators(&twice)).starts_with("invalid_name: evaluators[1].name:"));
     }
 
-    /// A page of a project's tests is read from `tests_listing` alone: no
-    /// lookup into the table per test and no sort (see `page_sql`). A
-    /// column added to the page's SELECT but not to the index, or a filter
-    /// that stops the index from serving the order, would show here.
+    /// A page of a project's tests is read in order from `tests_by_project`:
+    /// no sort, and no scan of the project's other tests (see `page_sql`). A
+    /// filter that stops the index from serving the order would show here.
     #[test]
-    fn a_project_page_reads_only_the_listing_index() {
+    fn a_project_page_reads_its_tests_in_index_order() {
         crate::personas::tests::with_users_of_a_persona(3, |tx| {
             for (after, search) in [(false, "(project_id=?)"), (true, "(project_id=? AND id<?)")] {
                 let sql = page_sql(true, [false, false, false, after]);
@@ -771,7 +770,7 @@ mod unit {
                 let plan = explain
                     .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?
                     .collect::<rusqlite::Result<Vec<_>>>()?;
-                assert_eq!(plan, [format!("SEARCH t USING COVERING INDEX tests_listing {search}")], "{sql}");
+                assert_eq!(plan, [format!("SEARCH t USING INDEX tests_by_project {search}")], "{sql}");
             }
             Ok(())
         });
