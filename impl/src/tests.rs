@@ -293,10 +293,9 @@ const PAGE_FILTERS: [&str; 4] = [
 ///
 /// With a project, its tests come in order from the index `tests_by_project`
 /// (migration 0015): no sort, and the page stops at the limit. Only the
-/// filters given are in the SQL (one
-/// cached statement per combination), so the planner sees each one: it
-/// cannot use an index for `(? IS NULL OR …)` (see `store` on why plans do
-/// not look at bound values).
+/// filters given are in the SQL (one cached statement per combination), so
+/// the planner sees each one: it cannot use an index for `(? IS NULL OR …)`
+/// (see `store` on why plans do not look at bound values).
 fn page_sql(by_project: bool, given: [bool; 4]) -> String {
     let mut sql = String::from("SELECT t.id, t.served FROM tests t WHERE ");
     sql.push_str(if by_project {
@@ -330,7 +329,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
         }
     }
     let generation = cache.generation();
-    let (rows, kept) = state
+    let (rows, role) = state
         .store
         .read(|tx| {
             let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
@@ -353,7 +352,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
             Ok::<_, Failure>((rows, role))
         })
         .await?;
-    if let (Some(project_id), Some(role)) = (newest, kept) {
+    if let (Some(project_id), Some(role)) = (newest, role) {
         let tests = rows.iter().take(page.limit + 1).cloned().collect();
         cache.keep_newest(generation, project_id, rows, &caller.user_id, role);
         return Ok(Json::written(page_of(&page, tests)));
@@ -403,7 +402,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
     let changes = activity::Changes::from(Value::Object(shown(&test)));
     let created_at = ids::format_time(&now);
     let cache = state.test_cache.clone();
-    let kept = served_json.clone();
+    let listed = served_json.clone();
     state
         .store
         .write_then(
@@ -446,7 +445,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
                 )?;
                 Ok(test)
             },
-            move |test| cache.created(&test.id, &test.project_id, kept),
+            move |test| cache.created(&test.id, &test.project_id, listed),
         )
         .await
 }
