@@ -684,12 +684,18 @@ pub fn schema_version(path: &Path) -> StoreResult<usize> {
 }
 
 fn migrate(conn: &mut Connection, path: &Path) -> StoreResult<()> {
+    migrate_to(conn, path, MIGRATIONS.len())
+}
+
+/// Migrates up to schema version `to` (for tests of a migration: the
+/// database as it was just before it).
+fn migrate_to(conn: &mut Connection, path: &Path, to: usize) -> StoreResult<()> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     let version = usize::try_from(version).unwrap_or(0);
     if version > MIGRATIONS.len() {
         return Err(StoreError::TooNew { path: path.to_path_buf(), found: version, known: MIGRATIONS.len() });
     }
-    for (i, (_name, sql, step)) in MIGRATIONS.iter().enumerate().skip(version) {
+    for (i, (_name, sql, step)) in MIGRATIONS.iter().enumerate().take(to).skip(version) {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         tx.execute_batch(sql)?;
         if let Some(step) = step {
@@ -713,13 +719,8 @@ mod tests {
         let path = dir.path().join("db.sqlite");
         {
             let mut conn = Connection::open(&path).unwrap();
-            for (i, (name, sql, _)) in MIGRATIONS.iter().enumerate().take(4) {
-                assert!(!name.starts_with("0005"));
-                let tx = conn.transaction().unwrap();
-                tx.execute_batch(sql).unwrap();
-                tx.pragma_update(None, "user_version", (i + 1) as i64).unwrap();
-                tx.commit().unwrap();
-            }
+            assert!(MIGRATIONS[4].0.starts_with("0005"));
+            migrate_to(&mut conn, &path, 4).unwrap();
             conn.execute_batch(
                 r#"INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't');
                    INSERT INTO personas VALUES ('per_1', 'prj_1', 'Dana', '{}', 't', 't');
@@ -759,16 +760,8 @@ mod tests {
         let path = dir.path().join("db.sqlite");
         {
             let mut conn = Connection::open(&path).unwrap();
-            for (i, (name, sql, step)) in MIGRATIONS.iter().enumerate().take(13) {
-                assert!(!name.starts_with("0014"));
-                let tx = conn.transaction().unwrap();
-                tx.execute_batch(sql).unwrap();
-                if let Some(step) = step {
-                    step(&tx).unwrap();
-                }
-                tx.pragma_update(None, "user_version", (i + 1) as i64).unwrap();
-                tx.commit().unwrap();
-            }
+            assert!(MIGRATIONS[13].0.starts_with("0014"));
+            migrate_to(&mut conn, &path, 13).unwrap();
             conn.execute_batch(
                 r#"INSERT INTO projects (id, name, description, max_call_duration_s, default_concurrency, created_at,
                                          updated_at) VALUES ('prj_1', 'p', '', 600, 10, 't', 't');
