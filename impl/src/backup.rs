@@ -52,10 +52,8 @@ impl Keys {
 /// Copies `data_dir` (its key at `key_file`, or the data dir's own) to
 /// `to`, a directory that must not exist or be empty.
 pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::Result<Backup> {
+    crate::require_data_dir(data_dir)?;
     let source = data_dir.join(DATABASE_FILE);
-    if !source.is_file() {
-        anyhow::bail!("no database at {}: is {} a data dir?", source.display(), data_dir.display());
-    }
     let found = store::schema_version(&source).with_context(|| format!("reading {}", source.display()))?;
     if found > store::SCHEMA_VERSION {
         anyhow::bail!(
