@@ -256,7 +256,7 @@ async fn drive(http: &Outbound, plan: &CallPlan, cancel: &CancellationToken, rec
         Err(TurnFailure::Deadline(_)) => return Ending::now(EndedReason::MaxDuration),
     };
     let mut call = Call { channel, rec, turn: 0, deadline, step: None, max_turns: plan.max_turns };
-    let ending = call.talk(&mut caller, opening, plan, cancel).await;
+    let ending = call.talk(&mut caller, opening, cancel).await;
     call.channel.close(call.turn, &ending).await;
     ending
 }
@@ -292,13 +292,7 @@ struct Call<'a, 'r> {
 
 impl Call<'_, '_> {
     /// The turns of the call, from the opening to the ending.
-    async fn talk(
-        &mut self,
-        caller: &mut Caller<'_>,
-        opening: Option<&str>,
-        plan: &CallPlan,
-        cancel: &CancellationToken,
-    ) -> Ending {
+    async fn talk(&mut self, caller: &mut Caller<'_>, opening: Option<&str>, cancel: &CancellationToken) -> Ending {
         if let Err(ending) = self.exchange(opening, None).await {
             return ending;
         }
@@ -321,7 +315,7 @@ impl Call<'_, '_> {
             if Instant::now() >= self.deadline {
                 return Ending::now(EndedReason::MaxDuration);
             }
-            if !self.rec.has_room(plan.max_turns, 2) {
+            if !self.rec.has_room(self.max_turns, 2) {
                 return Ending::now(EndedReason::MaxTurns);
             }
             match caller.next(self.rec.transcript(), self.deadline).await {
