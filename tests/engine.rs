@@ -566,7 +566,7 @@ async fn gated_channel(s: &TestServer, key: &str, project_id: &str, agent: &WsAg
 async fn cancelling_a_stopping_batch_run_again_records_nothing() {
     // Until the gate opens the calls are running, and a cancel leaves them
     // stopping.
-    let (gate, agent, _) = gated_agent().await;
+    let (gate, agent, calls) = gated_agent().await;
     let s = TestServer::start().await;
     let t = s.team("cancel twice").await;
     let p = &t.project_id;
@@ -575,15 +575,10 @@ async fn cancelling_a_stopping_batch_run_again_records_nothing() {
     let test = create(&s, &t.editor, "/v1/tests", test_body(p, "held", &ch, &scenario, 2)).await;
     let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
     let id = run["id"].as_str().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &t.viewer, None, 200).await;
-        if now["counts"]["running"] == 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never two running: {now}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // A run is running before it calls the agent: both are once it has
+    // both calls.
+    let both = async { calls.clone().wait_for(|n| *n >= 2).await.is_ok() };
+    assert!(tokio::time::timeout(Duration::from_secs(30), both).await.unwrap_or(false), "never two calls");
     let cancel = format!("/v1/batch-runs/{id}/cancel");
     let cancels = format!("/v1/activity?project_id={p}&action=batch_run.cancel");
     let first = s.expect(Method::POST, &cancel, &t.editor, None, 200).await;
