@@ -863,12 +863,6 @@ async fn a_batch_run_cancelled_by_someone_else_is_no_verdict_in_the_report_even_
     assert!(xml.contains(r#"<error message="no verdict: the batch run is cancelled""#), "{xml}");
 }
 
-/// `kill -SIGNAL` the process.
-fn signal(p: &Proc, name: &str) {
-    let status = std::process::Command::new("kill").arg(format!("-{name}")).arg(p.child.id().to_string()).status();
-    assert!(status.unwrap().success(), "kill -{name}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_give_up_says_so_and_ends_within_seconds_when_the_server_stops_answering() {
     use std::time::{Duration, Instant};
@@ -893,7 +887,7 @@ async fn a_give_up_says_so_and_ends_within_seconds_when_the_server_stops_answeri
     let mut p = spawn();
     let id = started_id(&p.stderr());
     let at = Instant::now();
-    signal(&p, "INT");
+    p.signal("INT");
     let cancelling = format!("interrupted (SIGINT); cancelling batch run {id}…");
     p.expect("the cancel said", |o| o.stderr.contains(&cancelling));
     assert!(at.elapsed() < Duration::from_secs(2), "said after {:?}", at.elapsed());
@@ -911,10 +905,10 @@ async fn a_give_up_says_so_and_ends_within_seconds_when_the_server_stops_answeri
     // Told twice: the report from what is known, and out at once.
     let mut p = spawn();
     let id = started_id(&p.stderr());
-    signal(&p, "INT");
+    p.signal("INT");
     p.expect("the cancel said", |o| o.stderr.contains(&format!("cancelling batch run {id}…")));
     let at = Instant::now();
-    signal(&p, "TERM");
+    p.signal("TERM");
     let code = p.wait_exit().code();
     assert!(at.elapsed() < Duration::from_secs(2), "{:?} after the second signal: {}", at.elapsed(), p.stderr());
     assert_eq!(code, Some(2), "{}", p.stderr());
@@ -926,32 +920,27 @@ async fn a_give_up_says_so_and_ends_within_seconds_when_the_server_stops_answeri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_start_says_where_to_look_for_what_it_may_have_started() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
     let good = Agent::start(&[]);
     let s = TestServer::start().await;
     let key = s.key_for_user("ci@example.com").await;
     let project = s.create_project(&key, "ci").await;
     let suite = suite(&s, &key, &project, &good, &good).await;
     // The start reaches the gateway and is never answered.
-    let reached = Arc::new(AtomicBool::new(false));
-    let seen = reached.clone();
+    let (seen, mut reached) = tokio::sync::watch::channel(false);
     let front = Front::start(&s.base, move |method, path| {
-        is_start(method, path).then(|| seen.store(true, Ordering::SeqCst)).map(|()| Answer::Hang)
+        is_start(method, path).then(|| seen.send_replace(true)).map(|_| Answer::Hang)
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
     let junit = dir.path().join("report.xml");
     let args = ["run", "--url", &front.base, "--test", &suite.good_test, "--junit", junit.to_str().unwrap()];
     let mut p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", &key)]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !reached.load(Ordering::SeqCst) {
-        assert!(std::time::Instant::now() < deadline, "no start: {}", p.stderr());
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let start = async { reached.wait_for(|r| *r).await.is_ok() };
+    let started = tokio::time::timeout(std::time::Duration::from_secs(30), start).await.unwrap_or(false);
+    assert!(started, "no start: {}", p.stderr());
     // Twice: the second does not wait for the start's answer.
-    signal(&p, "INT");
-    signal(&p, "INT");
+    p.signal("INT");
+    p.signal("INT");
     assert_eq!(p.wait_exit().code(), Some(2), "{}", p.stderr());
     let said = "a batch run may have been started: look in the project's batch runs (Idempotency-Key sparring-run-";
     assert!(p.stderr().contains(said), "{}", p.stderr());

@@ -143,10 +143,15 @@ impl Proc {
         }
     }
 
+    /// `kill -SIGNAL` the process (`name`: `INT`, `TERM`, …).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success(), "kill -{name} failed");
+    }
+
     /// SIGTERM, then wait for the exit.
     pub fn terminate(&mut self) -> ExitStatus {
-        let status = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().unwrap();
-        assert!(status.success(), "kill -TERM failed");
+        self.signal("TERM");
         self.wait_exit()
     }
 
