@@ -345,17 +345,14 @@ async fn every_agent_failure_is_an_error_with_a_reason() {
     let bad_json = Agent::start(&["--fault", "bad-json"]);
     let hangs = Agent::start(&["--fault", "hang"]);
     let drops = Agent::start(&["--fault", "disconnect"]);
-    let closed_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let closed = common::ClosedPort::new();
     let s = TestServer::start().await;
     let t = s.team("failures").await;
     let p = &t.project_id;
     let Setup { persona } = persona(&s, &t.editor, p).await;
     let scenario = create(&s, &t.editor, "/v1/scenarios", booking(p, &persona)).await;
     let cases: Vec<(&str, String, &[&str])> = vec![
-        ("http", format!("http://127.0.0.1:{closed_port}/http"), &["connect"]),
+        ("http", closed.http_target(), &["connect"]),
         ("http", five_hundred.http_target(), &["500"]),
         ("http", bad_json.http_target(), &["json"]),
         ("http", hangs.http_target(), &["3000 ms"]),
@@ -643,8 +640,8 @@ async fn credits_are_reserved_once_and_never_go_below_zero() {
     let p = &t.project_id;
     let scenario = short_scenario(&s, &t.editor, p).await;
     // An agent that is not there: every conversation ends at once in error.
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let closed = common::ClosedPort::new();
+    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
     let big = create(&s, &t.editor, "/v1/tests", test_body(p, "big", &ch, &scenario, 6)).await;
     let (status, e) =
         error_body(s.send_json(Method::POST, &format!("/v1/tests/{big}/run"), &t.editor, Some(json!({}))).await).await;
@@ -814,8 +811,8 @@ async fn webhooks_are_signed_and_retried_until_delivered() {
     )
     .await;
     let scenario = short_scenario(&s, &t.editor, p).await;
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let closed = common::ClosedPort::new();
+    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
     let test = create(&s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
     let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
     let id = run["id"].as_str().unwrap();
@@ -864,8 +861,8 @@ async fn who_may_run_and_read_runs() {
     let t = s.team("run roles").await;
     let p = &t.project_id;
     let scenario = short_scenario(&s, &t.editor, p).await;
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let closed = common::ClosedPort::new();
+    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
     let test = create(&s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
     let batch = create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "b", "test_ids": [test]})).await;
     let mut started = Vec::new();
@@ -1066,16 +1063,15 @@ async fn header_values_do_not_follow_a_redirect_to_another_origin() {
     assert!(elsewhere.received().is_empty(), "nothing went to another origin: {:?}", elsewhere.received());
 }
 
-/// A project with a webhook at `url` and a test of it whose agent cannot be
-/// reached, so its runs end at once: (team, test id).
-async fn hooked_project(s: &TestServer, name: &str, url: &str) -> (common::Team, String) {
+/// A project with a webhook at `url` and a test of it whose agent, at
+/// `closed`, cannot be reached, so its runs end at once: (team, test id).
+async fn hooked_project(s: &TestServer, closed: &common::ClosedPort, name: &str, url: &str) -> (common::Team, String) {
     let t = s.team(name).await;
     let p = &t.project_id;
     let hook = json!({"name": name, "webhook_url": url, "webhook_secret": "whsec_abc"});
     s.expect(Method::PUT, &format!("/v1/projects/{p}"), &t.owner, Some(hook), 200).await;
     let scenario = short_scenario(s, &t.editor, p).await;
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let ch = channel(s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let ch = channel(s, &t.editor, p, "http", &closed.http_target()).await;
     let test = create(s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
     (t, test)
 }
@@ -1121,8 +1117,9 @@ async fn a_receiver_that_never_answers_holds_up_no_other_project() {
     });
     let answering = Recorder::start(|_, _| (200, "{}".into())).await;
     let s = TestServer::start().await;
-    let (a, a_test) = hooked_project(&s, "silent receiver", &silent_url).await;
-    let (b, b_test) = hooked_project(&s, "answering receiver", &format!("{}/hook", answering.base)).await;
+    let closed = common::ClosedPort::new();
+    let (a, a_test) = hooked_project(&s, &closed, "silent receiver", &silent_url).await;
+    let (b, b_test) = hooked_project(&s, &closed, "answering receiver", &format!("{}/hook", answering.base)).await;
 
     run_to_end(&s, &a, &a_test).await;
     tokio::time::timeout(Duration::from_secs(30), reached_rx.recv()).await.expect("A's webhook was never sent");
@@ -1147,8 +1144,9 @@ async fn retries_follow_the_project_s_webhook_url() {
     let old_removed = Recorder::start(|_, _| (500, "{}".into())).await;
     let new = Recorder::start(|_, _| (200, "{}".into())).await;
     let s = TestServer::start().await;
-    let (moved, moved_test) = hooked_project(&s, "moved", &format!("{}/hook", old_moved.base)).await;
-    let (removed, removed_test) = hooked_project(&s, "removed", &format!("{}/hook", old_removed.base)).await;
+    let closed = common::ClosedPort::new();
+    let (moved, moved_test) = hooked_project(&s, &closed, "moved", &format!("{}/hook", old_moved.base)).await;
+    let (removed, removed_test) = hooked_project(&s, &closed, "removed", &format!("{}/hook", old_removed.base)).await;
     let moved_run = run_to_end(&s, &moved, &moved_test).await;
     run_to_end(&s, &removed, &removed_test).await;
     // After the second failed attempt, the next one is 5 s away: time to
@@ -1212,8 +1210,8 @@ async fn a_webhook_is_never_sent_unsigned_when_its_secret_cannot_be_opened() {
         .await
         .unwrap();
     let scenario = short_scenario(&s, &t.editor, p).await;
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let closed = common::ClosedPort::new();
+    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
     let test = create(&s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
     let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
     wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
@@ -1548,8 +1546,8 @@ async fn a_start_without_a_body_is_a_start_with_an_empty_one() {
     let t = s.team("no body").await;
     let p = &t.project_id;
     let scenario = short_scenario(&s, &t.editor, p).await;
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let closed = common::ClosedPort::new();
+    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
     let test = create(&s, &t.editor, "/v1/tests", test_body(p, "bare", &ch, &scenario, 1)).await;
     let batch = create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "b", "test_ids": [test]})).await;
     for path in [format!("/v1/tests/{test}/run"), format!("/v1/batches/{batch}/run"), format!("/v1/channels/{ch}/run")]
@@ -1578,8 +1576,8 @@ async fn a_start_repeated_with_its_idempotency_key_starts_nothing_more() {
     let p = &t.project_id;
     let scenario = short_scenario(&s, &t.editor, p).await;
     // An agent that is not there: every conversation ends at once in error.
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let ch = channel(&s, &t.editor, p, "http", &format!("http://127.0.0.1:{closed_port}/http")).await;
+    let closed = common::ClosedPort::new();
+    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
     let two = create(&s, &t.editor, "/v1/tests", test_body(p, "two", &ch, &scenario, 2)).await;
     let other = create(&s, &t.editor, "/v1/tests", test_body(p, "other", &ch, &scenario, 1)).await;
     let path = format!("/v1/tests/{two}/run");

@@ -4,7 +4,7 @@
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -24,15 +24,22 @@ const ISSUER_KEY: &str = include_str!("fixtures/issuer-key.pem");
 const OTHER_KEY: &str = include_str!("fixtures/other-key.pem");
 
 struct Issuer {
-    url: String,
+    /// Set once the server has bound its port.
+    url: OnceLock<String>,
     /// The keys it publishes (a test rotates them).
     jwks: Mutex<serde_json::Value>,
     jwks_fetches: AtomicUsize,
 }
 
+impl Issuer {
+    fn url(&self) -> String {
+        self.url.get().expect("set at start").clone()
+    }
+}
+
 #[dropshot::endpoint { method = GET, path = "/.well-known/openid-configuration" }]
 async fn discovery(rqctx: RequestContext<Arc<Issuer>>) -> Result<HttpResponseOk<serde_json::Value>, HttpError> {
-    let url = &rqctx.context().url;
+    let url = rqctx.context().url();
     Ok(HttpResponseOk(serde_json::json!({
         "issuer": url,
         "authorization_endpoint": format!("{url}/authorize"),
@@ -63,12 +70,8 @@ fn jwks_of(pem: &str, kid: &str) -> serde_json::Value {
 
 /// Starts the loopback issuer; returns it and its URL.
 async fn start_issuer() -> (Arc<Issuer>, dropshot::HttpServer<Arc<Issuer>>) {
-    // Bind first to learn the URL the documents must name.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
     let issuer = Arc::new(Issuer {
-        url: format!("http://{addr}"),
+        url: OnceLock::new(),
         jwks: Mutex::new(published_jwks()),
         jwks_fetches: AtomicUsize::new(0),
     });
@@ -76,10 +79,14 @@ async fn start_issuer() -> (Arc<Issuer>, dropshot::HttpServer<Arc<Issuer>>) {
     api.register(discovery).unwrap();
     api.register(jwks_document).unwrap();
     let log = slog::Logger::root(slog::Discard, slog::o!());
+    let bind_address = "127.0.0.1:0".parse().unwrap();
     let server = ServerBuilder::new(api, issuer.clone(), log)
-        .config(dropshot::ConfigDropshot { bind_address: addr, ..Default::default() })
+        .config(dropshot::ConfigDropshot { bind_address, ..Default::default() })
         .start()
         .unwrap();
+    // The documents name the URL, known once the port is bound; nothing
+    // asks for them before this returns.
+    issuer.url.set(format!("http://{}", server.local_addr())).unwrap();
     (issuer, server)
 }
 
@@ -152,7 +159,7 @@ async fn oidc_users(s: &TestServer, subject: &str) -> i64 {
 #[tokio::test]
 async fn id_tokens_from_a_discovered_issuer() {
     let (issuer, _issuer_server) = start_issuer().await;
-    let url = issuer.url.clone();
+    let url = issuer.url();
     let s = TestServer::start_with_oidc(vec![IssuerConfig {
         issuer: url.clone(),
         audience: AUDIENCE.into(),
@@ -216,7 +223,7 @@ fn valid_payload(url: &str) -> serde_json::Value {
 #[tokio::test]
 async fn fifty_concurrent_creates_from_zero_keys_give_exactly_twenty_five() {
     let (issuer, _issuer_server) = start_issuer().await;
-    let url = issuer.url.clone();
+    let url = issuer.url();
     let s = TestServer::start_with_oidc(vec![IssuerConfig {
         issuer: url.clone(),
         audience: AUDIENCE.into(),
@@ -264,7 +271,7 @@ async fn id_tokens_verified_with_an_offline_key_set() {
 #[tokio::test]
 async fn activity_records_name_the_id_token_actor() {
     let (issuer, _issuer_server) = start_issuer().await;
-    let url = issuer.url.clone();
+    let url = issuer.url();
     let s = TestServer::start_with_oidc(vec![IssuerConfig {
         issuer: url.clone(),
         audience: AUDIENCE.into(),
@@ -305,7 +312,7 @@ async fn start_refetching(url: &str, interval: Duration) -> TestServer {
 #[tokio::test]
 async fn keys_the_issuer_rotates_are_fetched_and_tokens_of_withdrawn_keys_refused() {
     let (issuer, _issuer_server) = start_issuer().await;
-    let url = issuer.url.clone();
+    let url = issuer.url();
     let s = start_refetching(&url, Duration::ZERO).await;
     let old = sign(valid(&url, "frank"));
     assert_eq!(status_with_token(&s, &old).await, 200);
@@ -331,7 +338,7 @@ async fn keys_the_issuer_rotates_are_fetched_and_tokens_of_withdrawn_keys_refuse
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_token_checked_while_the_keys_are_refetched_is_not_remembered() {
     let (issuer, _issuer_server) = start_issuer().await;
-    let url = issuer.url.clone();
+    let url = issuer.url();
     // Once the keys are refetched, the next refetch (which would forget
     // every token, the wrongly remembered ones too) waits this long, longer
     // than the rest of the test.
@@ -402,7 +409,7 @@ async fn a_token_checked_while_the_keys_are_refetched_is_not_remembered() {
 #[tokio::test]
 async fn an_unverified_email_claim_is_not_the_users_email() {
     let (issuer, _issuer_server) = start_issuer().await;
-    let url = issuer.url.clone();
+    let url = issuer.url();
     let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
     let victim = "victim@example.com";
     let claims_it = |subject| sign(Token { email: Some(victim), email_verified: false, ..valid(&url, subject) });
@@ -457,7 +464,7 @@ fn sign_payload(payload: serde_json::Value) -> String {
 #[tokio::test]
 async fn a_token_not_valid_yet_is_refused() {
     let (issuer, _issuer_server) = start_issuer().await;
-    let url = issuer.url.clone();
+    let url = issuer.url();
     let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
     let now = chrono::Utc::now().timestamp();
     let with = |claim: &str, value: i64| {
@@ -482,7 +489,7 @@ async fn a_token_not_valid_yet_is_refused() {
 #[tokio::test]
 async fn a_key_made_for_an_address_in_other_case_is_the_signed_in_users() {
     let (issuer, _issuer_server) = start_issuer().await;
-    let url = issuer.url.clone();
+    let url = issuer.url();
     let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
     let token = sign(Token { email: Some("Hana@Example.com"), ..valid(&url, "hana") });
     let resp = s

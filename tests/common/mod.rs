@@ -12,6 +12,29 @@ use std::sync::{Arc, Mutex};
 use slog::Drain as _;
 use sparring_impl::oidc::IssuerConfig;
 
+/// A loopback port that refuses connections for as long as this lives: a
+/// socket bound to it that never listens. A port that was merely bound and
+/// let go can be taken by another test's server before it is used, and then
+/// answers where a refusal was expected.
+pub struct ClosedPort {
+    _held: tokio::net::TcpSocket,
+    pub port: u16,
+}
+
+impl ClosedPort {
+    pub fn new() -> ClosedPort {
+        let held = tokio::net::TcpSocket::new_v4().unwrap();
+        held.bind(([127, 0, 0, 1], 0).into()).unwrap();
+        let port = held.local_addr().unwrap().port();
+        ClosedPort { _held: held, port }
+    }
+
+    /// `http://127.0.0.1:{port}/http`, a channel target that is not there.
+    pub fn http_target(&self) -> String {
+        format!("http://127.0.0.1:{}/http", self.port)
+    }
+}
+
 #[derive(Clone, Default)]
 pub struct LogBuffer(Arc<Mutex<Vec<u8>>>);
 

@@ -157,10 +157,14 @@ where
     (url, frames, upgrades)
 }
 
-/// A free loopback port with nothing listening on it.
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+/// A loopback port that refuses connections while the socket lives: bound,
+/// never listening. (A port bound and let go could be taken by another
+/// test's listener before it is used.)
+fn closed_port() -> (tokio::net::TcpSocket, u16) {
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind(([127, 0, 0, 1], 0).into()).unwrap();
+    let port = held.local_addr().unwrap().port();
+    (held, port)
 }
 
 /// The agent double's replies: (messages, tool calls, end_call).
@@ -599,7 +603,7 @@ async fn http_failure(act: fn(&Value) -> Act, turn_timeout: Duration) -> (Outcom
 
 #[tokio::test]
 async fn http_refused_connection() {
-    let port = closed_port();
+    let (_held, port) = closed_port();
     let plan = plan(ChannelKind::Http, format!("http://127.0.0.1:{port}/http"), scripted(Some("Hi"), &[]));
     let outcome = run(&plan).await;
     assert_eq!(outcome.ended_reason, EndedReason::AgentError);
@@ -950,7 +954,7 @@ async fn then_sends(mut peer: Peer, frame: &'static str) {
 
 #[tokio::test]
 async fn websocket_refused_connection() {
-    let port = closed_port();
+    let (_held, port) = closed_port();
     let url = format!("ws://127.0.0.1:{port}/ws");
     let outcome = run(&plan(ChannelKind::Websocket, url.clone(), scripted(Some("Hi"), &[]))).await;
     assert_eq!(outcome.ended_reason, EndedReason::AgentError);

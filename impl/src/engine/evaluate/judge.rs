@@ -262,10 +262,10 @@ mod tests {
 
     #[tokio::test]
     async fn an_unreachable_endpoint_is_an_error() {
-        // A port nobody listens on any more.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        drop(listener);
+        // A port bound by a socket that never listens: refused while it lives.
+        let held = tokio::net::TcpSocket::new_v4().unwrap();
+        held.bind(([127, 0, 0, 1], 0).into()).unwrap();
+        let url = format!("http://{}", held.local_addr().unwrap());
         let llm = LlmEndpoint { base_url: url, model: "m".into(), temperature: None, api_key: Some(KEY.into()) };
         match judge(&Outbound::anywhere(), &llm, "c", &outcome(), Scope::Call).await {
             Decision::Error(reason) => {
