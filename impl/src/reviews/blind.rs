@@ -23,7 +23,7 @@ use crate::failure::Result;
 /// id is the parameter `user` (e.g. `?1`) labels blind right now, and the
 /// open calibration that makes them blind. Every other blindness query is
 /// built on this one.
-fn blind_pairs(user: &str) -> String {
+pub fn blind_pairs(user: &str) -> String {
     format!(
         "SELECT cr.test_result_id, c.id AS calibration_id FROM calibration_results cr
          JOIN calibrations c ON c.id = cr.calibration_id AND c.status = 'open'
