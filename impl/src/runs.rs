@@ -918,39 +918,17 @@ pub async fn list_runs(
         .await
 }
 
-/// A test result as stored (automated verdicts included), by id or by call
-/// id, if the caller's role in its project meets `need`: outsiders get the
-/// same 404 as for a result that does not exist, too small a role 403.
+/// A test result as stored (automated verdicts included), by its id, if the
+/// caller's role in its project meets `need`: outsiders get the same 404 as
+/// for a result that does not exist, too small a role 403.
 pub(crate) fn stored_result(
     tx: &rusqlite::Transaction<'_>,
     user_id: &str,
-    column: &str,
-    value: &str,
+    result_id: &str,
     need: Need,
 ) -> Result<types::TestResult> {
-    let (_, document) = stored_document(tx, user_id, column, value, need)?;
+    let (document, _) = stored_document(tx, user_id, ResultBy::Id, result_id, need)?;
     decode_result(&document)
-}
-
-/// [`stored_result`]'s id and JSON document, not decoded.
-fn stored_document(
-    tx: &rusqlite::Connection,
-    user_id: &str,
-    column: &str,
-    value: &str,
-    need: Need,
-) -> Result<(String, String)> {
-    let found: Option<(String, String, String)> = tx
-        .prepare_cached(&format!("SELECT project_id, id, document FROM test_results WHERE {column} = ?1"))?
-        .query_row(params![value], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?;
-    let what = if column == "id" { "test result" } else { "test result for call" };
-    let Some((project_id, id, document)) = found else {
-        return Err(Failure::not_found(what, value));
-    };
-    let role = access::role_in(tx, user_id, &project_id)?.ok_or_else(|| Failure::not_found(what, value))?;
-    access::check(role, need)?;
-    Ok((id, document))
 }
 
 fn decode_result(document: &str) -> Result<types::TestResult> {
@@ -964,19 +942,20 @@ enum ResultBy {
     Call = 1,
 }
 
-/// A test result as the caller may see it: the stored document as it is
-/// (encoded from a `TestResult` when the run ended), or, for a result the
-/// caller labels blind (see `reviews::blind`), decoded and hidden.
+/// A result's JSON document as stored, if the caller's role in its project
+/// meets `need` (else the errors of [`stored_result`]), and the open
+/// calibration in which the caller labels it blind, if any.
 ///
 /// One statement finds the result, the caller's role in its project and
 /// whether the caller labels it blind: the most read document of all (a
 /// dashboard's, a pipeline's) costs one query, not three.
-fn readable_result(
+fn stored_document(
     tx: &rusqlite::Connection,
     user_id: &str,
     by: ResultBy,
     value: &str,
-) -> Result<Json<types::TestResult>> {
+    need: Need,
+) -> Result<(String, Option<String>)> {
     // The statement's text is built once: formatting it at every read was
     // 2.5 % of a result's instructions (callgrind, BENCHMARKS.md).
     static SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
@@ -992,9 +971,8 @@ fn readable_result(
             )
         })
     });
-    let sql = &SQL[by as usize];
     let found: Option<(String, Option<String>, Option<String>)> = tx
-        .prepare_cached(sql)?
+        .prepare_cached(&SQL[by as usize])?
         .query_row(params![value, user_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
     let what = match by {
@@ -1003,10 +981,22 @@ fn readable_result(
     };
     let (document, role, blinding) = found.ok_or_else(|| Failure::not_found(what, value))?;
     let role = role.as_deref().and_then(access::Role::parse).ok_or_else(|| Failure::not_found(what, value))?;
-    access::check(role, Need::Read)?;
-    match blinding {
-        None => Ok(Json::written(document)),
-        Some(calibration_id) => {
+    access::check(role, need)?;
+    Ok((document, blinding))
+}
+
+/// A test result as the caller may see it: the stored document as it is
+/// (encoded from a `TestResult` when the run ended), or, for a result the
+/// caller labels blind (see `reviews::blind`), decoded and hidden.
+fn readable_result(
+    tx: &rusqlite::Connection,
+    user_id: &str,
+    by: ResultBy,
+    value: &str,
+) -> Result<Json<types::TestResult>> {
+    match stored_document(tx, user_id, by, value, Need::Read)? {
+        (document, None) => Ok(Json::written(document)),
+        (document, Some(calibration_id)) => {
             let mut result = decode_result(&document)?;
             crate::reviews::blind::hide(&mut result, calibration_id);
             Ok(result.into())

@@ -118,7 +118,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateReviewR
     state
         .store
         .write(move |tx| {
-            let result = crate::runs::stored_result(tx, &caller.user_id, "id", &result_id, Need::Review)?;
+            let result = crate::runs::stored_result(tx, &caller.user_id, &result_id, Need::Review)?;
             for (i, label) in labels.iter().enumerate() {
                 if !result.evaluations.iter().any(|e| e.name == label.name) {
                     let names: Vec<&str> = result.evaluations.iter().map(|e| e.name.as_str()).collect();
