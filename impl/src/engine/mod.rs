@@ -111,3 +111,14 @@ pub struct Outcome {
     /// whereas an empty entry is judged as "the agent said nothing".
     pub step_replies: Vec<Vec<usize>>,
 }
+
+/// For tests: a loopback port that refuses connections while the socket
+/// lives (bound, never listening), and the port. A port bound and let go
+/// could be taken by another test's listener before it is used.
+#[cfg(test)]
+pub(crate) fn closed_port() -> (tokio::net::TcpSocket, u16) {
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind(([127, 0, 0, 1], 0).into()).unwrap();
+    let port = held.local_addr().unwrap().port();
+    (held, port)
+}

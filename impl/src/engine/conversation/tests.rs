@@ -157,16 +157,6 @@ where
     (url, frames, upgrades)
 }
 
-/// A loopback port that refuses connections while the socket lives: bound,
-/// never listening. (A port bound and let go could be taken by another
-/// test's listener before it is used.)
-fn closed_port() -> (tokio::net::TcpSocket, u16) {
-    let held = tokio::net::TcpSocket::new_v4().unwrap();
-    held.bind(([127, 0, 0, 1], 0).into()).unwrap();
-    let port = held.local_addr().unwrap().port();
-    (held, port)
-}
-
 /// The agent double's replies: (messages, tool calls, end_call).
 fn booking(line: Option<&str>) -> (Vec<&'static str>, Vec<Value>, bool) {
     let line = line.unwrap_or("").to_lowercase();
@@ -603,7 +593,7 @@ async fn http_failure(act: fn(&Value) -> Act, turn_timeout: Duration) -> (Outcom
 
 #[tokio::test]
 async fn http_refused_connection() {
-    let (_held, port) = closed_port();
+    let (_held, port) = crate::engine::closed_port();
     let plan = plan(ChannelKind::Http, format!("http://127.0.0.1:{port}/http"), scripted(Some("Hi"), &[]));
     let outcome = run(&plan).await;
     assert_eq!(outcome.ended_reason, EndedReason::AgentError);
@@ -954,7 +944,7 @@ async fn then_sends(mut peer: Peer, frame: &'static str) {
 
 #[tokio::test]
 async fn websocket_refused_connection() {
-    let (_held, port) = closed_port();
+    let (_held, port) = crate::engine::closed_port();
     let url = format!("ws://127.0.0.1:{port}/ws");
     let outcome = run(&plan(ChannelKind::Websocket, url.clone(), scripted(Some("Hi"), &[]))).await;
     assert_eq!(outcome.ended_reason, EndedReason::AgentError);

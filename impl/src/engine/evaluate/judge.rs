@@ -262,10 +262,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_unreachable_endpoint_is_an_error() {
-        // A port bound by a socket that never listens: refused while it lives.
-        let held = tokio::net::TcpSocket::new_v4().unwrap();
-        held.bind(([127, 0, 0, 1], 0).into()).unwrap();
-        let url = format!("http://{}", held.local_addr().unwrap());
+        let (_held, port) = crate::engine::closed_port();
+        let url = format!("http://127.0.0.1:{port}");
         let llm = LlmEndpoint { base_url: url, model: "m".into(), temperature: None, api_key: Some(KEY.into()) };
         match judge(&Outbound::anywhere(), &llm, "c", &outcome(), Scope::Call).await {
             Decision::Error(reason) => {
