@@ -927,12 +927,16 @@ pub(crate) fn stored_result(
     result_id: &str,
     need: Need,
 ) -> Result<types::TestResult> {
-    let (document, _) = stored_document(tx, user_id, ResultBy::Id, result_id, need)?;
+    let found = tx
+        .prepare_cached(&RESULT_SQL[ResultBy::Id as usize])?
+        .query_row(params![result_id, user_id], result_row)
+        .optional()?;
+    let (document, _) = readable_document(found, ResultBy::Id, result_id, need)?;
     decode_result(&document)
 }
 
-fn decode_result(document: &str) -> Result<types::TestResult> {
-    serde_json::from_str(document).map_err(|e| Failure::Store(conversion(0, e).into()))
+fn decode_result(document: &[u8]) -> Result<types::TestResult> {
+    serde_json::from_slice(document).map_err(|e| Failure::Store(conversion(0, e).into()))
 }
 
 /// What a result is read by: its id, or its call's id.
@@ -942,39 +946,48 @@ enum ResultBy {
     Call = 1,
 }
 
-/// A result's JSON document as stored, if the caller's role in its project
-/// meets `need` (else the errors of [`stored_result`]), and the open
-/// calibration in which the caller labels it blind, if any.
+/// The statement that finds a result (by id or by call id: `?1`), the
+/// caller's role in its project and whether the caller labels it blind
+/// (`?2`: the caller's user id): the most read document of all (a
+/// dashboard's, a pipeline's) costs one query, not three. Its rows are
+/// [`result_row`]s.
 ///
-/// One statement finds the result, the caller's role in its project and
-/// whether the caller labels it blind: the most read document of all (a
-/// dashboard's, a pipeline's) costs one query, not three.
-fn stored_document(
-    tx: &rusqlite::Connection,
-    user_id: &str,
+/// The text is built once: formatting it at every read was 2.5 % of a
+/// result's instructions (callgrind, BENCHMARKS.md).
+static RESULT_SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
+    // In `ResultBy`'s order.
+    ["id", "call_id"].map(|column| {
+        format!(
+            "SELECT r.document, m.role,
+                    (SELECT calibration_id FROM ({}) WHERE test_result_id = r.id LIMIT 1)
+             FROM test_results r
+             LEFT JOIN project_members m ON m.project_id = r.project_id AND m.user_id = ?2
+             WHERE r.{column} = ?1",
+            crate::reviews::blind::blind_pairs("?2")
+        )
+    })
+});
+
+/// A row of [`RESULT_SQL`]: the result's JSON document as stored, the
+/// caller's role in its project if any, and the open calibration in which
+/// the caller labels it blind, if any.
+type ResultRow = (Vec<u8>, Option<String>, Option<String>);
+
+fn result_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ResultRow> {
+    // The document's bytes: its text was encoded by serde_json, and is
+    // answered (or decoded) as it is without a separate UTF-8 check.
+    Ok((r.get_ref(0)?.as_bytes()?.to_vec(), r.get(1)?, r.get(2)?))
+}
+
+/// A result's document and blinding calibration (see [`ResultRow`]) if the
+/// caller's role in its project meets `need`; else the errors of
+/// [`stored_result`].
+fn readable_document(
+    found: Option<ResultRow>,
     by: ResultBy,
     value: &str,
     need: Need,
-) -> Result<(String, Option<String>)> {
-    // The statement's text is built once: formatting it at every read was
-    // 2.5 % of a result's instructions (callgrind, BENCHMARKS.md).
-    static SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
-        // In `ResultBy`'s order.
-        ["id", "call_id"].map(|column| {
-            format!(
-                "SELECT r.document, m.role,
-                        (SELECT calibration_id FROM ({}) WHERE test_result_id = r.id LIMIT 1)
-                 FROM test_results r
-                 LEFT JOIN project_members m ON m.project_id = r.project_id AND m.user_id = ?2
-                 WHERE r.{column} = ?1",
-                crate::reviews::blind::blind_pairs("?2")
-            )
-        })
-    });
-    let found: Option<(String, Option<String>, Option<String>)> = tx
-        .prepare_cached(&SQL[by as usize])?
-        .query_row(params![value, user_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?;
+) -> Result<(Vec<u8>, Option<String>)> {
     let what = match by {
         ResultBy::Id => "test result",
         ResultBy::Call => "test result for call",
@@ -987,15 +1000,18 @@ fn stored_document(
 
 /// A test result as the caller may see it: the stored document as it is
 /// (encoded from a `TestResult` when the run ended), or, for a result the
-/// caller labels blind (see `reviews::blind`), decoded and hidden.
-fn readable_result(
-    tx: &rusqlite::Connection,
+/// caller labels blind (see `reviews::blind`), decoded and hidden. One
+/// statement, read without a transaction around it ([`Store::read_row`]).
+async fn readable_result(
+    state: &AppState,
     user_id: &str,
     by: ResultBy,
     value: &str,
 ) -> Result<Json<types::TestResult>> {
-    match stored_document(tx, user_id, by, value, Need::Read)? {
-        (document, None) => Ok(Json::written(document)),
+    let found =
+        state.store.read_row::<_, Failure, _, _>(&RESULT_SQL[by as usize], params![value, user_id], result_row)?;
+    match readable_document(found, by, value, Need::Read)? {
+        (document, None) => Ok(Json::written_bytes(document)),
         (document, Some(calibration_id)) => {
             let mut result = decode_result(&document)?;
             crate::reviews::blind::hide(&mut result, calibration_id);
@@ -1009,7 +1025,7 @@ pub async fn get_test_result(
     caller: Caller,
     path: p::GetTestResultPath,
 ) -> Result<Json<types::TestResult>> {
-    state.store.read(move |tx| readable_result(tx, &caller.user_id, ResultBy::Id, &path.id)).await
+    readable_result(state, &caller.user_id, ResultBy::Id, &path.id).await
 }
 
 pub async fn get_test_result_by_call(
@@ -1017,7 +1033,7 @@ pub async fn get_test_result_by_call(
     caller: Caller,
     path: p::GetTestResultByCallPath,
 ) -> Result<Json<types::TestResult>> {
-    state.store.read(move |tx| readable_result(tx, &caller.user_id, ResultBy::Call, &path.call_id)).await
+    readable_result(state, &caller.user_id, ResultBy::Call, &path.call_id).await
 }
 
 pub async fn list_test_results(
@@ -1056,7 +1072,7 @@ pub async fn list_test_results(
                 match blind.remove(&id) {
                     None => test_results.push(document),
                     Some(calibration_id) => {
-                        let mut result = decode_result(&document)?;
+                        let mut result = decode_result(document.as_bytes())?;
                         crate::reviews::blind::hide(&mut result, calibration_id);
                         test_results
                             .push(serde_json::to_string(&result).map_err(|e| Failure::Store(conversion(0, e).into()))?);

@@ -20,13 +20,20 @@ pub struct Json<T>(Repr<T>);
 
 enum Repr<T> {
     Value(T),
-    Written(String),
+    Written(Vec<u8>),
 }
 
 impl<T> Json<T> {
     /// A body already written as JSON. The caller promises it is one JSON
     /// value that `T` would deserialize from (tests compare the two paths).
     pub fn written(json: String) -> Self {
+        Json(Repr::Written(json.into_bytes()))
+    }
+
+    /// [`Json::written`], from JSON text as stored bytes: a body is bytes,
+    /// so text that the server itself encoded is not checked to be UTF-8
+    /// again on its way out (4 % of the instructions of a test result read).
+    pub fn written_bytes(json: Vec<u8>) -> Self {
         Json(Repr::Written(json))
     }
 }
