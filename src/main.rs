@@ -220,9 +220,8 @@ fn logger(format: LogFormat) -> slog::Logger {
 /// tens of KB on two runtime threads, and glibc spent a tenth of such a
 /// request in `malloc`, `free` and `malloc_consolidate` (`perf record`). A/B
 /// on fresh copies of the benchmark's data: a page of tests 17–20k → 26k
-/// req/s, the 90/10 mix 20–21k → 24k (BENCHMARKS.md). Rust's allocations
-/// only: SQLite keeps the C allocator (replacing that too measured no
-/// better).
+/// req/s, the 90/10 mix 20–21k → 24k (BENCHMARKS.md). SQLite allocates
+/// from mimalloc too (`sparring_impl::store`, `configure_memory`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -127,7 +127,7 @@ const MAX_GROUP: usize = 64;
 impl Store {
     /// Opens (creating if needed) the database at `path` and migrates it.
     pub fn open(path: &Path) -> StoreResult<Store> {
-        keep_page_memory();
+        configure_memory();
         let mut writer = Connection::open(path)?;
         configure(&writer)?;
         writer.pragma_update(None, "journal_mode", "WAL")?;
@@ -640,36 +640,95 @@ fn execute_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql).and_then(|mut s| s.execute([])).map(drop)
 }
 
-/// Lets every connection keep the memory of its page cache when SQLite
-/// empties it. A connection empties its cache whenever the database changed
-/// since its last read, so under writes a reader starts nearly every read
-/// with an empty cache; by default it then frees each page it held and
-/// allocates them again one by one as the read fetches them (a tenth of
-/// the CPU of reads mixed with writes: `malloc`, `free` and glibc's
-/// consolidation, `perf record`). With an initial bulk allocation as large
-/// as the cache (SQLite caps it at `cache_size`), emptied pages go back to
-/// the connection's own free list. Takes effect only before SQLite is first
-/// used in the process; later it is refused and changes nothing.
-fn keep_page_memory() {
+/// SQLite's memory, configured once before SQLite is first used in the
+/// process (later SQLite refuses it, `SQLITE_MISUSE`, and nothing changes).
+///
+/// - **Page caches keep their memory.** A connection empties its cache
+///   whenever the database changed since its last read, so under writes a
+///   reader starts nearly every read with an empty cache; by default it then
+///   frees each page it held and allocates them again one by one as the read
+///   fetches them (a tenth of the CPU of reads mixed with writes: `malloc`,
+///   `free` and glibc's consolidation, `perf record`). With an initial bulk
+///   allocation as large as the cache (SQLite caps it at `cache_size`),
+///   emptied pages go back to the connection's own free list.
+/// - **mimalloc, without SQLite's allocation statistics.** Each write's
+///   savepoint copies every page it changes into an in-memory sub-journal in
+///   1 KB chunks, freed when the savepoint is released: ~70 allocations
+///   and frees per `POST /v1/tests`, which glibc served at ~360
+///   instructions each once its per-thread cache of such chunks ran out,
+///   each behind SQLite's statistics mutex (callgrind, `POST` scenario:
+///   494k instructions per request, 475k without the statistics, 442k with
+///   mimalloc too; BENCHMARKS.md). Nothing here reads the statistics.
+fn configure_memory() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        use rusqlite::ffi;
+        use std::ffi::{c_int, c_void};
         // 2 MiB, in KiB as SQLite reads a negative count: at least the
         // default `cache_size` (-2000), so the bulk covers a whole cache.
-        const BULK_KIB: std::ffi::c_int = -2048;
-        // SAFETY: `SQLITE_CONFIG_PAGECACHE` takes exactly these three
-        // arguments (no buffer of ours: SQLite allocates the bulk per
-        // connection); before initialization nothing else uses SQLite, and
-        // after it the call is refused with `SQLITE_MISUSE`, harmless.
+        const BULK_KIB: c_int = -2048;
+        let mimalloc = ffi::sqlite3_mem_methods {
+            xMalloc: Some(mi_malloc),
+            xFree: Some(mi_free),
+            xRealloc: Some(mi_realloc),
+            xSize: Some(mi_size),
+            xRoundup: Some(mi_roundup),
+            xInit: Some(mi_init),
+            xShutdown: Some(mi_shutdown),
+            pAppData: std::ptr::null_mut(),
+        };
+        // SAFETY: each option gets exactly the arguments SQLite documents
+        // for it: `SQLITE_CONFIG_PAGECACHE` no buffer of ours (SQLite
+        // allocates the bulk per connection), a size and a count;
+        // `SQLITE_CONFIG_MEMSTATUS` an int; `SQLITE_CONFIG_MALLOC` a pointer
+        // to methods that SQLite copies before returning, each a function
+        // below that keeps SQLite's allocation contract. Before SQLite is
+        // initialized nothing else uses it (and `Once` runs this once);
+        // after, every call is refused, harmless.
         unsafe {
-            rusqlite::ffi::sqlite3_config(
-                rusqlite::ffi::SQLITE_CONFIG_PAGECACHE,
-                std::ptr::null_mut::<std::ffi::c_void>(),
-                0 as std::ffi::c_int,
-                BULK_KIB,
-            );
+            ffi::sqlite3_config(ffi::SQLITE_CONFIG_PAGECACHE, std::ptr::null_mut::<c_void>(), 0 as c_int, BULK_KIB);
+            ffi::sqlite3_config(ffi::SQLITE_CONFIG_MEMSTATUS, 0 as c_int);
+            ffi::sqlite3_config(ffi::SQLITE_CONFIG_MALLOC, &mimalloc as *const ffi::sqlite3_mem_methods);
         }
     });
 }
+
+// SQLite's allocation methods on mimalloc. SQLite calls `xMalloc` and
+// `xRealloc` with sizes from 1 to under 2^31 (it answers 0 and larger itself),
+// `xRealloc` and `xFree` with pointers `xMalloc` or `xRealloc` returned, and
+// needs 8-byte alignment, which mimalloc gives every allocation.
+unsafe extern "C" fn mi_malloc(n: std::ffi::c_int) -> *mut std::ffi::c_void {
+    // SAFETY: any size; null on failure, as SQLite expects.
+    unsafe { libmimalloc_sys::mi_malloc(n as usize) }
+}
+
+unsafe extern "C" fn mi_free(p: *mut std::ffi::c_void) {
+    // SAFETY: `p` came from `mi_malloc` or `mi_realloc` (SQLite's contract).
+    unsafe { libmimalloc_sys::mi_free(p) }
+}
+
+unsafe extern "C" fn mi_realloc(p: *mut std::ffi::c_void, n: std::ffi::c_int) -> *mut std::ffi::c_void {
+    // SAFETY: as `mi_free`; null on failure leaves `p` allocated, as SQLite
+    // expects.
+    unsafe { libmimalloc_sys::mi_realloc(p, n as usize) }
+}
+
+unsafe extern "C" fn mi_size(p: *mut std::ffi::c_void) -> std::ffi::c_int {
+    // SAFETY: as `mi_free`. At least the size asked for, and SQLite asks
+    // for less than 2^31.
+    unsafe { libmimalloc_sys::mi_usable_size(p) as std::ffi::c_int }
+}
+
+unsafe extern "C" fn mi_roundup(n: std::ffi::c_int) -> std::ffi::c_int {
+    // What SQLite's own methods do: a multiple of 8.
+    (n + 7) & !7
+}
+
+unsafe extern "C" fn mi_init(_: *mut std::ffi::c_void) -> std::ffi::c_int {
+    rusqlite::ffi::SQLITE_OK
+}
+
+unsafe extern "C" fn mi_shutdown(_: *mut std::ffi::c_void) {}
 
 /// Statements kept prepared per connection: every statement the API runs
 /// (the default, 16, is fewer, and a statement pushed out is parsed and
