@@ -640,8 +640,10 @@ fn execute_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql).and_then(|mut s| s.execute([])).map(drop)
 }
 
-/// SQLite's memory, configured once before SQLite is first used in the
-/// process (later SQLite refuses it, `SQLITE_MISUSE`, and nothing changes).
+/// SQLite's memory, configured once, before this module opens its first
+/// connection (so before SQLite is first used in the process, unless a
+/// command opened a database otherwise first: then SQLite refuses it,
+/// `SQLITE_MISUSE`, and nothing changes).
 ///
 /// - **Page caches keep their memory.** A connection empties its cache
 ///   whenever the database changed since its last read, so under writes a
@@ -714,9 +716,10 @@ unsafe extern "C" fn mi_realloc(p: *mut std::ffi::c_void, n: std::ffi::c_int) ->
 }
 
 unsafe extern "C" fn mi_size(p: *mut std::ffi::c_void) -> std::ffi::c_int {
-    // SAFETY: as `mi_free`. At least the size asked for, and SQLite asks
-    // for less than 2^31.
-    unsafe { libmimalloc_sys::mi_usable_size(p) as std::ffi::c_int }
+    // SAFETY: as `mi_free`. At least the size asked for (which is under
+    // 2^31: only a rounding up could pass it).
+    let size = unsafe { libmimalloc_sys::mi_usable_size(p) };
+    std::ffi::c_int::try_from(size).unwrap_or(std::ffi::c_int::MAX)
 }
 
 unsafe extern "C" fn mi_roundup(n: std::ffi::c_int) -> std::ffi::c_int {
@@ -757,6 +760,7 @@ fn configure(conn: &Connection) -> StoreResult<()> {
 }
 
 fn open_reader(path: &Path) -> StoreResult<Connection> {
+    configure_memory();
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
