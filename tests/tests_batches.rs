@@ -348,16 +348,9 @@ async fn tests_made_while_the_first_page_is_read_are_all_listed() {
 
     let mut made = made.into_inner().unwrap();
     made.sort_unstable_by(|a, b| b.cmp(a));
-    let mut seen = Vec::new();
-    let mut path = first.clone();
-    loop {
-        let page = s.expect(Method::GET, &path, &owner, None, 200).await;
-        seen.extend(ids_of(&page));
-        match page["next_cursor"].as_str() {
-            Some(c) => path = format!("{first}&cursor={c}"),
-            None => break,
-        }
-    }
+    // Page by page, 200 at a time as `first`.
+    let listed = common::engine::all_pages(&s, &owner, &format!("/v1/tests?project_id={project_id}"), "tests").await;
+    let seen: Vec<String> = listed.iter().map(id).collect();
     assert_eq!(seen, made);
 }
 
