@@ -23,6 +23,13 @@ pub struct Record<'a> {
 /// leaves the single writer thread only the insert.
 pub struct Changes(String);
 
+impl Changes {
+    /// `value` written as JSON (an object: the fields that changed).
+    pub fn of<T: serde::Serialize>(value: &T) -> serde_json::Result<Changes> {
+        serde_json::to_string(value).map(Changes)
+    }
+}
+
 impl From<serde_json::Value> for Changes {
     fn from(value: serde_json::Value) -> Changes {
         // A `Value` always serializes (its keys are strings).

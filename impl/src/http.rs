@@ -441,7 +441,7 @@ impl SparringApi for ServerImpl {
         caller: Caller,
         body: types::CreateTestRequest,
     ) -> Result<Json<types::Test>, ApiError<types::Error>> {
-        crate::tests::create(state(&rqctx), caller, body).await.map(Json::from).map_err(failure)
+        crate::tests::create(state(&rqctx), caller, body).await.map_err(failure)
     }
     async fn get_test(
         rqctx: RequestContext<ApiContext>,

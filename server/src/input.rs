@@ -244,7 +244,10 @@ impl SharedExtractor for Nothing {
 /// metadata it uses), but a parse error names the field it is about
 /// (`label: invalid type: null, expected a string`) and carries the code
 /// `invalid_<field>`, so a client can tell which input to fix.
-pub struct JsonBody<T>(T, BodyFields);
+///
+/// It keeps the body's bytes, for [`JsonBody::into_parts`]: only a `PATCH`
+/// asks which fields were sent, so only a `PATCH` reads them for it.
+pub struct JsonBody<T>(T, UntypedBody);
 
 impl<T> JsonBody<T> {
     pub fn into_inner(self) -> T {
@@ -253,7 +256,7 @@ impl<T> JsonBody<T> {
 
     /// The body and which of its fields the client sent (for `PATCH`).
     pub fn into_parts(self) -> (T, BodyFields) {
-        (self.0, self.1)
+        (self.0, BodyFields::of(self.1.as_bytes()))
     }
 }
 
@@ -268,10 +271,13 @@ pub struct BodyFields {
 
 impl BodyFields {
     fn of(bytes: &[u8]) -> BodyFields {
+        // Only the top level's names and nulls: each value is skipped, not
+        // built.
+        type TopLevel = std::collections::BTreeMap<String, Option<serde::de::IgnoredAny>>;
         let mut fields = BodyFields::default();
-        if let Ok(map) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(bytes) {
+        if let Ok(map) = serde_json::from_slice::<TopLevel>(bytes) {
             for (k, v) in map {
-                if v.is_null() {
+                if v.is_none() {
                     fields.null.insert(k.clone());
                 }
                 fields.present.insert(k);
@@ -303,7 +309,7 @@ where
         check_json_content_type(&request)?;
         let raw = read_body(rqctx, request).await?;
         let value = parse_json(raw.as_bytes())?;
-        Ok(JsonBody(value, BodyFields::of(raw.as_bytes())))
+        Ok(JsonBody(value, raw))
     }
 
     fn metadata(body_content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
@@ -384,6 +390,14 @@ fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpE
             Some(ErrorCode::INVALID_BODY.to_string()),
             "invalid JSON body: the body must be a JSON object".to_string(),
         ));
+    }
+    // Tracking the path costs as much as the parse (7 % of a `POST
+    // /v1/tests`'s instructions, callgrind, BENCHMARKS.md) and only an error
+    // needs it: a body is parsed without it first, and a refused one again
+    // with it, which refuses it the same way (the wrapper changes nothing
+    // else), to say where.
+    if let Ok(value) = serde_json::from_slice(bytes) {
+        return Ok(value);
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -626,6 +640,43 @@ mod tests {
             assert_eq!(got_code, code, "{got_message}");
             assert!(got_message.contains(message), "{got_message} names {message:?}");
         }
+    }
+
+    #[test]
+    fn a_body_is_taken_whole_or_refused() {
+        let body = r#"{"name": "n", "headers": {"X-K": "v"}, "turn_timeout_ms": 900}"#;
+        let taken: types::UpdateChannelRequest = parse_json(body.as_bytes()).unwrap();
+        assert_eq!(taken.name.as_deref().map(String::as_str), Some("n"));
+        assert_eq!(taken.headers.unwrap().get("X-K").map(String::as_str), Some("v"));
+        assert_eq!(taken.turn_timeout_ms, Some(900));
+        for (bad, says) in [
+            (format!("{body} {{}}"), "trailing characters"),
+            (format!("{body}x"), "trailing characters"),
+            (r#"{"name": 5}"#.to_string(), "name: invalid type"),
+            ("[]".to_string(), "must be a JSON object"),
+        ] {
+            let (code, message) = refused::<types::UpdateChannelRequest>(&bad);
+            assert!(code.starts_with("invalid_"), "{bad}: {code}");
+            assert!(message.contains(says), "{bad}: {message}");
+        }
+    }
+
+    #[test]
+    fn body_fields_are_the_top_level_names_and_nulls() {
+        let fields = BodyFields::of(
+            br#"{"name": "n", "description": null, "metadata": {"a": null, "b": [1, {"c": null}]}, "tags": [],
+                "again": null, "again": 1}"#,
+        );
+        for name in ["name", "description", "metadata", "tags", "again"] {
+            assert!(fields.has(name), "{name}");
+        }
+        assert!(fields.is_null("description"));
+        for name in ["name", "metadata", "tags", "again", "a", "c"] {
+            assert!(!fields.is_null(name), "{name}");
+        }
+        assert!(!fields.has("a") && !fields.has("b") && !fields.has("c"));
+        assert_eq!(BodyFields::of(b"[null]"), BodyFields::default());
+        assert_eq!(BodyFields::of(br#"{"a": null"#), BodyFields::default());
     }
 
     #[test]
