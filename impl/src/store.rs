@@ -11,10 +11,11 @@
 //! `synchronous = FULL`: a write is on disk when its transaction commits, so
 //! an acknowledged request survives a crash or power loss. That fsync is
 //! most of a small write's cost, so writes are **group-committed**: a writer
-//! thread takes every write waiting for it, runs each inside its own
-//! `SAVEPOINT` of one transaction, commits once, and only then answers each
-//! of them. Each write is still all-or-nothing (a failed one is rolled back
-//! to its savepoint and leaves no trace; the others go on), writes still
+//! thread takes every write waiting for it, runs them in one transaction
+//! (each after the first inside its own `SAVEPOINT`), commits once, and only
+//! then answers each of them. Each write is still all-or-nothing (a failed
+//! one is rolled back to its savepoint, or with the transaction if it was
+//! the first, and leaves no trace; the others go on), writes still
 //! apply one after another in the order they were taken, readers never see
 //! a write before it is durable, and a write is acknowledged only once its
 //! commit is on disk. If the commit itself fails, every write of the group
@@ -202,8 +203,9 @@ impl Store {
         &self.inner.path
     }
 
-    /// Runs `f` in the writer's transaction, in a savepoint of its own:
-    /// what `f` did is kept if it returns `Ok` and undone otherwise, and the
+    /// Runs `f` in the writer's transaction, in a savepoint of its own (or,
+    /// first in its transaction, alone there until it returns): what `f`
+    /// did is kept if it returns `Ok` and undone otherwise, and the
     /// answer comes once the transaction is committed (durable).
     pub async fn write<T, E, F>(&self, f: F) -> Result<T, E>
     where
@@ -1094,15 +1096,7 @@ mod tests {
         // Reopened: what was acknowledged is there, nothing else.
         drop(store);
         let store = Store::open(&dir.path().join("db.sqlite")).unwrap();
-        let ids: Vec<String> = store
-            .read::<_, StoreError, _>(|tx| {
-                Ok(tx
-                    .prepare("SELECT id FROM users ORDER BY CAST(substr(id, 5) AS INTEGER)")?
-                    .query_map([], |r| r.get(0))?
-                    .collect::<rusqlite::Result<_>>()?)
-            })
-            .await
-            .unwrap();
+        let ids = column(&store, "SELECT id FROM users ORDER BY CAST(substr(id, 5) AS INTEGER)").await;
         let expected: Vec<String> = (0..60).filter(|i| i % 3 != 0 && *i != 31).map(|i| format!("usr_{i}")).collect();
         assert_eq!(ids, expected);
     }
@@ -1149,16 +1143,17 @@ mod tests {
             let r = write.await;
             assert_eq!(r.is_err(), fail, "write {i}: {r:?}");
         }
-        let ids: Vec<String> = store
+        assert_eq!(column(&store, "SELECT id FROM users ORDER BY id").await, ["usr_1", "usr_2", "usr_4"]);
+    }
+
+    /// The first column of every row `sql` gives, as text.
+    async fn column(store: &Store, sql: &'static str) -> Vec<String> {
+        store
             .read::<_, StoreError, _>(|tx| {
-                Ok(tx
-                    .prepare("SELECT id FROM users ORDER BY id")?
-                    .query_map([], |r| r.get(0))?
-                    .collect::<rusqlite::Result<_>>()?)
+                Ok(tx.prepare(sql)?.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?)
             })
             .await
-            .unwrap();
-        assert_eq!(ids, ["usr_1", "usr_2", "usr_4"]);
+            .unwrap()
     }
 
     #[test]
