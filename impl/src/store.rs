@@ -499,7 +499,8 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
         };
         let mut ran: Vec<Ran> = Vec::new();
         let mut lost: Option<String> = None;
-        // The transaction's first job failed and was its only one.
+        // The transaction's first job failed and was its only one: the
+        // transaction is rolled back rather than committed.
         let mut first_failed = false;
         let run = |sql: &str| execute_cached(&tx, sql);
         for job in jobs.by_ref() {
@@ -539,28 +540,16 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
                 break;
             }
         }
-        if first_failed {
-            // Nothing but the failed job is undone; its caller has its
-            // error, and the rest of the group goes on in a new transaction.
-            let rolled_back = tx.rollback();
-            watches.ended();
-            for r in ran {
-                (r.answer)(Ok(()));
-            }
-            if let Err(e) = rolled_back {
-                let e = e.to_string();
-                for job in jobs {
-                    (job(Err(&e)).answer)(Err(&e));
-                }
-                return;
-            }
-            continue;
-        }
         let commit = match lost {
             Some(e) => {
                 drop(tx);
                 Err(e)
             }
+            // Nothing but the failed job is undone (its caller gets its own
+            // error whatever this gives); the rest of the group goes on in
+            // the loop's next transaction (should the rollback have left
+            // this one open, beginning that fails and answers them).
+            None if first_failed => tx.rollback().map_err(|e| e.to_string()),
             None => tx.commit().map_err(|e| e.to_string()),
         };
         watches.ended();
