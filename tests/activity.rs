@@ -126,3 +126,93 @@ async fn filters_and_visibility() {
     s.expect(Method::GET, &format!("/v1/activity/{id}"), &t.reviewer, None, 200).await;
     s.expect(Method::GET, &format!("/v1/activity/{id}"), &t.outsider, None, 404).await;
 }
+
+/// Every page of `GET /activity` at `query`, following the cursors: the
+/// records' ids in the order served.
+async fn paged(s: &TestServer, key: &str, query: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let at = cursor.as_ref().map(|c| format!("&cursor={c}")).unwrap_or_default();
+        let page = s.expect(Method::GET, &format!("/v1/activity?{query}{at}"), key, None, 200).await;
+        ids.extend(page["activity"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_string()));
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => return ids,
+        }
+    }
+}
+
+/// A page of the log is merged from the caller's own records and those of
+/// each project they are in. Paged a few at a time, with and without
+/// filters, it is what the database holds for them: newest first, each
+/// record once (their own records in their projects come from both), their
+/// own records where they are no longer a member, and nothing else.
+#[tokio::test]
+async fn pages_merge_own_records_and_each_projects() {
+    let s = TestServer::start().await;
+    let me = s.key_for_user("me@example.com").await;
+    let other = s.key_for_user("other@example.com").await;
+    let mine = [s.create_project(&me, "first").await, s.create_project(&me, "second").await];
+    let theirs = s.create_project(&other, "theirs").await;
+    let add = |project: &str, by: &str, email: &str| {
+        let (project, by, body) = (project.to_string(), by.to_string(), json!({"email": email, "role": "editor"}));
+        let s = &s;
+        async move { s.expect(Method::POST, &format!("/v1/projects/{project}/members"), &by, Some(body), 200).await }
+    };
+    for project in &mine {
+        add(project, &me, "other@example.com").await;
+    }
+    // I edit their project while a member, then am removed from it.
+    let me_as_member = add(&theirs, &other, "me@example.com").await;
+    let rename = |by: &str, n: usize| Some(json!({"name": format!("renamed by {by} {n}")}));
+    s.expect(Method::PUT, &format!("/v1/projects/{theirs}"), &me, rename("me", 0), 200).await;
+    let my_id = me_as_member["user_id"].as_str().unwrap();
+    s.expect(Method::DELETE, &format!("/v1/projects/{theirs}/members/{my_id}"), &other, None, 200).await;
+    // Interleaved: the other user in my projects and theirs, I in mine and
+    // with no project (a key).
+    for n in 1..=7 {
+        s.expect(Method::PUT, &format!("/v1/projects/{}", mine[n % 2]), &other, rename("other", n), 200).await;
+        s.expect(Method::PUT, &format!("/v1/projects/{theirs}"), &other, rename("other", n), 200).await;
+        if n % 3 == 0 {
+            s.expect(Method::POST, "/v1/api-keys", &me, Some(json!({"label": format!("key {n}")})), 201).await;
+        } else {
+            s.expect(Method::PUT, &format!("/v1/projects/{}", mine[n % 2]), &me, rename("me", n), 200).await;
+        }
+    }
+
+    // What the database holds for me, asked directly.
+    let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
+    let expected = |filter: &str| -> Vec<String> {
+        let sql = format!(
+            "SELECT id FROM activity WHERE (actor_user_id = ?1
+               OR project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)) {filter}
+             ORDER BY id DESC"
+        );
+        let mut statement = db.prepare(&sql).unwrap();
+        statement.query_map([my_id], |r| r.get(0)).unwrap().collect::<Result<_, _>>().unwrap()
+    };
+    let all = expected("");
+    let (first, second) = (&mine[0], &mine[1]);
+    let theirs_renamed = expected(&format!("AND project_id = '{theirs}'"));
+    assert_eq!(theirs_renamed.len(), 1, "my own edit of their project, and none of theirs");
+    // Mine: 2 projects, 2 members added, 1 edit of theirs, 5 edits of mine,
+    // 2 keys; theirs in my projects: 7 edits.
+    assert!(all.len() >= 19, "{}", all.len());
+    for limit in [1, 2, 3, 7, 200] {
+        assert_eq!(paged(&s, &me, &format!("limit={limit}")).await, all, "limit {limit}");
+    }
+    for (query, filter) in [
+        (format!("limit=2&project_id={first}"), format!("AND project_id = '{first}'")),
+        (
+            format!("limit=3&project_id={second}&action=project.update"),
+            format!("AND project_id = '{second}' AND action = 'project.update'"),
+        ),
+        (format!("limit=2&project_id={theirs}"), format!("AND project_id = '{theirs}'")),
+        ("limit=2&resource_type=api_key".to_string(), "AND resource_type = 'api_key'".to_string()),
+    ] {
+        let want = expected(&filter);
+        assert!(!want.is_empty(), "{query}");
+        assert_eq!(paged(&s, &me, &query).await, want, "{query}");
+    }
+}

@@ -113,8 +113,57 @@ fn page_of(query_limit: Option<i32>, cursor: Option<&str>) -> Result<PageRequest
     PageRequest::parse(query_limit, cursor, "act").map_err(|e| Failure::invalid("cursor", e))
 }
 
+/// Where a visible record comes from: the caller made it, or it is in a
+/// project the caller is a member of.
+#[derive(Clone, Copy)]
+enum Source {
+    /// `?1`'s own records (`activity_by_actor`), in the project `?2` if it
+    /// is not NULL.
+    Actor,
+    /// The records of the project `?2` (`activity_by_project`).
+    Project,
+}
+
+/// The SQL of one source's share of a page of `GET /activity`: the ids of
+/// its records visible to `?1` that pass the filters (`?3` resource type,
+/// `?4` action, `?5` since, `?6` until, all NULL when not given), newest
+/// first, after the cursor `?7` when there is one, at most `?8`. Its index
+/// gives them in order: no sort, and the walk stops at the limit. The cursor
+/// is in the SQL only when given, as a range on that index (a `(? IS NULL OR
+/// …)` could not be one: see `store` on why plans do not look at bound
+/// values), so a page deep in the log does not walk the records before it.
+fn source_sql(source: Source, after: bool) -> String {
+    let source = match source {
+        Source::Actor => "a.actor_user_id = ?1 AND (?2 IS NULL OR a.project_id = ?2)",
+        Source::Project => "a.project_id = ?2",
+    };
+    format!(
+        "SELECT a.id FROM activity a WHERE {source} AND NOT {hidden}
+           AND (?3 IS NULL OR a.resource_type = ?3) AND (?4 IS NULL OR a.action = ?4)
+           AND (?5 IS NULL OR a.created_at >= ?5) AND (?6 IS NULL OR a.created_at < ?6){after}
+         ORDER BY a.id DESC LIMIT ?8",
+        hidden = *crate::reviews::blind::HIDDEN_ACTIVITY,
+        after = if after { " AND a.id < ?7" } else { "" },
+    )
+}
+
+/// [`source_sql`] for each source, without and with a cursor.
+static SOURCE_SQL: std::sync::LazyLock<[[String; 2]; 2]> = std::sync::LazyLock::new(|| {
+    [Source::Actor, Source::Project].map(|source| [false, true].map(|after| source_sql(source, after)))
+});
+
 /// `GET /activity`: newest first, filtered by project, resource type,
 /// action and time.
+///
+/// A page is merged from one walk per source (the caller's own records, and
+/// each project they are a member of; only the project when one is asked
+/// for and they are in it), each stopped at the page's size once that many
+/// records pass the filters: with no filter, or a filter most records pass,
+/// a page reads about its size per source, however long the log. (One
+/// statement with `actor OR project IN (…)` read every record the caller
+/// may see, and sorted them all, for every page; see BENCHMARKS.md.) A
+/// filter few records pass walks each source to its end, and the caller's
+/// own records in their projects twice, once per source.
 pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) -> Result<types::ActivityList> {
     let page = page_of(query.limit, query.cursor.as_deref())?;
     if let (Some(since), Some(until)) = (&query.since, &query.until) {
@@ -126,29 +175,51 @@ pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) ->
     let until = query.until.as_ref().map(ids::format_time);
     store
         .read(move |tx| {
-            let visible = &*VISIBLE;
-            let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM activity a WHERE {visible}
-                       AND (?2 IS NULL OR a.project_id = ?2) AND (?3 IS NULL OR a.resource_type = ?3)
-                       AND (?4 IS NULL OR a.action = ?4) AND (?5 IS NULL OR a.created_at >= ?5)
-                       AND (?6 IS NULL OR a.created_at < ?6) AND (?7 IS NULL OR a.id < ?7)
-                     ORDER BY a.id DESC LIMIT ?8"
-                ))?
-                .query_map(
+            // The projects whose records the caller sees as a member: all of
+            // theirs, or the one asked for if they are in it.
+            let projects = tx
+                .prepare_cached(
+                    "SELECT project_id FROM project_members WHERE user_id = ?1 AND (?2 IS NULL OR project_id = ?2)",
+                )?
+                .query_map(params![caller.user_id, query.project_id], |r| r.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let limit = page.fetch_limit();
+            let sql = &*SOURCE_SQL;
+            let after = usize::from(page.after.is_some());
+            let mut ids = Vec::new();
+            // A project asked for whose member the caller is holds their own
+            // records there too: it is the only source then.
+            let own = (query.project_id.is_none() || projects.is_empty()).then_some(query.project_id.as_deref());
+            let sources = own
+                .map(|project| (Source::Actor, project))
+                .into_iter()
+                .chain(projects.iter().map(|p| (Source::Project, Some(p.as_str()))));
+            for (source, project) in sources {
+                let mut statement = tx.prepare_cached(&sql[source as usize][after])?;
+                let found = statement.query_map(
                     params![
                         caller.user_id,
-                        query.project_id,
+                        project,
                         query.resource_type,
                         query.action,
                         since,
                         until,
                         page.after,
-                        page.fetch_limit()
+                        limit
                     ],
-                    from_row,
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+                    |r| r.get::<_, String>(0),
+                )?;
+                for id in found {
+                    ids.push(id?);
+                }
+            }
+            // Newest first; a record of the caller's in one of their
+            // projects came from both sources.
+            ids.sort_unstable_by(|a, b| b.cmp(a));
+            ids.dedup();
+            ids.truncate(page.limit + 1);
+            let mut by_id = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM activity a WHERE a.id = ?1"))?;
+            let rows = ids.iter().map(|id| by_id.query_row([id], from_row)).collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |a| a.id.clone());
             Ok(types::ActivityList { activity: page.items, next_cursor: page.next_cursor })
         })
@@ -194,4 +265,40 @@ pub async fn list_for_resource(
             Ok(types::ActivityList { activity: page.items, next_cursor: page.next_cursor })
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each source of a page of `GET /activity` is read in order from its
+    /// index, the cursor as a range on it: no sort, and no walk of the
+    /// records before the cursor or after the limit (see `source_sql`). A
+    /// condition that stopped the index from serving the order would show
+    /// here as a sort.
+    #[test]
+    fn each_source_of_a_page_is_read_in_index_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                for (source, index, column) in [
+                    (Source::Actor, "activity_by_actor", "actor_user_id"),
+                    (Source::Project, "activity_by_project", "project_id"),
+                ] {
+                    for (after, range) in [(false, ""), (true, " AND id<?")] {
+                        let sql = source_sql(source, after);
+                        let mut explain = tx.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+                        let nulls = vec![rusqlite::types::Null; explain.parameter_count()];
+                        let plan = explain
+                            .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?
+                            .collect::<rusqlite::Result<Vec<_>>>()?;
+                        assert_eq!(plan[0], format!("SEARCH a USING INDEX {index} ({column}=?{range})"), "{sql}");
+                        assert!(plan.iter().all(|step| !step.contains("TEMP B-TREE")), "{plan:#?}");
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
 }
