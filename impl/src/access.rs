@@ -10,6 +10,11 @@ use rusqlite::{params, OptionalExtension as _};
 
 use crate::failure::{Failure, Result};
 
+/// SQL: the projects the user `?1` is a member of; only `?2` among them
+/// when `?2` is not NULL.
+pub const MEMBER_PROJECTS: &str =
+    "SELECT project_id FROM project_members WHERE user_id = ?1 AND (?2 IS NULL OR project_id = ?2)";
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Role {
     Viewer,

@@ -178,9 +178,7 @@ pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) ->
             // The projects whose records the caller sees as a member: all of
             // theirs, or the one asked for if they are in it.
             let projects = tx
-                .prepare_cached(
-                    "SELECT project_id FROM project_members WHERE user_id = ?1 AND (?2 IS NULL OR project_id = ?2)",
-                )?
+                .prepare_cached(crate::access::MEMBER_PROJECTS)?
                 .query_map(params![caller.user_id, query.project_id], |r| r.get::<_, String>(0))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let limit = page.fetch_limit();

@@ -26,7 +26,7 @@ use crate::{ids, AppState};
 
 /// The projects the statistics are over: `?1` the caller, `?2` an optional
 /// project filter.
-const SCOPE: &str = "SELECT project_id FROM project_members WHERE user_id = ?1 AND (?2 IS NULL OR project_id = ?2)";
+const SCOPE: &str = access::MEMBER_PROJECTS;
 
 /// One review, reduced to its labels.
 struct Labels {
