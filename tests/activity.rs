@@ -130,12 +130,19 @@ async fn filters_and_visibility() {
 /// Every page of `GET /activity` at `query`, following the cursors: the
 /// records' ids in the order served.
 async fn paged(s: &TestServer, key: &str, query: &str) -> Vec<String> {
+    paged_at(s, key, &format!("/v1/activity?{query}")).await
+}
+
+/// Every page of the list at `path` (with its query), following the
+/// cursors: the records' ids in the order served.
+async fn paged_at(s: &TestServer, key: &str, path: &str) -> Vec<String> {
     let mut ids = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
         let at = cursor.as_ref().map(|c| format!("&cursor={c}")).unwrap_or_default();
-        let page = s.expect(Method::GET, &format!("/v1/activity?{query}{at}"), key, None, 200).await;
+        let page = s.expect(Method::GET, &format!("{path}{at}"), key, None, 200).await;
         ids.extend(page["activity"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_string()));
+        assert!(ids.len() <= 10_000, "the pages of {path} do not end");
         match page["next_cursor"].as_str() {
             Some(next) => cursor = Some(next.to_string()),
             None => return ids,
@@ -214,5 +221,31 @@ async fn pages_merge_own_records_and_each_projects() {
         let want = expected(&filter);
         assert!(!want.is_empty(), "{query}");
         assert_eq!(paged(&s, &me, &query).await, want, "{query}");
+    }
+}
+
+/// One resource's history, paged a few records at a time in either order,
+/// is the whole history in that order, each record once.
+#[tokio::test]
+async fn a_resource_history_pages_in_both_orders() {
+    let s = TestServer::start().await;
+    let key = s.key_for_user("renamer@example.com").await;
+    let project = s.create_project(&key, "renamed often").await;
+    for i in 0..8 {
+        let body = json!({ "name": format!("renamed {i}") });
+        s.expect(Method::PUT, &format!("/v1/projects/{project}"), &key, Some(body), 200).await;
+    }
+    let asc: Vec<String> = history(&s, &key, "project", &project, "asc")
+        .await
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(asc.len(), 9);
+    let desc: Vec<String> = asc.iter().rev().cloned().collect();
+    for limit in [1, 2, 4] {
+        for (order, want) in [("asc", &asc), ("desc", &desc)] {
+            let path = format!("/v1/activity/resource/project/{project}?order={order}&limit={limit}");
+            assert_eq!(&paged_at(&s, &key, &path).await, want, "{order}, limit {limit}");
+        }
     }
 }

@@ -236,6 +236,27 @@ pub async fn get(store: &Store, caller: Caller, path: p::GetActivityPath) -> Res
 }
 
 /// The history of one resource, oldest or newest first.
+/// The SQL of a page of one resource's history, oldest or newest first,
+/// with or without a cursor. The cursor is in the SQL only when given, as a
+/// range on `activity_by_resource`, so a deep page starts at the cursor
+/// instead of walking the history before it (`(?4 IS NULL OR …)` is not a
+/// range the planner can use).
+fn resource_sql(ascending: bool, after: bool) -> String {
+    let (order, cmp) = if ascending { ("ASC", ">") } else { ("DESC", "<") };
+    let cursor = if after { format!(" AND a.id {cmp} ?4") } else { String::new() };
+    format!(
+        "SELECT {COLUMNS} FROM activity a WHERE {}
+           AND a.resource_type = ?2 AND a.resource_id = ?3{cursor}
+         ORDER BY a.id {order} LIMIT ?5",
+        *VISIBLE
+    )
+}
+
+/// [`resource_sql`], built once: `[ascending][after]`.
+static RESOURCE_SQL: std::sync::LazyLock<[[String; 2]; 2]> = std::sync::LazyLock::new(|| {
+    [false, true].map(|ascending| [false, true].map(|after| resource_sql(ascending, after)))
+});
+
 pub async fn list_for_resource(
     store: &Store,
     caller: Caller,
@@ -244,16 +265,11 @@ pub async fn list_for_resource(
 ) -> Result<types::ActivityList> {
     let page = page_of(query.limit, query.cursor.as_deref())?;
     let ascending = matches!(query.order, Some(types::SortOrder::Asc));
-    let (order, after) = if ascending { ("ASC", ">") } else { ("DESC", "<") };
     store
         .read(move |tx| {
-            let visible = &*VISIBLE;
+            let sql = &RESOURCE_SQL[usize::from(ascending)][usize::from(page.after.is_some())];
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM activity a WHERE {visible}
-                       AND a.resource_type = ?2 AND a.resource_id = ?3 AND (?4 IS NULL OR a.id {after} ?4)
-                     ORDER BY a.id {order} LIMIT ?5"
-                ))?
+                .prepare_cached(sql)?
                 .query_map(
                     params![caller.user_id, path.resource_type, path.resource_id, page.after, page.fetch_limit()],
                     from_row,
@@ -292,6 +308,39 @@ mod tests {
                             .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?
                             .collect::<rusqlite::Result<Vec<_>>>()?;
                         assert_eq!(plan[0], format!("SEARCH a USING INDEX {index} ({column}=?{range})"), "{sql}");
+                        assert!(plan.iter().all(|step| !step.contains("TEMP B-TREE")), "{plan:#?}");
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A page of one resource's history is read in order from
+    /// `activity_by_resource`, from its cursor on when it has one.
+    #[test]
+    fn a_resource_history_is_read_from_its_cursor_in_index_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                for ascending in [false, true] {
+                    for after in [false, true] {
+                        let sql = resource_sql(ascending, after);
+                        let mut explain = tx.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+                        let nulls = vec![rusqlite::types::Null; explain.parameter_count()];
+                        let plan = explain
+                            .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?
+                            .collect::<rusqlite::Result<Vec<_>>>()?;
+                        let range = match (after, ascending) {
+                            (false, _) => "",
+                            (true, true) => " AND id>?",
+                            (true, false) => " AND id<?",
+                        };
+                        let search = format!(
+                            "SEARCH a USING INDEX activity_by_resource (resource_type=? AND resource_id=?{range})"
+                        );
+                        assert_eq!(plan[0], search, "{sql}");
                         assert!(plan.iter().all(|step| !step.contains("TEMP B-TREE")), "{plan:#?}");
                     }
                 }
