@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::TestServer;
+use common::{keys_of_pages, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -130,24 +130,7 @@ async fn filters_and_visibility() {
 /// Every page of `GET /activity` at `query`, following the cursors: the
 /// records' ids in the order served.
 async fn paged(s: &TestServer, key: &str, query: &str) -> Vec<String> {
-    paged_at(s, key, &format!("/v1/activity?{query}")).await
-}
-
-/// Every page of the list at `path` (with its query), following the
-/// cursors: the records' ids in the order served.
-async fn paged_at(s: &TestServer, key: &str, path: &str) -> Vec<String> {
-    let mut ids = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let at = cursor.as_ref().map(|c| format!("&cursor={c}")).unwrap_or_default();
-        let page = s.expect(Method::GET, &format!("{path}{at}"), key, None, 200).await;
-        ids.extend(page["activity"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_string()));
-        assert!(ids.len() <= 10_000, "the pages of {path} do not end");
-        match page["next_cursor"].as_str() {
-            Some(next) => cursor = Some(next.to_string()),
-            None => return ids,
-        }
-    }
+    keys_of_pages(s, key, &format!("/v1/activity?{query}"), "activity", "id").await
 }
 
 /// A page of the log is merged from the caller's own records and those of
@@ -245,7 +228,7 @@ async fn a_resource_history_pages_in_both_orders() {
     for limit in [1, 2, 4] {
         for (order, want) in [("asc", &asc), ("desc", &desc)] {
             let path = format!("/v1/activity/resource/project/{project}?order={order}&limit={limit}");
-            assert_eq!(&paged_at(&s, &key, &path).await, want, "{order}, limit {limit}");
+            assert_eq!(&keys_of_pages(&s, &key, &path, "activity", "id").await, want, "{order}, limit {limit}");
         }
     }
 }

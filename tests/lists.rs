@@ -4,7 +4,7 @@
 mod common;
 
 use base64::Engine as _;
-use common::{error_body, TestServer};
+use common::{error_body, keys_of_pages, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -148,4 +148,57 @@ async fn a_filter_on_someone_elses_project_is_answered_as_documented() {
         checked += 1;
     }
     assert!(checked >= 10, "{checked} lists filter by project");
+}
+
+/// A list paged one or two items at a time is its one page of 200: every
+/// item once, in the same order. (A page after a cursor runs SQL of its own,
+/// with the cursor as a range on the list's index; a first page does not.)
+#[tokio::test]
+async fn a_list_paged_a_few_at_a_time_is_its_whole_page() {
+    let s = TestServer::start().await;
+    let t = s.team("paging").await;
+    let p = &t.project_id;
+    let numbers: Vec<Value> = (0..4)
+        .map(|i| json!({"number": format!("+1415555010{i}"), "label": format!("line {i}"), "direction": "both"}))
+        .collect();
+    let mut integration = String::new();
+    for i in 0..4 {
+        s.expect(Method::POST, "/v1/api-keys", &t.owner, Some(json!({"label": format!("k{i}")})), 201).await;
+        s.create_project(&t.owner, &format!("more {i}")).await;
+        s.expect(Method::POST, "/v1/personas", &t.owner, Some(json!({"project_id": p, "name": format!("p{i}")})), 200)
+            .await;
+        let channel =
+            json!({"project_id": p, "name": format!("c{i}"), "kind": "http", "target": "http://127.0.0.1:9/a"});
+        s.expect(Method::POST, "/v1/channels", &t.owner, Some(channel), 200).await;
+        let twilio = json!({
+            "project_id": p,
+            "provider": "twilio",
+            "name": format!("tel {i}"),
+            "config": {"account_sid": "AC0123456789abcdef0123456789abcdef"},
+            "phone_numbers": numbers,
+        });
+        let created = s.expect(Method::POST, "/v1/integrations", &t.owner, Some(twilio), 200).await;
+        integration = created["id"].as_str().unwrap().to_string();
+    }
+    for (path, field) in [
+        ("/v1/api-keys".to_string(), "keys"),
+        ("/v1/projects".to_string(), "projects"),
+        (format!("/v1/personas?project_id={p}"), "personas"),
+        (format!("/v1/channels?project_id={p}"), "channels"),
+        ("/v1/channels".to_string(), "channels"),
+        (format!("/v1/integrations?project_id={p}"), "integrations"),
+        (format!("/v1/integrations/{integration}/phone-numbers"), "phone_numbers"),
+    ] {
+        // Phone numbers are named by their number; the rest by their id.
+        let item_key = if field == "phone_numbers" { "number" } else { "id" };
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let paged = async |limit: usize| {
+            keys_of_pages(&s, &t.owner, &format!("{path}{sep}limit={limit}"), field, item_key).await
+        };
+        let whole = paged(200).await;
+        assert!(whole.len() >= 4, "{path}: {whole:?}");
+        for limit in [1, 2] {
+            assert_eq!(paged(limit).await, whole, "{path}, {limit} at a time");
+        }
+    }
 }

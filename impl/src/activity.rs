@@ -302,11 +302,7 @@ mod tests {
                 ] {
                     for (after, range) in [(false, ""), (true, " AND id<?")] {
                         let sql = source_sql(source, after);
-                        let mut explain = tx.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
-                        let nulls = vec![rusqlite::types::Null; explain.parameter_count()];
-                        let plan = explain
-                            .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?
-                            .collect::<rusqlite::Result<Vec<_>>>()?;
+                        let plan = crate::pagination::tests::plan(tx, &sql)?;
                         assert_eq!(plan[0], format!("SEARCH a USING INDEX {index} ({column}=?{range})"), "{sql}");
                         assert!(plan.iter().all(|step| !step.contains("TEMP B-TREE")), "{plan:#?}");
                     }
@@ -327,11 +323,7 @@ mod tests {
                 for ascending in [false, true] {
                     for after in [false, true] {
                         let sql = resource_sql(ascending, after);
-                        let mut explain = tx.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
-                        let nulls = vec![rusqlite::types::Null; explain.parameter_count()];
-                        let plan = explain
-                            .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?
-                            .collect::<rusqlite::Result<Vec<_>>>()?;
+                        let plan = crate::pagination::tests::plan(tx, &sql)?;
                         let range = match (after, ascending) {
                             (false, _) => "",
                             (true, true) => " AND id>?",

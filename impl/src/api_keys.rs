@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::LazyLock;
 
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
@@ -17,7 +18,7 @@ use rusqlite::{params, OptionalExtension as _};
 use crate::activity::{self, Record};
 use crate::auth::{Actor, LastUsed, PendingUses};
 use crate::key_cache::KeyCache;
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::store::{Action, Store, StoreError, Watched};
 use crate::{ids, written};
 
@@ -238,10 +239,16 @@ pub async fn list(
         .await
 }
 
+/// A page of the caller's API keys (see [`PageSql`]).
+pub(crate) static PAGE_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!("SELECT {COLUMNS} FROM api_keys WHERE user_id = ?1 {AFTER} ORDER BY id DESC LIMIT ?3"),
+        "AND id < ?2",
+    )
+});
+
 fn read_page(tx: &rusqlite::Connection, user_id: &str, page: &PageRequest) -> Result<KeyPage, ApiKeyError> {
-    let mut stmt = tx.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM api_keys WHERE user_id = ?1 AND (?2 IS NULL OR id < ?2) ORDER BY id DESC LIMIT ?3"
-    ))?;
+    let mut stmt = tx.prepare_cached(PAGE_SQL.of(page))?;
     let rows = stmt
         .query_map(params![user_id, page.after, page.fetch_limit()], written_key)?
         .collect::<Result<Vec<_>, _>>()?;

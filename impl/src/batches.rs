@@ -11,6 +11,7 @@
 //! delete.
 
 use std::collections::BTreeSet;
+use std::sync::LazyLock;
 
 use rusqlite::{params, OptionalExtension as _};
 use serde_json::{json, Map, Value};
@@ -20,7 +21,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::{ids, validate, AppState};
 
 pub const MAX_TESTS: usize = 1000;
@@ -144,6 +145,19 @@ pub(crate) fn load(tx: &rusqlite::Connection, user_id: &str, id: &str) -> Result
     with_tests(tx, user_id, batch)
 }
 
+/// A page of `GET /v1/batches` (see [`PageSql`]).
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT {COLUMNS} FROM batches b
+             WHERE b.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+               AND (?2 IS NULL OR b.project_id = ?2) {AFTER}
+             ORDER BY b.id DESC LIMIT ?4"
+        ),
+        "AND b.id < ?3",
+    )
+});
+
 pub async fn list(state: &AppState, caller: Caller, query: p::ListBatchesQuery) -> Result<types::BatchList> {
     let page =
         PageRequest::parse(query.limit, query.cursor.as_deref(), "bat").map_err(|e| Failure::invalid("cursor", e))?;
@@ -154,12 +168,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListBatchesQuery) 
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM batches b
-                     WHERE b.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-                       AND (?2 IS NULL OR b.project_id = ?2) AND (?3 IS NULL OR b.id < ?3)
-                     ORDER BY b.id DESC LIMIT ?4"
-                ))?
+                .prepare_cached(LIST_SQL.of(&page))?
                 .query_map(params![caller.user_id, query.project_id, page.after, page.fetch_limit()], from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |b| b.id.clone());

@@ -16,6 +16,7 @@
 //! and owners create, change and delete.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::LazyLock;
 
 use rusqlite::{params, OptionalExtension as _};
 use serde_json::{json, Map, Value};
@@ -25,7 +26,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::{ids, integrations, validate, AppState};
 
 pub const DEFAULT_TURN_TIMEOUT_MS: i32 = 10_000;
@@ -280,6 +281,20 @@ pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Channel
         .ok_or_else(|| Failure::not_found("channel", id))
 }
 
+/// A page of `GET /v1/channels` (see [`PageSql`]).
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT {COLUMNS} FROM channels c
+             WHERE c.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+               AND (?2 IS NULL OR c.project_id = ?2) AND (?3 IS NULL OR c.kind = ?3)
+               {AFTER}
+             ORDER BY c.id DESC LIMIT ?5"
+        ),
+        "AND c.id < ?4",
+    )
+});
+
 pub async fn list(state: &AppState, caller: Caller, query: p::ListChannelsQuery) -> Result<types::ChannelList> {
     let page =
         PageRequest::parse(query.limit, query.cursor.as_deref(), "chn").map_err(|e| Failure::invalid("cursor", e))?;
@@ -291,13 +306,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListChannelsQuery)
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM channels c
-                     WHERE c.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-                       AND (?2 IS NULL OR c.project_id = ?2) AND (?3 IS NULL OR c.kind = ?3)
-                       AND (?4 IS NULL OR c.id < ?4)
-                     ORDER BY c.id DESC LIMIT ?5"
-                ))?
+                .prepare_cached(LIST_SQL.of(&page))?
                 .query_map(params![caller.user_id, query.project_id, kind, page.after, page.fetch_limit()], from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |c| c.id.clone());

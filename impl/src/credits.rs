@@ -12,9 +12,10 @@
 
 use rusqlite::{params, OptionalExtension as _};
 use sparring_server::{params as p, types, Caller};
+use std::sync::LazyLock;
 
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::{ids, AppState};
 
 pub const DEFAULT_STARTING_CREDITS: i64 = 1000;
@@ -172,6 +173,19 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Transaction> {
     })
 }
 
+/// A page of the caller's credit transactions (see [`PageSql`]).
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT {COLUMNS} FROM transactions
+             WHERE user_id = ?1 AND (?2 IS NULL OR kind = ?2) AND (?3 IS NULL OR batch_run_id = ?3)
+               {AFTER}
+             ORDER BY id DESC LIMIT ?5"
+        ),
+        "AND id < ?4",
+    )
+});
+
 pub async fn list(state: &AppState, caller: Caller, query: p::ListTransactionsQuery) -> Result<types::TransactionList> {
     let page =
         PageRequest::parse(query.limit, query.cursor.as_deref(), "txn").map_err(|e| Failure::invalid("cursor", e))?;
@@ -180,12 +194,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTransactionsQu
         .store
         .read(move |tx| {
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM transactions
-                     WHERE user_id = ?1 AND (?2 IS NULL OR kind = ?2) AND (?3 IS NULL OR batch_run_id = ?3)
-                       AND (?4 IS NULL OR id < ?4)
-                     ORDER BY id DESC LIMIT ?5"
-                ))?
+                .prepare_cached(LIST_SQL.of(&page))?
                 .query_map(params![caller.user_id, kind, query.batch_run_id, page.after, page.fetch_limit()], from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |t| t.id.clone());

@@ -20,6 +20,7 @@
 //! Viewers and reviewers read; editors and owners create, change and delete.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use rusqlite::{params, OptionalExtension as _};
 use serde_json::{json, Map, Value};
@@ -29,7 +30,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::{ids, validate, AppState};
 
 pub const MAX_PHONE_NUMBERS: usize = 100;
@@ -295,6 +296,20 @@ fn check_name_free(tx: &rusqlite::Transaction<'_>, project_id: &str, name: &str,
     access::check_name_free(tx, "integrations", "an integration", project_id, name, except)
 }
 
+/// A page of `GET /v1/integrations` (see [`PageSql`]).
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT {COLUMNS} FROM integrations i
+             WHERE i.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+               AND (?2 IS NULL OR i.project_id = ?2) AND (?3 IS NULL OR i.provider = ?3)
+               {AFTER}
+             ORDER BY i.id DESC LIMIT ?5"
+        ),
+        "AND i.id < ?4",
+    )
+});
+
 pub async fn list(state: &AppState, caller: Caller, query: p::ListIntegrationsQuery) -> Result<types::IntegrationList> {
     let page =
         PageRequest::parse(query.limit, query.cursor.as_deref(), "int").map_err(|e| Failure::invalid("cursor", e))?;
@@ -306,13 +321,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListIntegrationsQu
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM integrations i
-                     WHERE i.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-                       AND (?2 IS NULL OR i.project_id = ?2) AND (?3 IS NULL OR i.provider = ?3)
-                       AND (?4 IS NULL OR i.id < ?4)
-                     ORDER BY i.id DESC LIMIT ?5"
-                ))?
+                .prepare_cached(LIST_SQL.of(&page))?
                 .query_map(
                     params![caller.user_id, query.project_id, provider, page.after, page.fetch_limit()],
                     from_row,
@@ -564,6 +573,17 @@ pub async fn update(
         .await
 }
 
+/// A page of an integration's phone numbers (see [`PageSql`]).
+pub(crate) static PHONE_NUMBERS_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT seq, number, label, direction FROM integration_phone_numbers
+             WHERE integration_id = ?1 {AFTER} ORDER BY seq DESC LIMIT ?3"
+        ),
+        "AND seq < ?2",
+    )
+});
+
 /// The integration's phone numbers, newest first (by the row each was
 /// registered with, see [`replace_numbers`]); the cursor is the last
 /// returned one's `seq`, which no change of the list moves.
@@ -580,10 +600,7 @@ pub async fn list_phone_numbers(
         .read(move |tx| {
             access::require_resource(tx, &caller.user_id, "integrations", "integration", &path.id, Need::Read)?;
             let rows = tx
-                .prepare_cached(
-                    "SELECT seq, number, label, direction FROM integration_phone_numbers
-                     WHERE integration_id = ?1 AND (?2 IS NULL OR seq < ?2) ORDER BY seq DESC LIMIT ?3",
-                )?
+                .prepare_cached(PHONE_NUMBERS_SQL.of_cursor(after.is_some()))?
                 .query_map(params![path.id, after, page.fetch_limit()], number_from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |(seq, _)| seq.to_string());

@@ -119,3 +119,132 @@ pub struct Page<T> {
     pub items: Vec<T>,
     pub next_cursor: Option<String>,
 }
+
+/// Where a list's SQL takes its cursor: [`PageSql::new`] puts the cursor's
+/// condition here in a page after a cursor, and nothing in a first page.
+/// (A comment, so that SQL holding it stays SQL.)
+pub const AFTER: &str = "/* after the cursor */";
+
+/// A list's SQL in its two forms: a first page's, and that of a page after a
+/// cursor, whose condition on the cursor (`AND id < ?3`) is a range the
+/// planner starts the list's index at. Written as one statement for both,
+/// `(?3 IS NULL OR id < ?3)`, it is not a range (plans do not look at bound
+/// values): a deep page then walked every item before its cursor. Each list
+/// builds its `PageSql` once, in a `LazyLock`; the cursor's parameter keeps
+/// its number in both forms, and is bound, unused, in a first page.
+pub struct PageSql {
+    first: String,
+    after: String,
+}
+
+impl PageSql {
+    /// `sql` holds [`AFTER`] once, where `condition` goes.
+    pub fn new(sql: &str, condition: &str) -> PageSql {
+        assert_eq!(sql.matches(AFTER).count(), 1, "a list's SQL holds `AFTER` once: {sql}");
+        PageSql { first: sql.replace(AFTER, ""), after: sql.replace(AFTER, condition) }
+    }
+
+    /// The SQL of `page`.
+    pub fn of(&self, page: &PageRequest) -> &str {
+        self.of_cursor(page.after.is_some())
+    }
+
+    /// The SQL of a page with or without a cursor.
+    pub fn of_cursor(&self, after: bool) -> &str {
+        if after {
+            &self.after
+        } else {
+            &self.first
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::store::{Store, StoreError};
+
+    /// Every list's SQL, and the step of its plan that reads the list's
+    /// index from a page's cursor on.
+    fn lists() -> Vec<(&'static PageSql, &'static str)> {
+        vec![
+            (&crate::api_keys::PAGE_SQL, "SEARCH api_keys USING COVERING INDEX api_keys_listing (user_id=? AND id<?)"),
+            (&crate::batches::LIST_SQL, "SEARCH b USING INDEX batches_by_project (project_id=? AND id<?)"),
+            (&crate::channels::LIST_SQL, "SEARCH c USING INDEX channels_by_project (project_id=? AND id<?)"),
+            (&crate::credits::LIST_SQL, "SEARCH transactions USING INDEX transactions_by_user_id (user_id=? AND id<?)"),
+            (
+                &crate::engine::webhooks::LIST_SQL,
+                "SEARCH webhook_deliveries USING INDEX webhook_deliveries_by_project (project_id=? AND id<?)",
+            ),
+            (&crate::integrations::LIST_SQL, "SEARCH i USING INDEX integrations_by_project (project_id=? AND id<?)"),
+            (
+                &crate::integrations::PHONE_NUMBERS_SQL,
+                "SEARCH integration_phone_numbers USING INDEX integration_phone_numbers_newest_first \
+                 (integration_id=? AND seq<?)",
+            ),
+            (&crate::personas::LIST_SQL, "SEARCH t USING INDEX personas_by_project (project_id=? AND id<?)"),
+            (&crate::projects::LIST_SQL, "SEARCH m USING INDEX project_members_by_user (user_id=? AND project_id<?)"),
+            (&crate::reviews::LIST_SQL, "SEARCH r USING INDEX reviews_by_project (project_id=? AND id<?)"),
+            (
+                &crate::reviews::calibration::LIST_SQL,
+                "SEARCH calibrations USING INDEX calibrations_by_project (project_id=? AND id<?)",
+            ),
+            (
+                &crate::runs::BATCH_RUNS_SQL,
+                "SEARCH batch_runs USING INDEX batch_runs_by_project (project_id=? AND id<?)",
+            ),
+            (
+                &crate::runs::BATCH_RUN_TESTS_SQL,
+                "SEARCH t USING INDEX sqlite_autoindex_batch_run_tests_1 (batch_run_id=? AND test_id<?)",
+            ),
+            (&crate::runs::RUNS_SQL, "SEARCH runs USING INDEX runs_by_batch_run (batch_run_id=? AND id<?)"),
+            (
+                &crate::runs::TEST_RESULTS_SQL,
+                "SEARCH test_results USING INDEX test_results_by_test (test_id=? AND id<?)",
+            ),
+            (&crate::scenarios::LIST_SQL, "SEARCH s USING INDEX scenarios_by_project (project_id=? AND id<?)"),
+        ]
+    }
+
+    /// The steps of `sql`'s query plan, its parameters all NULL (plans do
+    /// not look at bound values).
+    pub(crate) fn plan(tx: &rusqlite::Connection, sql: &str) -> rusqlite::Result<Vec<String>> {
+        let mut explain = tx.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+        let nulls = vec![rusqlite::types::Null; explain.parameter_count()];
+        let plan = explain.query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?.collect();
+        plan
+    }
+
+    /// A page after a cursor reads each list's index from the cursor on,
+    /// not every item before it; a first page has no cursor to start at.
+    /// (`GET /v1/reviewers` is left out: a project's reviewers are found
+    /// through its members, few, and the cursor filters them.)
+    #[test]
+    fn a_page_after_a_cursor_starts_its_index_at_the_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .write_blocking::<_, StoreError, _>(|tx| {
+                for (sql, step) in lists() {
+                    let after = plan(tx, sql.of_cursor(true))?;
+                    assert!(after.iter().any(|s| s == step), "{step}\n{after:#?}");
+                    let first = plan(tx, sql.of_cursor(false))?;
+                    assert!(!first.iter().any(|s| s.contains("<?")), "{first:#?}");
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// The cursor's condition goes where the SQL marks it, and only in a
+    /// page after a cursor.
+    #[test]
+    fn the_cursor_condition_only_after_a_cursor() {
+        let sql =
+            PageSql::new(&format!("SELECT id FROM t WHERE x = ?1 {AFTER} ORDER BY id DESC LIMIT ?3"), "AND id < ?2");
+        assert_eq!(sql.of_cursor(false), "SELECT id FROM t WHERE x = ?1  ORDER BY id DESC LIMIT ?3");
+        assert_eq!(sql.of_cursor(true), "SELECT id FROM t WHERE x = ?1 AND id < ?2 ORDER BY id DESC LIMIT ?3");
+        let page = PageRequest::parse(None, None, "tst").unwrap();
+        assert_eq!(sql.of(&page), sql.of_cursor(false));
+    }
+}

@@ -20,12 +20,13 @@ use rusqlite::{params, OptionalExtension as _};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use sparring_server::{params as p, types, BodyFields, Caller};
+use std::sync::LazyLock;
 
 use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::{ids, validate, AppState};
 
 pub const DEFAULT_LANGUAGE: &str = "en-US";
@@ -176,6 +177,21 @@ pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Persona
         .ok_or_else(|| Failure::not_found("persona", id))
 }
 
+/// A page of `GET /v1/personas` (see [`PageSql`]).
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT {COLUMNS} FROM personas t
+             WHERE t.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+               AND (?2 IS NULL OR t.project_id = ?2)
+               AND (?3 IS NULL OR EXISTS (SELECT 1 FROM json_each(t.document, '$.tags') WHERE value = ?3))
+               {AFTER}
+             ORDER BY t.id DESC LIMIT ?5"
+        ),
+        "AND t.id < ?4",
+    )
+});
+
 pub async fn list(state: &AppState, caller: Caller, query: p::ListPersonasQuery) -> Result<types::PersonaList> {
     let page =
         PageRequest::parse(query.limit, query.cursor.as_deref(), "per").map_err(|e| Failure::invalid("cursor", e))?;
@@ -186,14 +202,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListPersonasQuery)
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM personas t
-                     WHERE t.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-                       AND (?2 IS NULL OR t.project_id = ?2)
-                       AND (?3 IS NULL OR EXISTS (SELECT 1 FROM json_each(t.document, '$.tags') WHERE value = ?3))
-                       AND (?4 IS NULL OR t.id < ?4)
-                     ORDER BY t.id DESC LIMIT ?5"
-                ))?
+                .prepare_cached(LIST_SQL.of(&page))?
                 .query_map(
                     params![caller.user_id, query.project_id, query.tag, page.after, page.fetch_limit()],
                     from_row,

@@ -13,12 +13,13 @@
 use rusqlite::{params, OptionalExtension as _};
 use serde_json::json;
 use sparring_server::{params as p, types, BodyFields, Caller};
+use std::sync::LazyLock;
 
 use crate::access::{self, Need, Role};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::{ids, validate, AppState};
 
 pub const DEFAULT_MAX_CALL_DURATION_S: u32 = 600;
@@ -180,6 +181,17 @@ fn load(tx: &rusqlite::Connection, user_id: &str, project_id: &str) -> Result<ty
     .ok_or_else(|| Failure::not_found("project", project_id))
 }
 
+/// A page of `GET /v1/projects` (see [`PageSql`]).
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT {COLUMNS} FROM projects p JOIN project_members m ON m.project_id = p.id AND m.user_id = ?1
+             {AFTER} ORDER BY p.id DESC LIMIT ?3"
+        ),
+        "WHERE m.project_id < ?2",
+    )
+});
+
 pub async fn list(state: &AppState, caller: Caller, query: p::ListProjectsQuery) -> Result<types::ProjectList> {
     let page =
         PageRequest::parse(query.limit, query.cursor.as_deref(), "prj").map_err(|e| Failure::invalid("cursor", e))?;
@@ -187,10 +199,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListProjectsQuery)
         .store
         .read(move |tx| {
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM projects p JOIN project_members m ON m.project_id = p.id AND m.user_id = ?1
-                     WHERE (?2 IS NULL OR p.id < ?2) ORDER BY p.id DESC LIMIT ?3"
-                ))?
+                .prepare_cached(LIST_SQL.of(&page))?
                 .query_map(params![caller.user_id, page.after, page.fetch_limit()], from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |p| p.id.clone());

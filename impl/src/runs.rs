@@ -22,7 +22,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::{credits, ids, written, AppState};
 
 /// Most runs one request may queue.
@@ -673,6 +673,20 @@ pub async fn get_batch_run(state: &AppState, caller: Caller, path: p::GetBatchRu
         .await
 }
 
+/// A page of `GET /v1/batch-runs` (see [`PageSql`]).
+pub(crate) static BATCH_RUNS_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT {BATCH_RUN_COLUMNS} FROM batch_runs
+             WHERE project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+               AND (?2 IS NULL OR project_id = ?2) AND (?3 IS NULL OR batch_id = ?3)
+               AND (?4 IS NULL OR status = ?4) {AFTER}
+             ORDER BY id DESC LIMIT ?6"
+        ),
+        "AND id < ?5",
+    )
+});
+
 pub async fn list_batch_runs(
     state: &AppState,
     caller: Caller,
@@ -688,13 +702,7 @@ pub async fn list_batch_runs(
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {BATCH_RUN_COLUMNS} FROM batch_runs
-                     WHERE project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-                       AND (?2 IS NULL OR project_id = ?2) AND (?3 IS NULL OR batch_id = ?3)
-                       AND (?4 IS NULL OR status = ?4) AND (?5 IS NULL OR id < ?5)
-                     ORDER BY id DESC LIMIT ?6"
-                ))?
+                .prepare_cached(BATCH_RUNS_SQL.of(&page))?
                 .query_map(
                     params![caller.user_id, query.project_id, query.batch_id, status, page.after, page.fetch_limit()],
                     batch_run_from_row,
@@ -726,6 +734,20 @@ pub(crate) const TESTS_WITH_COUNTS: &str = "batch_run_tests t LEFT JOIN (
     ) a ON a.test_id = t.test_id
     WHERE t.batch_run_id = ?1";
 
+/// A page of a batch run's tests (see [`PageSql`]).
+pub(crate) static BATCH_RUN_TESTS_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT t.test_id, t.name, t.pass_threshold, coalesce(a.total, 0), coalesce(a.queued, 0),
+                    coalesce(a.running, 0), coalesce(a.passed, 0), coalesce(a.failed, 0),
+                    coalesce(a.errored, 0), coalesce(a.cancelled, 0)
+             FROM {TESTS_WITH_COUNTS} {AFTER}
+             ORDER BY t.test_id DESC LIMIT ?3"
+        ),
+        "AND t.test_id < ?2",
+    )
+});
+
 /// How each test of a batch run did: its runs by state, the pass threshold
 /// kept when the batch run started, the verdict once it completed (as
 /// `queue::end` reaches the batch run's), and up to three failures with
@@ -745,13 +767,7 @@ pub async fn list_tests(
             let run = seen_by(tx, &caller.user_id, load_batch_run(tx, &path.id)?)?;
             let completed = matches!(run.status, types::BatchRunStatus::Completed);
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT t.test_id, t.name, t.pass_threshold, coalesce(a.total, 0), coalesce(a.queued, 0),
-                            coalesce(a.running, 0), coalesce(a.passed, 0), coalesce(a.failed, 0),
-                            coalesce(a.errored, 0), coalesce(a.cancelled, 0)
-                     FROM {TESTS_WITH_COUNTS} AND (?2 IS NULL OR t.test_id < ?2)
-                     ORDER BY t.test_id DESC LIMIT ?3"
-                ))?
+                .prepare_cached(BATCH_RUN_TESTS_SQL.of(&page))?
                 .query_map(params![path.id, page.after, page.fetch_limit()], |r| {
                     let count = |i: usize| r.get::<_, i64>(i).map(|n| n.max(0));
                     let (passed, failed, errored) = (count(6)?, count(7)?, count(8)?);
@@ -875,6 +891,20 @@ fn run_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Run> {
     })
 }
 
+/// A page of a batch run's runs (see [`PageSql`]).
+pub(crate) static RUNS_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT {RUN_COLUMNS} FROM runs
+             WHERE batch_run_id = ?1 AND (?2 IS NULL OR status = ?2) {AFTER}
+               AND (?2 IS NULL OR test_result_id IS NULL OR test_result_id NOT IN ({}))
+             ORDER BY id DESC LIMIT ?4",
+            crate::reviews::blind::blind_results("?5")
+        ),
+        "AND id < ?3",
+    )
+});
+
 pub async fn list_runs(
     state: &AppState,
     caller: Caller,
@@ -893,13 +923,7 @@ pub async fn list_runs(
             // query itself, so that neither the page's length nor its cursor
             // tells that it matched.
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {RUN_COLUMNS} FROM runs
-                     WHERE batch_run_id = ?1 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR id < ?3)
-                       AND (?2 IS NULL OR test_result_id IS NULL OR test_result_id NOT IN ({}))
-                     ORDER BY id DESC LIMIT ?4",
-                    crate::reviews::blind::blind_results("?5")
-                ))?
+                .prepare_cached(RUNS_SQL.of(&page))?
                 .query_map(
                     params![path.batch_id, status, page.after, page.fetch_limit(), caller.user_id],
                     run_from_row,
@@ -1036,6 +1060,20 @@ pub async fn get_test_result_by_call(
     readable_result(state, &caller.user_id, ResultBy::Call, &path.call_id).await
 }
 
+/// A page of a test's results (see [`PageSql`]).
+pub(crate) static TEST_RESULTS_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT document, id FROM test_results
+             WHERE test_id = ?1 AND (?2 IS NULL OR status = ?2) {AFTER}
+               AND (?2 IS NULL OR id NOT IN ({}))
+             ORDER BY id DESC LIMIT ?4",
+            crate::reviews::blind::blind_results("?5")
+        ),
+        "AND id < ?3",
+    )
+});
+
 pub async fn list_test_results(
     state: &AppState,
     caller: Caller,
@@ -1054,13 +1092,7 @@ pub async fn list_test_results(
             // (matching the filter would reveal it) in the query itself, so
             // that neither the page's length nor its cursor tells.
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT document, id FROM test_results
-                     WHERE test_id = ?1 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR id < ?3)
-                       AND (?2 IS NULL OR id NOT IN ({}))
-                     ORDER BY id DESC LIMIT ?4",
-                    crate::reviews::blind::blind_results("?5")
-                ))?
+                .prepare_cached(TEST_RESULTS_SQL.of(&page))?
                 .query_map(params![path.id, status, page.after, page.fetch_limit(), caller.user_id], |r| {
                     Ok((r.get::<_, String>(1)?, r.get::<_, String>(0)?))
                 })?

@@ -17,6 +17,7 @@
 //! delete. Deleting a scenario a test still uses is a 409 `in_use`.
 
 use std::collections::BTreeSet;
+use std::sync::LazyLock;
 
 use rusqlite::{params, OptionalExtension as _};
 use serde::{Deserialize, Serialize};
@@ -27,7 +28,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::{evaluators, ids, validate, AppState};
 
 pub const DEFAULT_MAX_TURNS: u32 = 20;
@@ -304,6 +305,21 @@ pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Scenari
         .ok_or_else(|| Failure::not_found("scenario", id))
 }
 
+/// A page of `GET /v1/scenarios` (see [`PageSql`]).
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT {COLUMNS} FROM scenarios s
+             WHERE s.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+               AND (?2 IS NULL OR s.project_id = ?2) AND (?3 IS NULL OR s.mode = ?3)
+               AND (?4 IS NULL OR EXISTS (SELECT 1 FROM json_each(s.document, '$.tags') WHERE value = ?4))
+               {AFTER}
+             ORDER BY s.id DESC LIMIT ?6"
+        ),
+        "AND s.id < ?5",
+    )
+});
+
 pub async fn list(state: &AppState, caller: Caller, query: p::ListScenariosQuery) -> Result<types::ScenarioList> {
     let page =
         PageRequest::parse(query.limit, query.cursor.as_deref(), "scn").map_err(|e| Failure::invalid("cursor", e))?;
@@ -315,14 +331,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListScenariosQuery
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM scenarios s
-                     WHERE s.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-                       AND (?2 IS NULL OR s.project_id = ?2) AND (?3 IS NULL OR s.mode = ?3)
-                       AND (?4 IS NULL OR EXISTS (SELECT 1 FROM json_each(s.document, '$.tags') WHERE value = ?4))
-                       AND (?5 IS NULL OR s.id < ?5)
-                     ORDER BY s.id DESC LIMIT ?6"
-                ))?
+                .prepare_cached(LIST_SQL.of(&page))?
                 .query_map(
                     params![caller.user_id, query.project_id, mode, query.tag, page.after, page.fetch_limit()],
                     from_row,

@@ -23,6 +23,7 @@
 use crate::engine::outbound::Outbound;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
@@ -33,7 +34,7 @@ use sparring_server::{params as p, types, Caller};
 
 use crate::access::{self, Need};
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::{ids, AppState};
 
 pub const EVENT_COMPLETED: &str = "batch_run.completed";
@@ -363,6 +364,19 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::WebhookDelivery>
     })
 }
 
+/// A page of a project's webhook deliveries (see [`PageSql`]).
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT id, project_id, event, batch_run_id, url, status, attempts, last_response_status,
+                    last_error, next_attempt_at, created_at, updated_at
+             FROM webhook_deliveries WHERE project_id = ?1 {AFTER}
+             ORDER BY id DESC LIMIT ?3"
+        ),
+        "AND id < ?2",
+    )
+});
+
 pub async fn list(
     state: &AppState,
     caller: Caller,
@@ -376,12 +390,7 @@ pub async fn list(
         .read(move |tx| {
             access::require(tx, &caller.user_id, &path.id, Need::Edit)?;
             let rows = tx
-                .prepare_cached(
-                    "SELECT id, project_id, event, batch_run_id, url, status, attempts, last_response_status,
-                            last_error, next_attempt_at, created_at, updated_at
-                     FROM webhook_deliveries WHERE project_id = ?1 AND (?2 IS NULL OR id < ?2)
-                     ORDER BY id DESC LIMIT ?3",
-                )?
+                .prepare_cached(LIST_SQL.of(&page))?
                 .query_map(params![path.id, page.after, page.fetch_limit()], from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |d| d.id.clone());

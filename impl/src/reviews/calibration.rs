@@ -18,6 +18,7 @@
 //! open (`blinded: true`).
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use rusqlite::{params, OptionalExtension as _};
 use serde_json::{json, Map, Value};
@@ -29,7 +30,7 @@ use crate::access::{self, Need, Role};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::runs::conversion;
 use crate::{ids, AppState};
 
@@ -231,6 +232,20 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetCalibrationPath) 
         .await
 }
 
+/// A page of `GET /v1/calibrations` (see [`PageSql`]).
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT id FROM calibrations
+             WHERE project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+               AND (?2 IS NULL OR project_id = ?2) AND (?3 IS NULL OR status = ?3)
+               {AFTER}
+             ORDER BY id DESC LIMIT ?5"
+        ),
+        "AND id < ?4",
+    )
+});
+
 /// `GET /reviews/calibration`: newest first.
 pub async fn list(state: &AppState, caller: Caller, query: p::ListCalibrationsQuery) -> Result<types::CalibrationList> {
     let page =
@@ -243,13 +258,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListCalibrationsQu
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
             let ids: Vec<String> = tx
-                .prepare_cached(
-                    "SELECT id FROM calibrations
-                     WHERE project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-                       AND (?2 IS NULL OR project_id = ?2) AND (?3 IS NULL OR status = ?3)
-                       AND (?4 IS NULL OR id < ?4)
-                     ORDER BY id DESC LIMIT ?5",
-                )?
+                .prepare_cached(LIST_SQL.of(&page))?
                 .query_map(params![caller.user_id, query.project_id, status, page.after, page.fetch_limit()], |r| {
                     r.get(0)
                 })?

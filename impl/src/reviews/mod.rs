@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod reviewers;
 
 use std::collections::BTreeSet;
+use std::sync::LazyLock;
 
 use rusqlite::{params, OptionalExtension as _};
 use serde_json::json;
@@ -31,7 +32,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::runs::{conversion, time};
 use crate::{ids, validate, AppState};
 
@@ -252,6 +253,23 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteReviewPath)
         .await
 }
 
+/// A page of `GET /v1/reviews` (see [`PageSql`]).
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT {COLUMNS} FROM reviews r
+             WHERE r.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+               AND (?2 IS NULL OR r.project_id = ?2) AND (?3 IS NULL OR r.test_result_id = ?3)
+               AND (?4 IS NULL OR r.reviewer_id = ?4) AND (?5 IS NULL OR r.calibration_id = ?5)
+               AND (?6 IS NULL OR r.verdict = ?6) {AFTER}
+               AND (r.reviewer_id = ?1 OR r.test_result_id NOT IN ({}))
+             ORDER BY r.id DESC LIMIT ?8",
+            blind::blind_results("?1")
+        ),
+        "AND r.id < ?7",
+    )
+});
+
 /// `GET /reviews`: the reviews in the caller's projects, newest first,
 /// without other people's reviews of the results the caller labels blind.
 pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewsQuery) -> Result<types::ReviewList> {
@@ -265,16 +283,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewsQuery) 
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM reviews r
-                     WHERE r.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-                       AND (?2 IS NULL OR r.project_id = ?2) AND (?3 IS NULL OR r.test_result_id = ?3)
-                       AND (?4 IS NULL OR r.reviewer_id = ?4) AND (?5 IS NULL OR r.calibration_id = ?5)
-                       AND (?6 IS NULL OR r.verdict = ?6) AND (?7 IS NULL OR r.id < ?7)
-                       AND (r.reviewer_id = ?1 OR r.test_result_id NOT IN ({}))
-                     ORDER BY r.id DESC LIMIT ?8",
-                    blind::blind_results("?1")
-                ))?
+                .prepare_cached(LIST_SQL.of(&page))?
                 .query_map(
                     params![
                         caller.user_id,

@@ -14,13 +14,14 @@
 //! `last_review_at` count every review.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use rusqlite::params;
 use sparring_server::{params as p, types, Caller};
 
 use crate::access::{self, Need};
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::runs::conversion;
 use crate::{ids, AppState};
 
@@ -70,6 +71,20 @@ fn share(agree: u64, total: u64) -> Option<f64> {
     (total > 0).then(|| agree as f64 / total as f64)
 }
 
+/// A page of `GET /v1/reviewers` (see [`PageSql`]).
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT u.id, u.email, u.name FROM users u
+             WHERE u.id IN (SELECT user_id FROM project_members
+                            WHERE role IN ('reviewer', 'editor', 'owner') AND project_id IN ({SCOPE}))
+               {AFTER}
+             ORDER BY u.id DESC LIMIT ?4"
+        ),
+        "AND u.id < ?3",
+    )
+});
+
 pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery) -> Result<types::ReviewerList> {
     let page =
         PageRequest::parse(query.limit, query.cursor.as_deref(), "usr").map_err(|e| Failure::invalid("cursor", e))?;
@@ -81,13 +96,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery
             }
             type UserRow = (String, Option<String>, String);
             let users: Vec<UserRow> = tx
-                .prepare_cached(&format!(
-                    "SELECT u.id, u.email, u.name FROM users u
-                     WHERE u.id IN (SELECT user_id FROM project_members
-                                    WHERE role IN ('reviewer', 'editor', 'owner') AND project_id IN ({SCOPE}))
-                       AND (?3 IS NULL OR u.id < ?3)
-                     ORDER BY u.id DESC LIMIT ?4"
-                ))?
+                .prepare_cached(LIST_SQL.of(&page))?
                 .query_map(params![caller.user_id, query.project_id, page.after, page.fetch_limit()], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))
                 })?
