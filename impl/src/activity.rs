@@ -67,7 +67,7 @@ use rusqlite::OptionalExtension as _;
 use sparring_server::{params as p, types, Caller};
 
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::store::Store;
 
 const COLUMNS: &str = "a.id, a.actor_user_id, a.credential, a.api_key_id, a.action, a.resource_type, a.resource_id, \
@@ -128,29 +128,29 @@ enum Source {
 /// its records visible to `?1` that pass the filters (`?3` resource type,
 /// `?4` action, `?5` since, `?6` until, all NULL when not given), newest
 /// first, after the cursor `?7` when there is one, at most `?8`. Its index
-/// gives them in order: no sort, and the walk stops at the limit. The cursor
-/// is in the SQL only when given, as a range on that index (a `(? IS NULL OR
-/// …)` could not be one: see `store` on why plans do not look at bound
-/// values), so a page deep in the log does not walk the records before it.
-fn source_sql(source: Source, after: bool) -> String {
+/// gives them in order: no sort, and the walk stops at the limit. A page
+/// after a cursor starts that index at it (see [`PageSql`]), so a page deep
+/// in the log does not walk the records before it.
+fn source_sql(source: Source) -> PageSql {
     let source = match source {
         Source::Actor => "a.actor_user_id = ?1 AND (?2 IS NULL OR a.project_id = ?2)",
         Source::Project => "a.project_id = ?2",
     };
-    format!(
-        "SELECT a.id FROM activity a WHERE {source} AND NOT {hidden}
-           AND (?3 IS NULL OR a.resource_type = ?3) AND (?4 IS NULL OR a.action = ?4)
-           AND (?5 IS NULL OR a.created_at >= ?5) AND (?6 IS NULL OR a.created_at < ?6){after}
-         ORDER BY a.id DESC LIMIT ?8",
-        hidden = *crate::reviews::blind::HIDDEN_ACTIVITY,
-        after = if after { " AND a.id < ?7" } else { "" },
+    PageSql::new(
+        &format!(
+            "SELECT a.id FROM activity a WHERE {source} AND NOT {hidden}
+               AND (?3 IS NULL OR a.resource_type = ?3) AND (?4 IS NULL OR a.action = ?4)
+               AND (?5 IS NULL OR a.created_at >= ?5) AND (?6 IS NULL OR a.created_at < ?6) {AFTER}
+             ORDER BY a.id DESC LIMIT ?8",
+            hidden = *crate::reviews::blind::HIDDEN_ACTIVITY,
+        ),
+        "AND a.id < ?7",
     )
 }
 
-/// [`source_sql`] for each source, without and with a cursor.
-static SOURCE_SQL: std::sync::LazyLock<[[String; 2]; 2]> = std::sync::LazyLock::new(|| {
-    [Source::Actor, Source::Project].map(|source| [false, true].map(|after| source_sql(source, after)))
-});
+/// [`source_sql`] for each source.
+static SOURCE_SQL: std::sync::LazyLock<[PageSql; 2]> =
+    std::sync::LazyLock::new(|| [Source::Actor, Source::Project].map(source_sql));
 
 /// `GET /activity`: newest first, filtered by project, resource type,
 /// action and time.
@@ -183,7 +183,6 @@ pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) ->
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let limit = page.fetch_limit();
             let sql = &*SOURCE_SQL;
-            let after = usize::from(page.after.is_some());
             let mut ids = Vec::new();
             // A project asked for whose member the caller is holds their own
             // records there too: it is the only source then.
@@ -193,7 +192,7 @@ pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) ->
                 .into_iter()
                 .chain(projects.iter().map(|p| (Source::Project, Some(p.as_str()))));
             for (source, project) in sources {
-                let mut statement = tx.prepare_cached(&sql[source as usize][after])?;
+                let mut statement = tx.prepare_cached(sql[source as usize].of(&page))?;
                 let found = statement.query_map(
                     params![
                         caller.user_id,
@@ -235,28 +234,26 @@ pub async fn get(store: &Store, caller: Caller, path: p::GetActivityPath) -> Res
         .await
 }
 
-/// The history of one resource, oldest or newest first.
-/// The SQL of a page of one resource's history, oldest or newest first,
-/// with or without a cursor. The cursor is in the SQL only when given, as a
-/// range on `activity_by_resource`, so a deep page starts at the cursor
-/// instead of walking the history before it (`(?4 IS NULL OR …)` is not a
-/// range the planner can use).
-fn resource_sql(ascending: bool, after: bool) -> String {
+/// The SQL of a page of one resource's history, oldest or newest first
+/// (see [`PageSql`]): a page after a cursor starts `activity_by_resource`
+/// at it.
+fn resource_sql(ascending: bool) -> PageSql {
     let (order, cmp) = if ascending { ("ASC", ">") } else { ("DESC", "<") };
-    let cursor = if after { format!(" AND a.id {cmp} ?4") } else { String::new() };
-    format!(
-        "SELECT {COLUMNS} FROM activity a WHERE {}
-           AND a.resource_type = ?2 AND a.resource_id = ?3{cursor}
-         ORDER BY a.id {order} LIMIT ?5",
-        *VISIBLE
+    PageSql::new(
+        &format!(
+            "SELECT {COLUMNS} FROM activity a WHERE {}
+               AND a.resource_type = ?2 AND a.resource_id = ?3 {AFTER}
+             ORDER BY a.id {order} LIMIT ?5",
+            *VISIBLE
+        ),
+        &format!("AND a.id {cmp} ?4"),
     )
 }
 
-/// [`resource_sql`], built once: `[ascending][after]`.
-static RESOURCE_SQL: std::sync::LazyLock<[[String; 2]; 2]> = std::sync::LazyLock::new(|| {
-    [false, true].map(|ascending| [false, true].map(|after| resource_sql(ascending, after)))
-});
+/// [`resource_sql`], built once: newest first, then oldest first.
+static RESOURCE_SQL: std::sync::LazyLock<[PageSql; 2]> = std::sync::LazyLock::new(|| [false, true].map(resource_sql));
 
+/// The history of one resource, oldest or newest first.
 pub async fn list_for_resource(
     store: &Store,
     caller: Caller,
@@ -267,7 +264,7 @@ pub async fn list_for_resource(
     let ascending = matches!(query.order, Some(types::SortOrder::Asc));
     store
         .read(move |tx| {
-            let sql = &RESOURCE_SQL[usize::from(ascending)][usize::from(page.after.is_some())];
+            let sql = RESOURCE_SQL[usize::from(ascending)].of_cursor(page.after.is_some());
             let rows = tx
                 .prepare_cached(sql)?
                 .query_map(
@@ -301,7 +298,7 @@ mod tests {
                     (Source::Project, "activity_by_project", "project_id"),
                 ] {
                     for (after, range) in [(false, ""), (true, " AND id<?")] {
-                        let sql = source_sql(source, after);
+                        let sql = source_sql(source).of_cursor(after).to_string();
                         let plan = crate::pagination::tests::plan(tx, &sql)?;
                         assert_eq!(plan[0], format!("SEARCH a USING INDEX {index} ({column}=?{range})"), "{sql}");
                         assert!(plan.iter().all(|step| !step.contains("TEMP B-TREE")), "{plan:#?}");
@@ -322,7 +319,7 @@ mod tests {
             .write_blocking::<_, Failure, _>(|tx| {
                 for ascending in [false, true] {
                     for after in [false, true] {
-                        let sql = resource_sql(ascending, after);
+                        let sql = resource_sql(ascending).of_cursor(after).to_string();
                         let plan = crate::pagination::tests::plan(tx, &sql)?;
                         let range = match (after, ascending) {
                             (false, _) => "",
