@@ -264,7 +264,7 @@ pub async fn list_for_resource(
     let ascending = matches!(query.order, Some(types::SortOrder::Asc));
     store
         .read(move |tx| {
-            let sql = RESOURCE_SQL[usize::from(ascending)].of_cursor(page.after.is_some());
+            let sql = RESOURCE_SQL[usize::from(ascending)].of(&page);
             let rows = tx
                 .prepare_cached(sql)?
                 .query_map(
@@ -281,6 +281,7 @@ pub async fn list_for_resource(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pagination::tests::{on_schema, plan};
 
     /// Each source of a page of `GET /activity` is read in order from its
     /// index, the cursor as a range on it: no sort, and no walk of the
@@ -289,52 +290,43 @@ mod tests {
     /// here as a sort.
     #[test]
     fn each_source_of_a_page_is_read_in_index_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.db")).unwrap();
-        store
-            .write_blocking::<_, Failure, _>(|tx| {
-                for (source, index, column) in [
-                    (Source::Actor, "activity_by_actor", "actor_user_id"),
-                    (Source::Project, "activity_by_project", "project_id"),
-                ] {
-                    for (after, range) in [(false, ""), (true, " AND id<?")] {
-                        let sql = source_sql(source).of_cursor(after).to_string();
-                        let plan = crate::pagination::tests::plan(tx, &sql)?;
-                        assert_eq!(plan[0], format!("SEARCH a USING INDEX {index} ({column}=?{range})"), "{sql}");
-                        assert!(plan.iter().all(|step| !step.contains("TEMP B-TREE")), "{plan:#?}");
-                    }
+        on_schema(|tx| {
+            for (source, index, column) in [
+                (Source::Actor, "activity_by_actor", "actor_user_id"),
+                (Source::Project, "activity_by_project", "project_id"),
+            ] {
+                for (after, range) in [(false, ""), (true, " AND id<?")] {
+                    let sql = source_sql(source).of_cursor(after).to_string();
+                    let plan = plan(tx, &sql)?;
+                    assert_eq!(plan[0], format!("SEARCH a USING INDEX {index} ({column}=?{range})"), "{sql}");
+                    assert!(plan.iter().all(|step| !step.contains("TEMP B-TREE")), "{plan:#?}");
                 }
-                Ok(())
-            })
-            .unwrap();
+            }
+            Ok(())
+        });
     }
 
     /// A page of one resource's history is read in order from
     /// `activity_by_resource`, from its cursor on when it has one.
     #[test]
     fn a_resource_history_is_read_from_its_cursor_in_index_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.db")).unwrap();
-        store
-            .write_blocking::<_, Failure, _>(|tx| {
-                for ascending in [false, true] {
-                    for after in [false, true] {
-                        let sql = resource_sql(ascending).of_cursor(after).to_string();
-                        let plan = crate::pagination::tests::plan(tx, &sql)?;
-                        let range = match (after, ascending) {
-                            (false, _) => "",
-                            (true, true) => " AND id>?",
-                            (true, false) => " AND id<?",
-                        };
-                        let search = format!(
-                            "SEARCH a USING INDEX activity_by_resource (resource_type=? AND resource_id=?{range})"
-                        );
-                        assert_eq!(plan[0], search, "{sql}");
-                        assert!(plan.iter().all(|step| !step.contains("TEMP B-TREE")), "{plan:#?}");
-                    }
+        on_schema(|tx| {
+            for ascending in [false, true] {
+                for after in [false, true] {
+                    let sql = resource_sql(ascending).of_cursor(after).to_string();
+                    let plan = plan(tx, &sql)?;
+                    let range = match (after, ascending) {
+                        (false, _) => "",
+                        (true, true) => " AND id>?",
+                        (true, false) => " AND id<?",
+                    };
+                    let search =
+                        format!("SEARCH a USING INDEX activity_by_resource (resource_type=? AND resource_id=?{range})");
+                    assert_eq!(plan[0], search, "{sql}");
+                    assert!(plan.iter().all(|step| !step.contains("TEMP B-TREE")), "{plan:#?}");
                 }
-                Ok(())
-            })
-            .unwrap();
+            }
+            Ok(())
+        });
     }
 }

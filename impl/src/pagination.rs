@@ -206,6 +206,13 @@ pub(crate) mod tests {
         ]
     }
 
+    /// Runs `check` on a database holding the schema, in a transaction.
+    pub(crate) fn on_schema(check: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<()> + Send + 'static) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).unwrap();
+        store.write_blocking::<_, StoreError, _>(|tx| Ok(check(tx)?)).unwrap();
+    }
+
     /// The steps of `sql`'s query plan, its parameters all NULL (plans do
     /// not look at bound values).
     pub(crate) fn plan(tx: &rusqlite::Connection, sql: &str) -> rusqlite::Result<Vec<String>> {
@@ -221,19 +228,15 @@ pub(crate) mod tests {
     /// through its members, few, and the cursor filters them.)
     #[test]
     fn a_page_after_a_cursor_starts_its_index_at_the_cursor() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.db")).unwrap();
-        store
-            .write_blocking::<_, StoreError, _>(|tx| {
-                for (sql, step) in lists() {
-                    let after = plan(tx, sql.of_cursor(true))?;
-                    assert!(after.iter().any(|s| s == step), "{step}\n{after:#?}");
-                    let first = plan(tx, sql.of_cursor(false))?;
-                    assert!(!first.iter().any(|s| s.contains("<?")), "{first:#?}");
-                }
-                Ok(())
-            })
-            .unwrap();
+        on_schema(|tx| {
+            for (sql, step) in lists() {
+                let after = plan(tx, sql.of_cursor(true))?;
+                assert!(after.iter().any(|s| s == step), "{step}\n{after:#?}");
+                let first = plan(tx, sql.of_cursor(false))?;
+                assert!(!first.iter().any(|s| s.contains("<?")), "{first:#?}");
+            }
+            Ok(())
+        });
     }
 
     /// The cursor's condition goes where the SQL marks it, and only in a

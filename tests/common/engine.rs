@@ -73,21 +73,8 @@ pub async fn wait_for_end_at(base: &str, key: &str, batch_run_id: &str) -> Value
 /// Every item of a paginated list, read a few at a time, so that the tests
 /// reading lists this way follow their cursors too.
 pub async fn all_pages(s: &TestServer, key: &str, path: &str, field: &str) -> Vec<Value> {
-    let mut items = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let sep = if path.contains('?') { '&' } else { '?' };
-        let url = match &cursor {
-            Some(c) => format!("{path}{sep}limit=3&cursor={c}"),
-            None => format!("{path}{sep}limit=3"),
-        };
-        let page = s.expect(Method::GET, &url, key, None, 200).await;
-        items.extend(page[field].as_array().unwrap().iter().cloned());
-        match page["next_cursor"].as_str() {
-            Some(c) => cursor = Some(c.to_string()),
-            None => return items,
-        }
-    }
+    let sep = if path.contains('?') { '&' } else { '?' };
+    super::items_of_pages(s, key, &format!("{path}{sep}limit=3"), field).await
 }
 
 /// A project with a channel to `target`, ready for scenarios and tests.

@@ -169,22 +169,27 @@ pub async fn error_body(resp: reqwest::Response) -> (u16, serde_json::Value) {
 }
 
 /// Every item of the list at `path` (with its query, and its `limit` if
-/// any), following the cursors: each item's `item_key` (its `id`, or what names
-/// it) in the order served.
-pub async fn keys_of_pages(s: &TestServer, key: &str, path: &str, field: &str, item_key: &str) -> Vec<String> {
-    let mut keys = Vec::new();
+/// any), following the cursors, in the order served.
+pub async fn items_of_pages(s: &TestServer, key: &str, path: &str, field: &str) -> Vec<serde_json::Value> {
+    let mut items = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
         let sep = if path.contains('?') { '&' } else { '?' };
         let at = cursor.as_ref().map(|c| format!("{sep}cursor={c}")).unwrap_or_default();
         let page = s.expect(reqwest::Method::GET, &format!("{path}{at}"), key, None, 200).await;
-        keys.extend(page[field].as_array().unwrap().iter().map(|v| v[item_key].as_str().unwrap().to_string()));
-        assert!(keys.len() <= 10_000, "the pages of {path} do not end");
+        items.extend(page[field].as_array().unwrap().iter().cloned());
+        assert!(items.len() <= 10_000, "the pages of {path} do not end");
         match page["next_cursor"].as_str() {
             Some(next) => cursor = Some(next.to_string()),
-            None => return keys,
+            None => return items,
         }
     }
+}
+
+/// [`items_of_pages`]: each item's `item_key` (its `id`, or what names it).
+pub async fn keys_of_pages(s: &TestServer, key: &str, path: &str, field: &str, item_key: &str) -> Vec<String> {
+    let items = items_of_pages(s, key, path, field).await;
+    items.iter().map(|v| v[item_key].as_str().unwrap().to_string()).collect()
 }
 
 pub fn contains(haystack: &[u8], needle: &str) -> bool {
