@@ -1135,6 +1135,25 @@ mod tests {
         assert_eq!(column(&store, "SELECT id FROM users ORDER BY id").await, ["usr_1", "usr_2", "usr_4"]);
     }
 
+    /// What makes an acknowledged write durable: the writer commits in WAL
+    /// mode with `synchronous = FULL` (the WAL synced at every commit), and
+    /// readers (which never commit) open the database the same way.
+    #[tokio::test]
+    async fn every_connection_commits_in_wal_with_full_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db.sqlite")).unwrap();
+        let modes = |c: &Connection| -> Result<(String, i64), StoreError> {
+            Ok((
+                c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?,
+                c.query_row("PRAGMA synchronous", [], |r| r.get(0))?,
+            ))
+        };
+        let full = 2;
+        assert_eq!(store.write(move |tx| modes(tx)).await.unwrap(), ("wal".to_string(), full));
+        assert_eq!(store.write_blocking(|tx| modes(tx)).unwrap(), ("wal".to_string(), full));
+        assert_eq!(store.read(modes).await.unwrap(), ("wal".to_string(), full));
+    }
+
     /// The first column of every row `sql` gives, as text.
     async fn column(store: &Store, sql: &'static str) -> Vec<String> {
         store
