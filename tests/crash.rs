@@ -256,7 +256,8 @@ async fn every_acknowledged_write_survives_a_kill_under_load() {
     let mut acknowledged: Vec<(String, String)> = Vec::new();
     let rounds = 4;
     for round in 0..rounds {
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, String)>::new()));
+        // Each writer sends what it saw acknowledged.
+        let (seen, mut acks) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
         let writers: Vec<_> = (0..16)
             .map(|w| {
                 let (http, url, key) = (api.http.clone(), format!("{}/v1/tests", api.base), api.key.clone());
@@ -272,22 +273,28 @@ async fn every_acknowledged_write_survives_a_kill_under_load() {
                         let status = resp.status();
                         let Ok(test) = resp.json::<Value>().await else { return };
                         assert!(status.is_success(), "{status} {test}");
-                        seen.lock().unwrap().push((test["id"].as_str().unwrap().to_string(), name));
+                        seen.send((test["id"].as_str().unwrap().to_string(), name)).unwrap();
                     }
                 })
             })
             .collect();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while seen.lock().unwrap().len() < 150 {
-            assert!(Instant::now() < deadline, "round {round}: the writes never got going");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        drop(seen);
+        let first = tokio::time::timeout(Duration::from_secs(60), async {
+            for _ in 0..150 {
+                let ack = acks.recv().await.unwrap_or_else(|| panic!("round {round}: every writer stopped"));
+                acknowledged.push(ack);
+            }
+        });
+        first.await.unwrap_or_else(|_| panic!("round {round}: the writes never got going"));
         let pid = server.proc.child.id().to_string();
         assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
         for w in writers {
             w.await.unwrap();
         }
-        acknowledged.append(&mut seen.lock().unwrap());
+        // What was acknowledged between the 150th answer and the kill.
+        while let Ok(ack) = acks.try_recv() {
+            acknowledged.push(ack);
+        }
 
         server = serve_with(dir.path(), &[]);
         api.base = server.base.clone();
