@@ -8,6 +8,7 @@ mod demo;
 mod remote;
 mod result;
 mod run;
+mod signals;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -262,6 +263,9 @@ fn main() -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // From before the server starts: a SIGTERM sent once it logs "serving"
+    // shuts it down gracefully, however soon it comes.
+    let mut interrupts = signals::Interrupts::listen();
     let log = logger(args.log_format);
     let config = sparring_impl::Config {
         bind: args.bind,
@@ -291,40 +295,21 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             email = sparring_impl::users::ADMIN_EMAIL,
         );
     }
-    shutdown_signal().await;
-    slog::info!(log, "shutting down: finishing in-flight requests");
+    let signal = interrupts.recv().await;
+    slog::info!(log, "shutting down: finishing in-flight requests"; "signal" => signal);
     server.shutdown().await
 }
 
 async fn run_agent(config: agent::AgentConfig) -> anyhow::Result<()> {
+    let mut interrupts = signals::Interrupts::listen();
     let log = logger(LogFormat::Pretty);
     let server = agent::serve(config, log.clone()).await?;
     // Scripts and tests read the address from the first line.
     let addr = server.local_addr();
     println!("listening on http://{addr}");
     println!("channel targets: http://{addr}/http (kind http), ws://{addr}/ws (kind websocket)");
-    shutdown_signal().await;
+    interrupts.recv().await;
     server.close().await.map_err(|e| anyhow::anyhow!(e))
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
 
 async fn admin(command: AdminCommand) -> anyhow::Result<()> {

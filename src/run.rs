@@ -24,6 +24,7 @@ use clap::Args;
 use sparring_client::types;
 
 use crate::remote::{api_error, Remote};
+use crate::signals::Interrupts;
 
 mod report;
 
@@ -329,7 +330,7 @@ async fn start(
                 };
                 match answered {
                     Ok(Ok(started)) => {
-                        interrupts.pending = Some(signal);
+                        interrupts.put_back(signal);
                         return Ok(started.into_inner());
                     }
                     _ => return Err(StartUnknown { signal, key: key.clone() }.into()),
@@ -517,46 +518,6 @@ async fn past(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d.into()).await,
         None => std::future::pending().await,
-    }
-}
-
-/// The signals that ask the process to stop. Listened to from before the
-/// batch run is started, so that one arriving at any moment after is seen.
-struct Interrupts {
-    #[cfg(unix)]
-    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
-    /// One already received and not yet acted on (a start let finish).
-    pending: Option<&'static str>,
-}
-
-impl Interrupts {
-    fn listen() -> Interrupts {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            Interrupts {
-                signals: signal(SignalKind::interrupt()).ok().zip(signal(SignalKind::terminate()).ok()),
-                pending: None,
-            }
-        }
-        #[cfg(not(unix))]
-        Interrupts { pending: None }
-    }
-
-    /// Resolves when one arrives, with its name.
-    async fn recv(&mut self) -> &'static str {
-        if let Some(signal) = self.pending.take() {
-            return signal;
-        }
-        #[cfg(unix)]
-        if let Some((int, term)) = &mut self.signals {
-            return tokio::select! {
-                _ = int.recv() => "SIGINT",
-                _ = term.recv() => "SIGTERM",
-            };
-        }
-        let _ = tokio::signal::ctrl_c().await;
-        "Ctrl-C"
     }
 }
 
