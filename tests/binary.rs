@@ -164,7 +164,7 @@ async fn a_new_data_dir_is_readable_by_its_owner_only() {
     let by_server = dir.path().join("served");
     let mut server = serve(&by_server);
     assert_eq!(mode(&by_server), 0o700);
-    assert!(server.proc.terminate().success());
+    server.stop();
 
     let shared = dir.path().join("shared");
     std::fs::create_dir(&shared).unwrap();
@@ -176,7 +176,7 @@ async fn a_new_data_dir_is_readable_by_its_owner_only() {
     for file in ["sparring.db", "sparring.db-wal", "sparring.db-shm"] {
         assert_eq!(mode(&shared.join(file)), 0o600, "{file}");
     }
-    assert!(server.proc.terminate().success());
+    server.stop();
 }
 
 /// The admin commands work on a server's data dir: one that is not there
@@ -235,7 +235,7 @@ async fn admin_create_key_finds_the_user_by_the_address_as_typed() {
         assert!(!status.success() && !stdout.contains("spk_"), "{user:?} accepted: {stdout}");
         assert!(stderr.contains("--user"), "{user:?}: {stderr}");
     }
-    assert!(server.proc.terminate().success());
+    server.stop();
 }
 
 /// Beside a running server, `sparring admin create-key` makes the key
@@ -285,7 +285,7 @@ async fn admin_create_key_beside_a_running_server_goes_through_it() {
         run(&["admin", "create-key", "--data-dir", data_dir, "--user", "not-an-email", "--label", "x"]);
     assert!(!status.success() && stderr.contains("email"), "{stderr}");
 
-    assert!(server.proc.terminate().success());
+    server.stop();
     assert!(!socket.exists(), "the socket outlived the server");
     let args = ["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "third"];
     let (status, _, stderr) = run(&args);
@@ -338,7 +338,7 @@ async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
         .collect();
     let grant_entry = |amount, balance| ("grant".to_string(), amount, balance);
     assert_eq!(entries, [grant_entry(100, 1350), grant_entry(250, 1250), grant_entry(1000, 1000)]);
-    assert!(server.proc.terminate().success());
+    server.stop();
 }
 
 /// A newer build's `admin grant-credits` beside a running server of an older
@@ -501,7 +501,7 @@ async fn a_missing_secret_key_is_not_replaced_under_sealed_secrets() {
     let dir = tempfile::tempdir().unwrap();
     let (mut server, key) = first_start(dir.path());
     seal_a_secret(&server, &key).await;
-    assert!(server.proc.terminate().success());
+    server.stop();
 
     let key_file = dir.path().join("secret.key");
     std::fs::remove_file(&key_file).unwrap();
@@ -523,7 +523,7 @@ async fn a_damaged_previous_key_is_named_in_the_error() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().to_str().unwrap();
     let (mut server, _) = first_start(dir.path());
-    assert!(server.proc.terminate().success());
+    server.stop();
     std::fs::write(dir.path().join("secret.key.previous"), "not a key\n").unwrap();
     for args in [
         &["serve", "--bind", "127.0.0.1:0", "--data-dir", data_dir][..],
@@ -549,7 +549,7 @@ async fn a_rotation_without_the_key_file_does_not_say_nothing_was_sealed() {
     server.proc.expect("the first-start key on stdout", |o| o.stdout.contains("/v1/api-keys\n"));
     let key = keys_in(&server.proc.stdout())[0].clone();
     seal_a_secret(&server, &key).await;
-    assert!(server.proc.terminate().success());
+    server.stop();
 
     let (status, _, stderr) = run(&["admin", "rotate-secret-key", "--data-dir", dir.path().to_str().unwrap()]);
     assert!(!status.success(), "{stderr}");
@@ -607,7 +607,7 @@ async fn a_backup_made_beside_a_running_server_starts_a_server_that_reads_its_se
     assert!(status.success(), "{stderr}");
     assert!(stdout.contains("with the secret key"), "{stdout}");
     assert!(!retried.join("sparring.db.partial").exists() && retried.join("sparring.db").exists());
-    assert!(server.proc.terminate().success());
+    server.stop();
 
     #[cfg(unix)]
     {
@@ -630,7 +630,7 @@ async fn a_backup_made_beside_a_running_server_starts_a_server_that_reads_its_se
     assert_eq!(names, ["p"], "{listed}");
     assert_eq!(listed["projects"][0]["webhook_secret_configured"], true);
     let mut restored = restored;
-    assert!(restored.proc.terminate().success());
+    restored.stop();
     // Its sealed secret opens with the copied key: a rotation re-seals it.
     let (status, stdout, stderr) = run(&["admin", "rotate-secret-key", "--data-dir", to_str]);
     assert!(status.success(), "{stderr}");

@@ -225,6 +225,12 @@ pub fn serve_with(data_dir: &Path, extra: &[&str]) -> Server {
 }
 
 impl Server {
+    /// SIGTERM, and waits for the graceful shutdown it asks for to exit 0.
+    pub fn stop(&mut self) {
+        let status = self.proc.terminate();
+        assert!(status.success(), "the server did not stop cleanly ({status})\n--- stderr\n{}", self.proc.stderr());
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
