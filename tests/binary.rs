@@ -76,15 +76,13 @@ async fn first_start_prints_one_key_once() {
     let list: Value = resp.json().await.unwrap();
     assert_eq!(list["keys"].as_array().unwrap().len(), 1, "{list}");
 
-    let status = server.proc.terminate();
-    assert!(status.success(), "exit after SIGTERM: {status}\n{}", server.proc.stderr());
+    server.stop();
 
     // Second start on the same data dir: no new key, the first one works.
     let mut server = serve(dir.path());
     let resp = client.get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
-    let status = server.proc.terminate();
-    assert!(status.success(), "exit after SIGTERM: {status}\n{}", server.proc.stderr());
+    server.stop();
     let stdout = server.proc.stdout();
     assert!(!stdout.contains("spk_"), "a key on the second start: {stdout}");
 }
@@ -98,8 +96,7 @@ async fn a_stopped_server_leaves_its_data_in_the_database_file() {
     let (mut server, key) = first_start(dir.path());
     let resp = http().get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
-    let status = server.proc.terminate();
-    assert!(status.success(), "exit after SIGTERM: {status}\n{}", server.proc.stderr());
+    server.stop();
 
     let db = dir.path().join(sparring_impl::DATABASE_FILE);
     let wal = dir.path().join(format!("{}-wal", sparring_impl::DATABASE_FILE));
@@ -146,8 +143,7 @@ async fn admin_create_key_prints_the_key_alone() {
         assert!(listed.iter().all(|k| k["label"] == "deploy"), "{list}");
         assert!(listed.iter().any(|k| key.starts_with(k["prefix"].as_str().unwrap())), "{list}");
     }
-    let status = server.proc.terminate();
-    assert!(status.success(), "{status}");
+    server.stop();
     // The database already had a user: no first-start admin key.
     assert!(!server.proc.stdout().contains("spk_"), "{}", server.proc.stdout());
 }
@@ -442,8 +438,7 @@ async fn logs_are_json_and_carry_the_request_id_but_no_key() {
     let resp = client.get(server.url("/v1/api-keys")).header("x-api-key", &wrong).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 401);
 
-    let status = server.proc.terminate();
-    assert!(status.success(), "{status}");
+    server.stop();
     let stderr = server.proc.stderr();
     let mut lines = 0;
     for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
@@ -476,8 +471,7 @@ fn a_first_start_that_cannot_bind_does_not_lose_the_admin_key() {
 
     let mut server = serve(dir.path());
     let printed = server.proc.wait_for(|o| o.stdout.contains("/v1/api-keys\n"));
-    let status = server.proc.terminate();
-    assert!(status.success(), "{status}");
+    server.stop();
     assert!(printed.is_ok(), "the admin key was never shown: {}", server.proc.stdout());
 }
 
