@@ -1,9 +1,10 @@
 //! The signals that ask the process to stop (SIGINT, SIGTERM).
 //!
 //! On unix they are listened to from the moment [`Interrupts::listen`] is
-//! called, not from the first wait (elsewhere, Ctrl-C from the first wait): one that comes in between is kept for that
-//! wait. Listening only at the wait left a window in which SIGTERM took its
-//! default action and killed the process without a graceful shutdown
+//! called, not from the first wait (elsewhere, Ctrl-C is, from the first
+//! wait): one that comes in between is kept for that wait. Listening only
+//! at the wait left a window in which SIGTERM took its default action and
+//! killed the process without a graceful shutdown
 //! (`sparring serve` logged "serving" just before it began to listen).
 
 pub(crate) struct Interrupts {
