@@ -30,39 +30,57 @@ pub fn check_list(field: &str, evaluators: &[Evaluator]) -> Result<BTreeSet<Stri
             format_args!("at most {MAX_EVALUATORS} evaluators, got {}", evaluators.len()),
         ));
     }
-    let mut names = BTreeSet::new();
+    // The names seen: borrowed, and few (at most `MAX_EVALUATORS`).
+    let mut names: Vec<&str> = Vec::with_capacity(evaluators.len());
     let mut judges = BTreeSet::new();
     for (i, e) in evaluators.iter().enumerate() {
-        let at = |f: &str| format!("{field}[{i}].{f}");
-        let name = validate::name(&at("name"), name_of(e))?;
-        if !names.insert(name.clone()) {
-            return Err(Failure::invalid(&at("name"), format_args!("`{name}` is used twice in this list")));
+        // The field's name, written only for a failure.
+        let at = |f: &'static str| At { list: field, i, field: f };
+        let name = name_of(e);
+        validate::check_name(at("name"), name)?;
+        if names.contains(&name) {
+            return Err(Failure::invalid(&at("name").to_string(), format_args!("`{name}` is used twice in this list")));
         }
+        names.push(name);
         match e {
             Evaluator::Contains { text, .. } | Evaluator::NotContains { text, .. } => {
-                validate::required_text(&at("text"), text, validate::MAX_DESCRIPTION)?;
+                validate::check_required_text(at("text"), text, validate::MAX_DESCRIPTION)?;
             }
             Evaluator::Regex { pattern, .. } => {
-                validate::regex(&at("pattern"), pattern)?;
+                validate::regex(at("pattern"), pattern)?;
             }
             Evaluator::MaxLatencyMs { ms, .. } => {
-                validate::range(&at("ms"), ms.get(), 1, MAX_LATENCY_MS)?;
+                validate::range(at("ms"), ms.get(), 1, MAX_LATENCY_MS)?;
             }
             Evaluator::MaxTurns { turns, .. } => {
-                validate::range(&at("turns"), turns.get(), 1, MAX_TURNS)?;
+                validate::range(at("turns"), turns.get(), 1, MAX_TURNS)?;
             }
             Evaluator::AgentEndedCall { .. } => {}
             Evaluator::ToolCalled { tool, arguments, .. } => {
-                validate::required_text(&at("tool"), tool, validate::MAX_TOOL)?;
-                validate::free_form(&at("arguments"), arguments)?;
+                validate::check_required_text(at("tool"), tool, validate::MAX_TOOL)?;
+                validate::free_form(at("arguments"), arguments)?;
             }
             Evaluator::LlmJudge { integration_id, prompt, .. } => {
-                validate::required_text(&at("prompt"), prompt, validate::MAX_PROMPT)?;
+                validate::check_required_text(at("prompt"), prompt, validate::MAX_PROMPT)?;
                 judges.insert(integration_id.clone());
             }
         }
     }
     Ok(judges)
+}
+
+/// `list[i].field`, the name of a field of an evaluator in a request.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    list: &'a str,
+    i: usize,
+    field: &'static str,
+}
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}].{}", self.list, self.i, self.field)
+    }
 }
 
 fn name_of(e: &Evaluator) -> &str {

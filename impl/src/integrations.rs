@@ -147,7 +147,7 @@ fn parse_numbers(list: &[types::PhoneNumber]) -> Result<Vec<Number>> {
     let mut out = Vec::with_capacity(list.len());
     for (i, p) in list.iter().enumerate() {
         let number = validate::e164(&format!("phone_numbers[{i}].number"), &p.number)?;
-        let label = validate::text(&format!("phone_numbers[{i}].label"), &p.label, MAX_PHONE_LABEL)?;
+        let label = validate::text(format_args!("phone_numbers[{i}].label"), &p.label, MAX_PHONE_LABEL)?;
         if let Some(first) = seen.insert(p.number.as_str(), i) {
             return Err(Failure::invalid(
                 "phone_numbers",

@@ -184,7 +184,7 @@ impl ScenarioInput {
             ));
         }
         for (i, step) in g.steps.iter().enumerate() {
-            validate::required_text(&format!("steps[{i}].say"), &step.say, validate::MAX_PROMPT)?;
+            validate::required_text(format_args!("steps[{i}].say"), &step.say, validate::MAX_PROMPT)?;
             let field = format!("steps[{i}].expect");
             evaluators::check_list(&field, &step.expect)?;
             judges.extend(judges_of(&field, &step.expect));

@@ -27,6 +27,7 @@ use chrono::SubsecRound as _;
 
 use rusqlite::{params, OptionalExtension as _};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use sparring_server::{params as p, types, BodyFields, Caller, Json};
 
@@ -98,8 +99,8 @@ struct Evaluators {
     judges: Vec<(String, String)>,
 }
 
-fn checked_evaluators(list: &[types::Evaluator]) -> Result<Evaluators> {
-    evaluators::check_list("evaluators", list)?;
+fn checked_evaluators(list: Vec<types::Evaluator>) -> Result<Evaluators> {
+    evaluators::check_list("evaluators", &list)?;
     let judges = list
         .iter()
         .enumerate()
@@ -110,7 +111,7 @@ fn checked_evaluators(list: &[types::Evaluator]) -> Result<Evaluators> {
             _ => None,
         })
         .collect();
-    Ok(Evaluators { list: list.to_vec(), judges })
+    Ok(Evaluators { list, judges })
 }
 
 fn tags<T: std::ops::Deref<Target = String>>(given: &[T]) -> Result<Vec<String>> {
@@ -233,7 +234,106 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Test> {
 
 /// `test` as the API shows it: what `served` holds.
 fn served(test: &types::Test) -> Result<String> {
-    serde_json::to_string(test).map_err(|e| Failure::from(conversion(0, e)))
+    Parts::of(test).and_then(|parts| served_with(test, &parts)).map_err(|e| Failure::from(conversion(0, e)))
+}
+
+/// The parts of a test that each of its JSON texts holds (`served`,
+/// `document`, a create's activity record), written once: its evaluators
+/// (serde's internally tagged enums, a third of a create's serializing)
+/// and its times (chrono writes them a piece at a time).
+struct Parts {
+    evaluators: Box<RawValue>,
+    created_at: Box<RawValue>,
+    /// `None`: the same as `created_at` (a new test).
+    updated_at: Option<Box<RawValue>>,
+}
+
+impl Parts {
+    fn of(test: &types::Test) -> serde_json::Result<Parts> {
+        Ok(Parts {
+            evaluators: serde_json::value::to_raw_value(&test.evaluators)?,
+            created_at: serde_json::value::to_raw_value(&test.created_at)?,
+            updated_at: match test.updated_at == test.created_at {
+                true => None,
+                false => Some(serde_json::value::to_raw_value(&test.updated_at)?),
+            },
+        })
+    }
+}
+
+/// A [`types::Test`] as its derived `Serialize` writes it (the same
+/// members in the same order), with [`Parts`] written already.
+/// `written_test_is_the_generated_types_json` holds it to that.
+#[derive(Serialize)]
+struct ServedTest<'a> {
+    channel_id: &'a str,
+    created_at: &'a RawValue,
+    description: &'a str,
+    evaluators: &'a RawValue,
+    id: &'a str,
+    iterations: std::num::NonZeroU32,
+    name: &'a str,
+    pass_threshold: f64,
+    persona_ids: &'a [String],
+    project_id: &'a str,
+    scenario_id: &'a str,
+    tags: &'a [String],
+    updated_at: &'a RawValue,
+}
+
+fn served_with(test: &types::Test, parts: &Parts) -> serde_json::Result<String> {
+    // Every member named: a member added to the generated type fails to
+    // compile here rather than go missing from what is served.
+    let types::Test {
+        channel_id,
+        created_at: _,
+        description,
+        evaluators: _,
+        id,
+        iterations,
+        name,
+        pass_threshold,
+        persona_ids,
+        project_id,
+        scenario_id,
+        tags,
+        updated_at: _,
+    } = test;
+    serde_json::to_string(&ServedTest {
+        channel_id,
+        created_at: &parts.created_at,
+        description,
+        evaluators: &parts.evaluators,
+        id,
+        iterations: *iterations,
+        name,
+        pass_threshold: *pass_threshold,
+        persona_ids,
+        project_id,
+        scenario_id,
+        tags,
+        updated_at: parts.updated_at.as_deref().unwrap_or(&parts.created_at),
+    })
+}
+
+/// A [`TestDoc`] as it is encoded, from a test and its [`Parts`].
+#[derive(Serialize)]
+struct WrittenDoc<'a> {
+    description: &'a str,
+    iterations: u32,
+    evaluators: &'a RawValue,
+    pass_threshold: f64,
+    tags: &'a [String],
+}
+
+fn document_with(test: &types::Test, parts: &Parts) -> serde_json::Result<String> {
+    serde_json::to_string(&WrittenDoc {
+        description: &test.description,
+        iterations: test.iterations.get(),
+        evaluators: &parts.evaluators,
+        pass_threshold: test.pass_threshold,
+        tags: &test.tags,
+    })
 }
 
 /// Stores `test` as the API shows it, for the reads (`served`). Every
@@ -267,10 +367,10 @@ pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Test> {
 /// JSON object's keys (sorted), so that a create writes them straight from
 /// the test and an update's diff of [`shown`] maps reads the same.
 #[derive(Serialize)]
-struct Shown<'a> {
+struct Shown<'a, E: ?Sized = [types::Evaluator]> {
     channel_id: &'a str,
     description: &'a str,
-    evaluators: &'a [types::Evaluator],
+    evaluators: &'a E,
     iterations: u32,
     name: &'a str,
     pass_threshold: f64,
@@ -281,10 +381,17 @@ struct Shown<'a> {
 
 impl<'a> Shown<'a> {
     fn of(t: &'a types::Test) -> Shown<'a> {
+        Shown::with(t, &t.evaluators)
+    }
+}
+
+impl<'a, E: ?Sized> Shown<'a, E> {
+    /// With the evaluators as given (written already, for a create).
+    fn with(t: &'a types::Test, evaluators: &'a E) -> Shown<'a, E> {
         Shown {
             channel_id: &t.channel_id,
             description: &t.description,
-            evaluators: &t.evaluators,
+            evaluators,
             iterations: t.iterations.get(),
             name: &t.name,
             pass_threshold: t.pass_threshold,
@@ -394,15 +501,12 @@ fn page_of(page: &PageRequest, rows: Vec<test_cache::Listed>) -> String {
 
 pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestRequest) -> Result<Json<types::Test>> {
     let name = validate::name("name", &body.name)?;
-    let Evaluators { list: evaluators, judges } = checked_evaluators(&body.evaluators)?;
-    let doc = TestDoc {
-        description: description(body.description.as_deref().map(String::as_str).unwrap_or(""))?,
-        iterations: iterations(body.iterations.get())?,
-        evaluators,
-        pass_threshold: pass_threshold(body.pass_threshold)?,
-        tags: tags(&body.tags)?,
-    };
+    let description = description(body.description.as_deref().map(String::as_str).unwrap_or(""))?;
+    iterations(body.iterations.get())?;
+    let pass_threshold = pass_threshold(body.pass_threshold)?;
+    let tags = tags(&body.tags)?;
     let personas = persona_ids(&body.persona_ids)?;
+    let Evaluators { list: evaluators, judges } = checked_evaluators(body.evaluators)?;
     // Everything that does not need the database is done here, on the
     // request's thread: the writer thread runs every write, one at a time,
     // so its share of a create is what bounds how many it can take.
@@ -410,23 +514,27 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
     let test = types::Test {
         id: ids::new_id("tst"),
         project_id: body.project_id,
-        name: name.clone(),
+        name,
         channel_id: body.channel_id,
         scenario_id: body.scenario_id,
         persona_ids: personas,
-        description: doc.description.clone(),
+        description,
         iterations: body.iterations,
-        evaluators: doc.evaluators.clone(),
-        pass_threshold: doc.pass_threshold,
-        tags: doc.tags.clone(),
+        evaluators,
+        pass_threshold,
+        tags,
         created_at: now,
         updated_at: now,
     };
-    let document = encode(&doc)?;
-    let served_json: Arc<str> = served(&test)?.into();
-    // Written from the test, not through a map of values (which took as
-    // long as the rest of the create's work on this thread).
-    let changes = activity::Changes::of(&Shown::of(&test)).map_err(|e| conversion(0, e))?;
+    // The test's three texts (as stored, as served, as recorded) share its
+    // evaluators and times, written once; the record is written from the
+    // test, not through a map of values (which took as long as the rest of
+    // the create's work on this thread).
+    let parts = Parts::of(&test).map_err(|e| conversion(0, e))?;
+    let document = document_with(&test, &parts).map_err(|e| conversion(5, e))?;
+    let served_json: Arc<str> = served_with(&test, &parts).map_err(|e| conversion(0, e))?.into();
+    let changes = activity::Changes::of(&Shown::with(&test, &*parts.evaluators)).map_err(|e| conversion(0, e))?;
+    drop(parts);
     let created_at = ids::format_time(&now);
     let cache = state.test_cache.clone();
     let listed = served_json.clone();
@@ -467,7 +575,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
                         resource_type: "test",
                         resource_id: &t.id,
                         project_id: Some(&t.project_id),
-                        summary: format!("created test \"{name}\""),
+                        summary: format!("created test \"{}\"", t.name),
                         changes,
                     },
                 )?;
@@ -618,7 +726,7 @@ impl TestPatch {
             // type shows both as an empty list).
             persona_ids: fields.has("persona_ids").then(|| persona_ids(&body.persona_ids)).transpose()?,
             iterations: body.iterations.map(|n| iterations(n.get())).transpose()?,
-            evaluators: fields.has("evaluators").then(|| checked_evaluators(&body.evaluators)).transpose()?,
+            evaluators: fields.has("evaluators").then(|| checked_evaluators(body.evaluators.clone())).transpose()?,
             pass_threshold: body.pass_threshold.map(pass_threshold).transpose()?,
             tags: fields.has("tags").then(|| tags(&body.tags)).transpose()?,
         })
@@ -776,14 +884,73 @@ mod unit {
             {"type": "llm_judge", "name": "b", "integration_id": "int_1", "prompt": "ok?"}
         ]))
         .unwrap();
-        let checked = checked_evaluators(&list).unwrap();
+        let checked = checked_evaluators(list).unwrap();
         assert_eq!(checked.list.len(), 2);
         assert_eq!(checked.judges, vec![("evaluators[1].integration_id".to_string(), "int_1".to_string())]);
         let twice: Vec<types::Evaluator> = serde_json::from_value(json!([
             {"type": "agent_ended_call", "name": "x"}, {"type": "agent_ended_call", "name": "x"}
         ]))
         .unwrap();
-        assert!(invalid(checked_evaluators(&twice)).starts_with("invalid_name: evaluators[1].name:"));
+        assert!(invalid(checked_evaluators(twice)).starts_with("invalid_name: evaluators[1].name:"));
+    }
+
+    /// What a create writes from [`Parts`] is, byte for byte, what the
+    /// generated type and [`TestDoc`] serialize to, for every kind of
+    /// evaluator, text that needs escaping, times with and without a
+    /// fraction, and an update's later `updated_at`.
+    #[test]
+    fn written_test_is_the_generated_types_json() {
+        let evaluators: Vec<types::Evaluator> = serde_json::from_value(json!([
+            {"type": "contains", "name": "a \"quoted\" name", "text": "hello\nthere \u{e9}"},
+            {"type": "not_contains", "name": "b", "text": "sorry"},
+            {"type": "regex", "name": "c", "pattern": "\\d{3}-\\d{4}"},
+            {"type": "max_latency_ms", "name": "d", "ms": 1500, "percentile": "p95"},
+            {"type": "max_turns", "name": "e", "turns": 12},
+            {"type": "agent_ended_call", "name": "f"},
+            {"type": "tool_called", "name": "g", "tool": "book", "arguments": {"day": "mon", "n": [1, 2.5, null]}},
+            {"type": "llm_judge", "name": "h", "integration_id": "int_1", "prompt": "polite?\ttab"}
+        ]))
+        .unwrap();
+        let at = |s: &str| ids::parse_time(s).unwrap();
+        let mut tests = Vec::new();
+        for (created, updated, evaluators, tags, personas) in [
+            ("2026-11-25T04:49:01.433677Z", "2026-11-25T04:49:01.433677Z", evaluators.clone(), vec!["x", "y z"], 2),
+            ("2026-11-25T04:49:01Z", "2026-11-25T04:49:01Z", Vec::new(), vec![], 0),
+            ("2026-11-25T04:49:01.430Z", "2026-11-26T00:00:00.000001Z", evaluators, vec!["\u{1f600}"], 1),
+        ] {
+            tests.push(types::Test {
+                id: "tst_1".into(),
+                project_id: "prj_1".into(),
+                name: "books \"a\" cleaning\\".into(),
+                channel_id: "chn_1".into(),
+                scenario_id: "scn_1".into(),
+                persona_ids: (0..personas).map(|i| format!("per_{i}")).collect(),
+                description: "line one\nline two \u{7f} </script>".into(),
+                iterations: std::num::NonZeroU32::new(3).unwrap(),
+                evaluators,
+                pass_threshold: 0.67,
+                tags: tags.into_iter().map(String::from).collect(),
+                created_at: at(created),
+                updated_at: at(updated),
+            });
+        }
+        for test in &tests {
+            let parts = Parts::of(test).unwrap();
+            assert_eq!(served_with(test, &parts).unwrap(), serde_json::to_string(test).unwrap());
+            assert_eq!(served(test).unwrap(), serde_json::to_string(test).unwrap());
+            let doc = TestDoc {
+                description: test.description.clone(),
+                iterations: test.iterations.get(),
+                evaluators: test.evaluators.clone(),
+                pass_threshold: test.pass_threshold,
+                tags: test.tags.clone(),
+            };
+            assert_eq!(document_with(test, &parts).unwrap(), encode(&doc).unwrap());
+            assert_eq!(
+                serde_json::to_string(&Shown::with(test, &*parts.evaluators)).unwrap(),
+                serde_json::to_string(&Shown::of(test)).unwrap()
+            );
+        }
     }
 
     /// A page of a project's tests is read in order from `tests_by_project`:

@@ -2,6 +2,8 @@
 //! the field's name (as the client wrote it, e.g. `steps[2].say`) so that a
 //! failure is a 400 `invalid_<field>` whose message names it.
 
+use std::fmt::Display;
+
 use crate::failure::{Failure, Result};
 
 pub const MAX_NAME: usize = 100;
@@ -22,39 +24,66 @@ pub const MAX_FREE_FORM_BYTES: usize = 16 * 1024;
 pub const MAX_FREE_FORM_DEPTH: usize = 16;
 
 /// A name: 1 to 100 characters, not blank, no control characters.
-pub fn name(field: &str, value: &str) -> Result<String> {
+///
+/// Here and below, `field` is anything that displays as the field's name
+/// (`format_args!("{list}[{i}].name")`): it is written only for a failure.
+pub fn name(field: impl Display, value: &str) -> Result<String> {
+    check_name(field, value)?;
+    Ok(value.to_string())
+}
+
+/// [`name`], without a copy of the value.
+pub fn check_name(field: impl Display, value: &str) -> Result<()> {
     let n = value.chars().count();
     if value.trim().is_empty() {
-        return Err(Failure::invalid(field, "must not be empty or blank"));
+        return Err(Failure::invalid(&field.to_string(), "must not be empty or blank"));
     }
     if n > MAX_NAME {
-        return Err(Failure::invalid(field, format_args!("must be at most {MAX_NAME} characters, got {n}")));
+        return Err(Failure::invalid(
+            &field.to_string(),
+            format_args!("must be at most {MAX_NAME} characters, got {n}"),
+        ));
     }
     if value.chars().any(char::is_control) {
-        return Err(Failure::invalid(field, "must not contain control characters"));
+        return Err(Failure::invalid(&field.to_string(), "must not contain control characters"));
     }
-    Ok(value.to_string())
+    Ok(())
 }
 
 /// Free text up to `max` characters; line breaks and tabs allowed, other
 /// control characters not.
-pub fn text(field: &str, value: &str, max: usize) -> Result<String> {
-    let n = value.chars().count();
-    if n > max {
-        return Err(Failure::invalid(field, format_args!("must be at most {max} characters, got {n}")));
-    }
-    if value.chars().any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r') {
-        return Err(Failure::invalid(field, "must not contain control characters other than line breaks and tabs"));
-    }
+pub fn text(field: impl Display, value: &str, max: usize) -> Result<String> {
+    check_text(field, value, max)?;
     Ok(value.to_string())
 }
 
-/// Non-empty free text up to `max` characters.
-pub fn required_text(field: &str, value: &str, max: usize) -> Result<String> {
-    if value.trim().is_empty() {
-        return Err(Failure::invalid(field, "must not be empty or blank"));
+/// [`text`], without a copy of the value.
+pub fn check_text(field: impl Display, value: &str, max: usize) -> Result<()> {
+    let n = value.chars().count();
+    if n > max {
+        return Err(Failure::invalid(&field.to_string(), format_args!("must be at most {max} characters, got {n}")));
     }
-    text(field, value, max)
+    if value.chars().any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r') {
+        return Err(Failure::invalid(
+            &field.to_string(),
+            "must not contain control characters other than line breaks and tabs",
+        ));
+    }
+    Ok(())
+}
+
+/// Non-empty free text up to `max` characters.
+pub fn required_text(field: impl Display, value: &str, max: usize) -> Result<String> {
+    check_required_text(field, value, max)?;
+    Ok(value.to_string())
+}
+
+/// [`required_text`], without a copy of the value.
+pub fn check_required_text(field: impl Display, value: &str, max: usize) -> Result<()> {
+    if value.trim().is_empty() {
+        return Err(Failure::invalid(&field.to_string(), "must not be empty or blank"));
+    }
+    check_text(field, value, max)
 }
 
 /// An E.164 phone number: `+`, then 2 to 15 digits, the first not 0.
@@ -115,11 +144,10 @@ pub fn tags(field: &str, values: &[String]) -> Result<Vec<String>> {
     }
     let mut out: Vec<String> = Vec::with_capacity(values.len());
     for (i, t) in values.iter().enumerate() {
-        let f = format!("{field}[{i}]");
         let n = t.chars().count();
         if t.trim().is_empty() || n > MAX_TAG || t.chars().any(char::is_control) {
             return Err(Failure::invalid(
-                &f,
+                &format!("{field}[{i}]"),
                 format_args!("a tag is 1 to {MAX_TAG} characters without control characters"),
             ));
         }
@@ -132,7 +160,7 @@ pub fn tags(field: &str, values: &[String]) -> Result<Vec<String>> {
 
 /// A free-form JSON object: at most [`MAX_FREE_FORM_BYTES`] as JSON and
 /// [`MAX_FREE_FORM_DEPTH`] levels deep.
-pub fn free_form(field: &str, value: &serde_json::Map<String, serde_json::Value>) -> Result<()> {
+pub fn free_form(field: impl Display, value: &serde_json::Map<String, serde_json::Value>) -> Result<()> {
     fn depth(v: &serde_json::Value) -> usize {
         match v {
             serde_json::Value::Object(m) => 1 + m.values().map(depth).max().unwrap_or(0),
@@ -143,14 +171,14 @@ pub fn free_form(field: &str, value: &serde_json::Map<String, serde_json::Value>
     let deepest = 1 + value.values().map(depth).max().unwrap_or(0);
     if deepest > MAX_FREE_FORM_DEPTH {
         return Err(Failure::invalid(
-            field,
+            &field.to_string(),
             format_args!("must be nested at most {MAX_FREE_FORM_DEPTH} levels deep, got {deepest}"),
         ));
     }
     let size = serde_json::to_string(value).map(|s| s.len()).unwrap_or(usize::MAX);
     if size > MAX_FREE_FORM_BYTES {
         return Err(Failure::invalid(
-            field,
+            &field.to_string(),
             format_args!("must be at most {MAX_FREE_FORM_BYTES} bytes of JSON, got {size}"),
         ));
     }
@@ -158,9 +186,9 @@ pub fn free_form(field: &str, value: &serde_json::Map<String, serde_json::Value>
 }
 
 /// An integer within `min..=max`.
-pub fn range<T: PartialOrd + std::fmt::Display + Copy>(field: &str, value: T, min: T, max: T) -> Result<T> {
+pub fn range<T: PartialOrd + Display + Copy>(field: impl Display, value: T, min: T, max: T) -> Result<T> {
     if value < min || value > max {
-        return Err(Failure::invalid(field, format_args!("must be from {min} to {max}, got {value}")));
+        return Err(Failure::invalid(&field.to_string(), format_args!("must be from {min} to {max}, got {value}")));
     }
     Ok(value)
 }
@@ -174,11 +202,11 @@ pub const MAX_REGEX_BYTES: usize = 256 * 1024;
 /// A regular expression that compiles within [`MAX_REGEX_BYTES`] (so a bad
 /// one is a 400 now, not a failure when a test runs). Its length is the
 /// wire type's to check (at most 2000 characters).
-pub fn regex(field: &str, pattern: &str) -> Result<String> {
+pub fn regex(field: impl Display, pattern: &str) -> Result<String> {
     regex::RegexBuilder::new(pattern)
         .size_limit(MAX_REGEX_BYTES)
         .build()
-        .map_err(|e| Failure::invalid(field, format_args!("is not a valid regular expression: {e}")))?;
+        .map_err(|e| Failure::invalid(&field.to_string(), format_args!("is not a valid regular expression: {e}")))?;
     Ok(pattern.to_string())
 }
 
