@@ -501,12 +501,12 @@ fn page_of(page: &PageRequest, rows: Vec<test_cache::Listed>) -> String {
 
 pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestRequest) -> Result<Json<types::Test>> {
     let name = validate::name("name", &body.name)?;
+    let Evaluators { list: evaluators, judges } = checked_evaluators(body.evaluators)?;
     let description = description(body.description.as_deref().map(String::as_str).unwrap_or(""))?;
     iterations(body.iterations.get())?;
     let pass_threshold = pass_threshold(body.pass_threshold)?;
     let tags = tags(&body.tags)?;
     let personas = persona_ids(&body.persona_ids)?;
-    let Evaluators { list: evaluators, judges } = checked_evaluators(body.evaluators)?;
     // Everything that does not need the database is done here, on the
     // request's thread: the writer thread runs every write, one at a time,
     // so its share of a create is what bounds how many it can take.
