@@ -205,10 +205,6 @@ fn conversion(column: usize, e: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, e.to_string().into())
 }
 
-fn encode(doc: &TestDoc) -> Result<String> {
-    serde_json::to_string(doc).map_err(|e| Failure::from(conversion(5, e)))
-}
-
 /// A test from a row of [`COLUMNS`].
 fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Test> {
     let time = |i: usize| row.get::<_, String>(i).map(|s| ids::parse_time(&s).unwrap_or_default());
@@ -316,7 +312,8 @@ fn served_with(test: &types::Test, parts: &Parts) -> serde_json::Result<String> 
     })
 }
 
-/// A [`TestDoc`] as it is encoded, from a test and its [`Parts`].
+/// A [`TestDoc`] as it is encoded, from a test and its [`Parts`]: what
+/// every write of a test stores as its `document` (`TestDoc` is read).
 #[derive(Serialize)]
 struct WrittenDoc<'a> {
     description: &'a str,
@@ -534,6 +531,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
     let document = document_with(&test, &parts).map_err(|e| conversion(5, e))?;
     let served_json: Arc<str> = served_with(&test, &parts).map_err(|e| conversion(0, e))?.into();
     let changes = activity::Changes::of(&Shown::with(&test, &*parts.evaluators)).map_err(|e| conversion(0, e))?;
+    // Not held across the write's wait.
     drop(parts);
     let created_at = ids::format_time(&now);
     let cache = state.test_cache.clone();
@@ -801,13 +799,9 @@ pub async fn update(
             if changes.is_empty() {
                 return Ok(before);
             }
-            let doc = TestDoc {
-                description: after.description.clone(),
-                iterations: after.iterations.get(),
-                evaluators: after.evaluators.clone(),
-                pass_threshold: after.pass_threshold,
-                tags: after.tags.clone(),
-            };
+            let document = Parts::of(&after)
+                .and_then(|parts| document_with(&after, &parts))
+                .map_err(|e| Failure::from(conversion(5, e)))?;
             tx.execute(
                 "UPDATE tests SET name = ?2, channel_id = ?3, scenario_id = ?4, document = ?5, updated_at = ?6
                  WHERE id = ?1",
@@ -816,7 +810,7 @@ pub async fn update(
                     after.name,
                     after.channel_id,
                     after.scenario_id,
-                    encode(&doc)?,
+                    document,
                     ids::format_time(&ids::now())
                 ],
             )?;
@@ -945,7 +939,7 @@ mod unit {
                 pass_threshold: test.pass_threshold,
                 tags: test.tags.clone(),
             };
-            assert_eq!(document_with(test, &parts).unwrap(), encode(&doc).unwrap());
+            assert_eq!(document_with(test, &parts).unwrap(), serde_json::to_string(&doc).unwrap());
             assert_eq!(
                 serde_json::to_string(&Shown::with(test, &*parts.evaluators)).unwrap(),
                 serde_json::to_string(&Shown::of(test)).unwrap()
