@@ -206,12 +206,11 @@ fn logger(format: LogFormat) -> slog::Logger {
             // small pieces, each a system call on unbuffered stderr.
             let stderr = std::io::BufWriter::new(std::io::stderr());
             let drain = slog_bunyan::with_name("sparring", stderr).set_flush(true).build().fuse();
-            slog::Logger::root(slog_async::Async::new(drain).build().fuse(), slog::o!())
+            sparring_impl::logger(drain)
         }
         LogFormat::Pretty => {
             let decorator = slog_term::TermDecorator::new().stderr().build();
-            let drain = slog_term::FullFormat::new(decorator).build().fuse();
-            slog::Logger::root(slog_async::Async::new(drain).build().fuse(), slog::o!())
+            sparring_impl::logger(slog_term::FullFormat::new(decorator).build().fuse())
         }
     }
 }

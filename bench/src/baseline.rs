@@ -6,8 +6,8 @@
 //! (one `Cargo.lock`), the same `ConfigDropshot` (taken from
 //! [`sparring_impl::dropshot_config`]: body limit, handler task mode), the
 //! same tokio runtime (multi-threaded, one worker per core) and the same
-//! logger (bunyan JSON through `slog-async`, as `src/main.rs` builds it), so
-//! dropshot's per-request log line costs both the same.
+//! logger (bunyan JSON through [`sparring_impl::logger`], as `src/main.rs`
+//! builds it), so dropshot's per-request log line costs both the same.
 
 use std::net::SocketAddr;
 
@@ -33,7 +33,7 @@ async fn ping(_rqctx: RequestContext<()>) -> Result<HttpResponseOk<Pong>, HttpEr
 fn logger() -> slog::Logger {
     let stderr = std::io::BufWriter::new(std::io::stderr());
     let drain = slog_bunyan::with_name("sparring", stderr).set_flush(true).build().fuse();
-    slog::Logger::root(slog_async::Async::new(drain).build().fuse(), slog::o!())
+    sparring_impl::logger(drain)
 }
 
 /// Serves until killed.

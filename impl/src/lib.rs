@@ -37,6 +37,7 @@ pub mod http;
 pub mod ids;
 pub mod integrations;
 pub mod key_cache;
+pub mod logging;
 pub mod oidc;
 pub mod pagination;
 pub mod personas;
@@ -52,6 +53,8 @@ pub mod tests;
 pub mod users;
 pub mod validate;
 pub mod written;
+
+pub use logging::logger;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
