@@ -312,8 +312,9 @@ fn served_with(test: &types::Test, parts: &Parts) -> serde_json::Result<String> 
     })
 }
 
-/// A [`TestDoc`] as it is encoded, from a test and its [`Parts`]: what
-/// every write of a test stores as its `document` (`TestDoc` is read).
+/// A [`TestDoc`] as it is encoded, from a test and its evaluators written
+/// already: what every write of a test stores as its `document` (`TestDoc`
+/// is read).
 #[derive(Serialize)]
 struct WrittenDoc<'a> {
     description: &'a str,
@@ -323,11 +324,11 @@ struct WrittenDoc<'a> {
     tags: &'a [String],
 }
 
-fn document_with(test: &types::Test, parts: &Parts) -> serde_json::Result<String> {
+fn document_with(test: &types::Test, evaluators: &RawValue) -> serde_json::Result<String> {
     serde_json::to_string(&WrittenDoc {
         description: &test.description,
         iterations: test.iterations.get(),
-        evaluators: &parts.evaluators,
+        evaluators,
         pass_threshold: test.pass_threshold,
         tags: &test.tags,
     })
@@ -528,7 +529,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
     // test, not through a map of values (which took as long as the rest of
     // the create's work on this thread).
     let parts = Parts::of(&test).map_err(|e| conversion(0, e))?;
-    let document = document_with(&test, &parts).map_err(|e| conversion(5, e))?;
+    let document = document_with(&test, &parts.evaluators).map_err(|e| conversion(5, e))?;
     let served_json: Arc<str> = served_with(&test, &parts).map_err(|e| conversion(0, e))?.into();
     let changes = activity::Changes::of(&Shown::with(&test, &*parts.evaluators)).map_err(|e| conversion(0, e))?;
     // Not held across the write's wait.
@@ -799,8 +800,9 @@ pub async fn update(
             if changes.is_empty() {
                 return Ok(before);
             }
-            let document = Parts::of(&after)
-                .and_then(|parts| document_with(&after, &parts))
+            // A document holds no times: of the test's [`Parts`], only its evaluators.
+            let document = serde_json::value::to_raw_value(&after.evaluators)
+                .and_then(|evaluators| document_with(&after, &evaluators))
                 .map_err(|e| Failure::from(conversion(5, e)))?;
             tx.execute(
                 "UPDATE tests SET name = ?2, channel_id = ?3, scenario_id = ?4, document = ?5, updated_at = ?6
@@ -939,7 +941,7 @@ mod unit {
                 pass_threshold: test.pass_threshold,
                 tags: test.tags.clone(),
             };
-            assert_eq!(document_with(test, &parts).unwrap(), serde_json::to_string(&doc).unwrap());
+            assert_eq!(document_with(test, &parts.evaluators).unwrap(), serde_json::to_string(&doc).unwrap());
             assert_eq!(
                 serde_json::to_string(&Shown::with(test, &*parts.evaluators)).unwrap(),
                 serde_json::to_string(&Shown::of(test)).unwrap()
