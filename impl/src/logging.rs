@@ -32,22 +32,26 @@ where
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::mpsc::{self, Receiver};
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    /// Counts the records it is given, and takes its time over the first:
-    /// a log thread that waits for a core while requests go on.
-    struct Slow {
+    /// Counts the records it is given, and holds the first until it is let
+    /// go: a log thread that waits for a core while requests go on.
+    struct Held {
         seen: Arc<AtomicUsize>,
         dropped_reported: Arc<AtomicUsize>,
+        let_go: Mutex<Receiver<()>>,
     }
 
-    impl slog::Drain for Slow {
+    impl slog::Drain for Held {
         type Ok = ();
         type Err = slog::Never;
         fn log(&self, record: &slog::Record, _: &slog::OwnedKVList) -> Result<(), slog::Never> {
             if self.seen.fetch_add(1, Ordering::SeqCst) == 0 {
-                std::thread::sleep(Duration::from_millis(200));
+                // Bounded, so that a logger that blocked its callers would
+                // fail this test rather than hang it.
+                let _ = self.let_go.lock().unwrap().recv_timeout(Duration::from_secs(30));
             }
             if record.msg().to_string().contains("dropped") {
                 self.dropped_reported.fetch_add(1, Ordering::SeqCst);
@@ -61,10 +65,16 @@ mod tests {
         const BURST: usize = 4_000;
         let seen = Arc::new(AtomicUsize::new(0));
         let dropped_reported = Arc::new(AtomicUsize::new(0));
-        let log = super::logger(Slow { seen: seen.clone(), dropped_reported: dropped_reported.clone() });
+        let (let_go, held) = mpsc::channel();
+        let log = super::logger(Held {
+            seen: seen.clone(),
+            dropped_reported: dropped_reported.clone(),
+            let_go: Mutex::new(held),
+        });
         for i in 0..BURST {
             slog::info!(log, "request completed"; "n" => i);
         }
+        let_go.send(()).unwrap();
         // The last logger gone, the log's thread writes what is queued and
         // ends; dropping joins it.
         drop(log);
