@@ -52,6 +52,7 @@ pub mod test_cache;
 pub mod tests;
 pub mod users;
 pub mod validate;
+mod wal_writes;
 pub mod written;
 
 pub use logging::logger;
