@@ -201,13 +201,7 @@ impl ServeArgs {
 
 fn logger(format: LogFormat) -> slog::Logger {
     match format {
-        LogFormat::Json => {
-            // One write(2) per record: slog-json writes a record in many
-            // small pieces, each a system call on unbuffered stderr.
-            let stderr = std::io::BufWriter::new(std::io::stderr());
-            let drain = slog_bunyan::with_name("sparring", stderr).set_flush(true).build().fuse();
-            sparring_impl::logger(drain)
-        }
+        LogFormat::Json => sparring_impl::logging::json_to_stderr(),
         LogFormat::Pretty => {
             let decorator = slog_term::TermDecorator::new().stderr().build();
             sparring_impl::logger(slog_term::FullFormat::new(decorator).build().fuse())

@@ -6,15 +6,14 @@
 //! (one `Cargo.lock`), the same `ConfigDropshot` (taken from
 //! [`sparring_impl::dropshot_config`]: body limit, handler task mode), the
 //! same tokio runtime (multi-threaded, one worker per core) and the same
-//! logger (bunyan JSON through [`sparring_impl::logger`], as `src/main.rs`
-//! builds it), so dropshot's per-request log line costs both the same.
+//! logger ([`sparring_impl::logging::json_to_stderr`], as `sparring serve
+//! --log-format json`), so dropshot's per-request log line costs both the same.
 
 use std::net::SocketAddr;
 
 use dropshot::{endpoint, ApiDescription, HttpError, HttpResponseOk, RequestContext, ServerBuilder};
 use schemars::JsonSchema;
 use serde::Serialize;
-use slog::Drain as _;
 
 #[derive(Serialize, JsonSchema)]
 struct Pong {
@@ -29,13 +28,6 @@ async fn ping(_rqctx: RequestContext<()>) -> Result<HttpResponseOk<Pong>, HttpEr
     Ok(HttpResponseOk(Pong { ok: true, service: "baseline" }))
 }
 
-/// The logger of `sparring serve --log-format json` (see `src/main.rs`).
-fn logger() -> slog::Logger {
-    let stderr = std::io::BufWriter::new(std::io::stderr());
-    let drain = slog_bunyan::with_name("sparring", stderr).set_flush(true).build().fuse();
-    sparring_impl::logger(drain)
-}
-
 /// Serves until killed.
 pub fn serve(bind: SocketAddr) -> anyhow::Result<()> {
     // `sparring` runs on `tokio::runtime::Runtime::new()`: the same here.
@@ -43,7 +35,7 @@ pub fn serve(bind: SocketAddr) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let mut api = ApiDescription::new();
         api.register(ping).map_err(|e| anyhow::anyhow!("registering /v1/ping: {e}"))?;
-        let server = ServerBuilder::new(api, (), logger())
+        let server = ServerBuilder::new(api, (), sparring_impl::logging::json_to_stderr())
             .config(sparring_impl::dropshot_config(bind))
             .start()
             .map_err(|e| anyhow::anyhow!("starting the baseline on {bind}: {e}"))?;

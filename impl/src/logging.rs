@@ -29,6 +29,16 @@ where
     slog::Logger::root(drain.fuse(), slog::o!())
 }
 
+/// The logger of `sparring serve --log-format json`: bunyan JSON on stderr,
+/// one `write` per record (slog-json writes a record in many small pieces,
+/// each a system call on unbuffered stderr). Also the benchmark's
+/// baseline's.
+pub fn json_to_stderr() -> slog::Logger {
+    use slog::Drain as _;
+    let stderr = std::io::BufWriter::new(std::io::stderr());
+    logger(slog_bunyan::with_name("sparring", stderr).set_flush(true).build().fuse())
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -19,8 +19,8 @@
 //! apply one after another in the order they were taken, readers never see
 //! a write before it is durable, and a write is acknowledged only once its
 //! commit is on disk. If the commit itself fails, every write of the group
-//! fails with it. The writer's WAL writes reach the kernel as one `pwrite` per 128 KB of
-//! a commit rather than two per page (see `wal_writes`).
+//! fails with it. The writer's WAL writes reach the kernel as one `pwrite`
+//! per 128 KB of a commit rather than two per page (see `wal_writes`).
 //!
 //! Reads run on the calling task's thread, each on a pooled connection (so
 //! prepared statements stay cached). They are short indexed lookups and
@@ -130,7 +130,7 @@ impl Store {
     /// Opens (creating if needed) the database at `path` and migrates it.
     pub fn open(path: &Path) -> StoreResult<Store> {
         configure_memory();
-        // The writer's WAL writes are gathered into one per commit (see
+        // The writer's WAL writes are gathered until its commit's sync (see
         // `wal_writes`), which is right only if it syncs at every commit.
         let mut writer =
             Connection::open_with_flags_and_vfs(path, OpenFlags::default(), crate::wal_writes::register())?;

@@ -52,15 +52,13 @@ const MAX_WRITE: usize = 0x1ffff;
 
 /// Registers the VFS (once per process) and returns its name.
 pub fn register() -> &'static CStr {
-    static REGISTERED: OnceLock<()> = OnceLock::new();
-    REGISTERED.get_or_init(|| {
+    UNIX.get_or_init(|| {
         // SAFETY: `sqlite3_vfs_find(NULL)` returns the default VFS, which
         // SQLite never frees. The new VFS is leaked, so it outlives every
         // connection; registering is thread-safe in SQLite.
         unsafe {
             let unix = ffi::sqlite3_vfs_find(std::ptr::null());
             assert!(!unix.is_null(), "SQLite has no default VFS");
-            UNIX.set(Vfs(unix)).ok();
             let mut vfs = *unix;
             vfs.zName = NAME.as_ptr();
             vfs.pNext = std::ptr::null_mut();
@@ -68,12 +66,13 @@ pub fn register() -> &'static CStr {
             vfs.xOpen = Some(open);
             let rc = ffi::sqlite3_vfs_register(Box::into_raw(Box::new(vfs)), 0);
             assert_eq!(rc, ffi::SQLITE_OK, "registering the {NAME:?} VFS");
+            Vfs(unix)
         }
     });
     NAME
 }
 
-/// The default VFS this one wraps.
+/// The default VFS this one wraps, set once this one is registered.
 struct Vfs(*mut ffi::sqlite3_vfs);
 // SAFETY: SQLite's VFS objects are immutable once registered and may be used
 // from any thread.
@@ -106,6 +105,18 @@ impl WalFile {
         unsafe { (this as *mut u8).add(std::mem::size_of::<WalFile>()) as *mut ffi::sqlite3_file }
     }
 
+    /// Writes `amount` bytes at `data` with the real file's own `xWrite`.
+    ///
+    /// # Safety
+    /// `this` must be an open `WalFile`, `data` valid for `amount` bytes.
+    unsafe fn write_through(this: *mut ffi::sqlite3_file, data: *const c_void, amount: c_int, offset: i64) -> c_int {
+        #[cfg(test)]
+        tests::REAL_WRITES.with(|n| n.set(n.get() + 1));
+        let real = WalFile::real(this);
+        // SAFETY: per the contract.
+        unsafe { ((*(*real).pMethods).xWrite.expect("unix xWrite"))(real, data, amount, offset) }
+    }
+
     /// Writes what is gathered, if anything.
     ///
     /// # Safety
@@ -117,20 +128,15 @@ impl WalFile {
         if gathered.bytes.is_empty() {
             return ffi::SQLITE_OK;
         }
-        let real = WalFile::real(this);
         let mut rc = ffi::SQLITE_OK;
         for (i, chunk) in gathered.bytes.chunks(MAX_WRITE).enumerate() {
-            let at = gathered.at + (i * MAX_WRITE) as i64;
-            // SAFETY: `real` is open; `chunk` is valid for its length, which
-            // fits a `c_int`.
-            #[cfg(test)]
-            tests::REAL_WRITES.with(|n| n.set(n.get() + 1));
+            // SAFETY: `chunk` is valid for its length, which fits a `c_int`.
             rc = unsafe {
-                ((*(*real).pMethods).xWrite.expect("unix xWrite"))(
-                    real,
+                WalFile::write_through(
+                    this,
                     chunk.as_ptr().cast(),
                     chunk.len() as c_int,
-                    at,
+                    gathered.at + (i * MAX_WRITE) as i64,
                 )
             };
             if rc != ffi::SQLITE_OK {
@@ -197,10 +203,7 @@ unsafe extern "C" fn write(this: *mut ffi::sqlite3_file, data: *const c_void, am
     unsafe {
         let gathered = &mut (*(this as *mut WalFile)).gathered;
         if !gathered.on {
-            #[cfg(test)]
-            tests::REAL_WRITES.with(|n| n.set(n.get() + 1));
-            let real = WalFile::real(this);
-            return ((*(*real).pMethods).xWrite.expect("xWrite"))(real, data, amount, offset);
+            return WalFile::write_through(this, data, amount, offset);
         }
         if !gathered.bytes.is_empty() && gathered.at + gathered.bytes.len() as i64 != offset {
             let rc = WalFile::flush(this);
