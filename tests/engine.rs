@@ -897,6 +897,15 @@ async fn who_may_run_and_read_runs() {
             assert_eq!(s.get(path, key).await.status().as_u16(), want, "{role} GET {path}");
         }
     }
+    // A member removed reads none of it from the next request on, though
+    // the server knew their role from the reads just made.
+    let members = s.expect(Method::GET, &format!("/v1/projects/{p}/members"), &t.owner, None, 200).await;
+    let viewer = members["members"].as_array().unwrap().iter().find(|m| m["role"] == "viewer").unwrap();
+    let viewer_id = viewer["user_id"].as_str().unwrap();
+    s.expect(Method::DELETE, &format!("/v1/projects/{p}/members/{viewer_id}"), &t.owner, None, 200).await;
+    for path in &reads {
+        assert_eq!(s.get(path, &t.viewer).await.status().as_u16(), 404, "removed viewer GET {path}");
+    }
     // Lists never show another project's runs.
     let theirs = s.expect(Method::GET, "/v1/batch-runs", &t.outsider, None, 200).await;
     assert_eq!(theirs["batch_runs"], json!([]));

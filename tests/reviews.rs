@@ -488,6 +488,18 @@ async fn blind_labelling_before_and_after_close() {
     let owner_id = user_with_role(&s, &t, "owner").await;
     let reviewer_id = user_with_role(&s, &t, "reviewer").await;
 
+    // Before the calibration the reviewer sees everything, by either route.
+    // The server then knows the reviewer's role and that no calibration
+    // holds these results, and must still blind them once one does.
+    for (r, status) in [(rp, "passed"), (rf, "failed")] {
+        for path in [
+            format!("/v1/test-results/{}", id(r)),
+            format!("/v1/test-results/by-call/{}", r["call_id"].as_str().unwrap()),
+        ] {
+            assert_sees_all(&s.expect(Method::GET, &path, &t.reviewer, None, 200).await, status);
+        }
+    }
+
     // The reviewer and the owner label both results; the editor and the
     // viewer are not assigned.
     let cal = s

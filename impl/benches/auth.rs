@@ -157,6 +157,7 @@ async fn fixture() -> Fixture {
     let state = AppState {
         test_cache: sparring_impl::test_cache::TestCache::watching(&store),
         key_pages: sparring_impl::api_keys::KeyPages::watching(&store),
+        in_open_calibrations: sparring_impl::reviews::blind::InOpenCalibrations::watching(&store),
         store,
         secrets: Secrets::load_or_create(&dir.path().join(sparring_impl::secrets::KEY_FILE))
             .expect("creating the secret key"),

@@ -115,6 +115,9 @@ pub struct AppState {
     /// `test_cache`); made with [`test_cache::TestCache::watching`] on
     /// `store`.
     pub test_cache: test_cache::TestCache,
+    /// The results in open calibrations, for `GET /v1/test-results/{id}`
+    /// (see `reviews::blind::InOpenCalibrations`).
+    pub in_open_calibrations: reviews::blind::InOpenCalibrations,
     /// (issuer, subject) → user id, for users already signed in. Public
     /// only so that `benches/auth.rs` can build an `AppState` without a
     /// server; nothing outside `auth` reads or writes it.
@@ -334,9 +337,11 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     let oidc = Oidc::new(config.oidc.clone(), config.oidc_refetch_interval, &log).await?;
     let test_cache = test_cache::TestCache::watching(&store);
     let key_pages = api_keys::KeyPages::watching(&store);
+    let in_open_calibrations = reviews::blind::InOpenCalibrations::watching(&store);
     let state = Arc::new(AppState {
         store,
         test_cache,
+        in_open_calibrations,
         secrets,
         oidc,
         last_used: LastUsed::default(),

@@ -970,11 +970,33 @@ enum ResultBy {
     Call = 1,
 }
 
+impl ResultBy {
+    /// What a 404 says was not found.
+    fn what(self) -> &'static str {
+        match self {
+            ResultBy::Id => "test result",
+            ResultBy::Call => "test result for call",
+        }
+    }
+}
+
+/// The statement that finds a result's document, project and id alone (by
+/// id or by call id: `?1`; in `ResultBy`'s order): all a read needs when
+/// the caller's role is kept and the result is in no open calibration (see
+/// [`readable_result`]).
+const DOCUMENT_SQL: [&str; 2] = [
+    "SELECT document, project_id, id FROM test_results WHERE id = ?1",
+    "SELECT document, project_id, id FROM test_results WHERE call_id = ?1",
+];
+
 /// The statement that finds a result (by id or by call id: `?1`), the
 /// caller's role in its project and whether the caller labels it blind
 /// (`?2`: the caller's user id): the most read document of all (a
 /// dashboard's, a pipeline's) costs one query, not three. Its rows are
-/// [`result_row`]s.
+/// [`result_row`]s. `GET` runs it only when what it adds to
+/// [`DOCUMENT_SQL`] is not known already (see [`readable_result`]): then
+/// the document is read twice, once per caller and project and after each
+/// change to calibrations.
 ///
 /// The text is built once: formatting it at every read was 2.5 % of a
 /// result's instructions (callgrind, BENCHMARKS.md).
@@ -983,7 +1005,8 @@ static RESULT_SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
     ["id", "call_id"].map(|column| {
         format!(
             "SELECT r.document, m.role,
-                    (SELECT calibration_id FROM ({}) WHERE test_result_id = r.id LIMIT 1)
+                    (SELECT calibration_id FROM ({}) WHERE test_result_id = r.id LIMIT 1),
+                    r.project_id
              FROM test_results r
              LEFT JOIN project_members m ON m.project_id = r.project_id AND m.user_id = ?2
              WHERE r.{column} = ?1",
@@ -993,13 +1016,19 @@ static RESULT_SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
 });
 
 /// A row of [`RESULT_SQL`]: the result's JSON document as stored, the
-/// caller's role in its project if any, and the open calibration in which
-/// the caller labels it blind, if any.
-type ResultRow = (Vec<u8>, Option<String>, Option<String>);
+/// caller's role in its project if any, the open calibration in which the
+/// caller labels it blind, if any, and its project.
+type ResultRow = (Vec<u8>, Option<String>, Option<String>, String);
 
 fn result_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ResultRow> {
     // The document's bytes: its text was encoded by serde_json, and is
     // answered (or decoded) as it is without a separate UTF-8 check.
+    Ok((r.get_ref(0)?.as_bytes()?.to_vec(), r.get(1)?, r.get(2)?, r.get(3)?))
+}
+
+/// A row of [`DOCUMENT_SQL`]: the document (as in [`result_row`]), its
+/// project and its id.
+fn document_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Vec<u8>, String, String)> {
     Ok((r.get_ref(0)?.as_bytes()?.to_vec(), r.get(1)?, r.get(2)?))
 }
 
@@ -1012,11 +1041,8 @@ fn readable_document(
     value: &str,
     need: Need,
 ) -> Result<(Vec<u8>, Option<String>)> {
-    let what = match by {
-        ResultBy::Id => "test result",
-        ResultBy::Call => "test result for call",
-    };
-    let (document, role, blinding) = found.ok_or_else(|| Failure::not_found(what, value))?;
+    let what = by.what();
+    let (document, role, blinding, _) = found.ok_or_else(|| Failure::not_found(what, value))?;
     let role = role.as_deref().and_then(access::Role::parse).ok_or_else(|| Failure::not_found(what, value))?;
     access::check(role, need)?;
     Ok((document, blinding))
@@ -1032,8 +1058,31 @@ async fn readable_result(
     by: ResultBy,
     value: &str,
 ) -> Result<Json<types::TestResult>> {
+    let (roles, open) = (&state.test_cache, &state.in_open_calibrations);
+    // Taken before reading, for what the reads below keep.
+    let (roles_then, open_then) = (roles.generation(), open.generation());
+    // Nearly always the caller's role is kept and the result is in no open
+    // calibration: then the document is all there is to read.
+    let (document, project_id, result_id) = state
+        .store
+        .read_row::<_, Failure, _, _>(DOCUMENT_SQL[by as usize], params![value], document_row)?
+        .ok_or_else(|| Failure::not_found(by.what(), value))?;
+    if let (Some(role), Some(false)) = (roles.role(user_id, &project_id), open.holds(&result_id)) {
+        access::check(role, Need::Read)?;
+        return Ok(Json::written_bytes(document));
+    }
+    // Otherwise the statement that finds all three at once, and what it
+    // found is kept for the next reads.
     let found =
         state.store.read_row::<_, Failure, _, _>(&RESULT_SQL[by as usize], params![value, user_id], result_row)?;
+    if let Some((_, Some(role), _, project_id)) = &found {
+        if let Some(role) = access::Role::parse(role) {
+            roles.keep_role(roles_then, user_id, project_id, role);
+        }
+    }
+    if open.holds(&result_id).is_none() {
+        state.store.read(|tx| open.load(tx, open_then)).await?;
+    }
     match readable_document(found, by, value, Need::Read)? {
         (document, None) => Ok(Json::written_bytes(document)),
         (document, Some(calibration_id)) => {

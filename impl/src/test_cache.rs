@@ -1,6 +1,7 @@
 //! Tests as served, and callers' roles in projects, kept in memory so that
 //! `GET /v1/tests/{id}` (what dashboards and CI poll) costs two map lookups
-//! instead of a database read.
+//! instead of a database read. `GET /v1/test-results/{id}` checks the
+//! caller's role here as well.
 //!
 //! What is kept is exactly what the read would find: a test's stored
 //! `served` JSON and its project, and a member's role. Both change only by
@@ -128,8 +129,14 @@ impl TestCache {
         })
     }
 
-    /// To take before reading the database, and give to [`TestCache::keep`]
-    /// or [`TestCache::keep_newest`].
+    /// A member's role in a project, if kept (`GET /v1/test-results/{id}`
+    /// checks it here too).
+    pub fn role(&self, user_id: &str, project_id: &str) -> Option<Role> {
+        self.kept.read(|kept| kept.roles.get(user_id)?.get(project_id).copied())
+    }
+
+    /// To take before reading the database, and give to [`TestCache::keep`],
+    /// [`TestCache::keep_newest`] or [`TestCache::keep_role`].
     pub fn generation(&self) -> u64 {
         self.kept.generation()
     }
@@ -198,6 +205,12 @@ impl TestCache {
             keep_role(kept, user_id, project_id, role);
         });
     }
+
+    /// Keeps a member's role found by a read that started at `generation`,
+    /// unless the cache was emptied since.
+    pub fn keep_role(&self, generation: u64, user_id: &str, project_id: &str, role: Role) {
+        self.kept.keep(generation, |kept| keep_role(kept, user_id, project_id, role));
+    }
 }
 
 fn keep_role(kept: &mut Kept, user_id: &str, project_id: &str, role: Role) {
@@ -230,6 +243,19 @@ mod tests {
         assert!(cache.get("tst_1", "usr_2").is_none());
         assert!(cache.get("tst_2", "usr_1").is_none());
         assert!(cache.get("tst_3", "usr_1").is_none());
+    }
+
+    #[test]
+    fn a_role_kept_alone_is_the_members_in_that_project_only() {
+        let cache = TestCache { kept: Arc::default() };
+        let before = cache.generation();
+        cache.keep_role(before, "usr_1", "prj_1", Role::Reviewer);
+        assert_eq!(cache.role("usr_1", "prj_1"), Some(Role::Reviewer));
+        assert_eq!((cache.role("usr_1", "prj_2"), cache.role("usr_2", "prj_1")), (None, None));
+        cache.kept.reset();
+        assert_eq!(cache.role("usr_1", "prj_1"), None);
+        cache.keep_role(before, "usr_1", "prj_1", Role::Owner);
+        assert_eq!(cache.role("usr_1", "prj_1"), None, "read before the cache was emptied");
     }
 
     #[test]

@@ -12,12 +12,14 @@
 //! verdicts away), nor does the activity log ([`HIDDEN_ACTIVITY`]). Owners
 //! see everything: they are who the calibration is for.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use rusqlite::{params, OptionalExtension as _};
 use sparring_server::types;
 
 use crate::failure::Result;
+use crate::store::{Action, Store, Watched};
 
 /// SQL for `(test_result_id, calibration_id)`: the results the user whose
 /// id is the parameter `user` (e.g. `?1`) labels blind right now, and the
@@ -138,3 +140,105 @@ pub static HIDDEN_ACTIVITY: std::sync::LazyLock<String> = std::sync::LazyLock::n
         blind = blind_results("?1")
     )
 });
+
+/// The results in open calibrations, kept in memory: only those can be
+/// blind to anyone, so reading any other result (the most read document of
+/// all) needs no query for its blinding.
+///
+/// Kept correct as `test_cache` is: a calibration's creation (its results
+/// with it), its closing, or its deletion (by its project's, in cascade)
+/// empties what is kept after the change commits and before it is
+/// answered, and a read that raced with such a change does not keep what
+/// it found. Calibrations change only by the server's own writes.
+#[derive(Clone)]
+pub struct InOpenCalibrations {
+    /// `None` until read, and after a change.
+    kept: Arc<Watched<Option<HashSet<String>>>>,
+}
+
+/// The changes that make what is kept stale.
+const WATCHED: &[(&str, &[Action])] = &[
+    ("calibrations", &[Action::SQLITE_INSERT, Action::SQLITE_UPDATE, Action::SQLITE_DELETE]),
+    ("calibration_results", &[Action::SQLITE_INSERT, Action::SQLITE_UPDATE, Action::SQLITE_DELETE]),
+];
+
+/// More results in open calibrations than this and none are kept (each
+/// read then asks the database, as it would without this).
+const MAX_KEPT: usize = 100_000;
+
+impl InOpenCalibrations {
+    /// Kept correct by `store`'s writes.
+    pub fn watching(store: &Store) -> InOpenCalibrations {
+        InOpenCalibrations { kept: Watched::new(store, WATCHED) }
+    }
+
+    /// Whether `result_id` is in an open calibration, if that is known.
+    pub fn holds(&self, result_id: &str) -> Option<bool> {
+        self.kept.read(|kept| kept.as_ref().map(|ids| ids.contains(result_id)))
+    }
+
+    /// To take before [`InOpenCalibrations::load`] reads the database.
+    pub fn generation(&self) -> u64 {
+        self.kept.generation()
+    }
+
+    /// Reads the results in open calibrations and keeps them, unless a
+    /// change came since `generation` (or there are too many).
+    pub fn load(&self, tx: &rusqlite::Connection, generation: u64) -> Result<()> {
+        let ids = tx
+            .prepare_cached(&format!(
+                "SELECT cr.test_result_id FROM calibration_results cr
+                 JOIN calibrations c ON c.id = cr.calibration_id AND c.status = 'open'
+                 LIMIT {}",
+                MAX_KEPT + 1
+            ))?
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<HashSet<String>>>()?;
+        self.keep(generation, ids);
+        Ok(())
+    }
+
+    fn keep(&self, generation: u64, ids: HashSet<String>) {
+        if ids.len() <= MAX_KEPT {
+            self.kept.keep(generation, |kept| *kept = Some(ids));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(of: &[&str]) -> HashSet<String> {
+        of.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn what_is_kept_says_which_results_are_in_open_calibrations() {
+        let open = InOpenCalibrations { kept: Arc::default() };
+        assert_eq!(open.holds("trs_1"), None, "nothing known before a read");
+        open.keep(open.generation(), ids(&["trs_1"]));
+        assert_eq!((open.holds("trs_1"), open.holds("trs_2")), (Some(true), Some(false)));
+    }
+
+    #[test]
+    fn a_read_that_began_before_a_change_is_not_kept() {
+        let open = InOpenCalibrations { kept: Arc::default() };
+        let before = open.generation();
+        open.keep(before, ids(&[]));
+        open.kept.reset();
+        assert_eq!(open.holds("trs_1"), None, "a change empties what is kept");
+        open.keep(before, ids(&[]));
+        assert_eq!(open.holds("trs_1"), None, "read before the change: it may not have seen it");
+        open.keep(open.generation(), ids(&["trs_1"]));
+        assert_eq!(open.holds("trs_1"), Some(true));
+    }
+
+    #[test]
+    fn too_many_are_not_kept() {
+        let open = InOpenCalibrations { kept: Arc::default() };
+        let many = (0..=MAX_KEPT).map(|i| format!("trs_{i}")).collect();
+        open.keep(open.generation(), many);
+        assert_eq!(open.holds("trs_1"), None);
+    }
+}
