@@ -951,11 +951,11 @@ pub(crate) fn stored_result(
     result_id: &str,
     need: Need,
 ) -> Result<types::TestResult> {
-    let found = tx
-        .prepare_cached(&RESULT_SQL[ResultBy::Id as usize])?
-        .query_row(params![result_id, user_id], result_row)
-        .optional()?;
-    let (document, _) = readable_document(found, ResultBy::Id, result_id, need)?;
+    let by = ResultBy::Id;
+    let found = tx.prepare_cached(DOCUMENT_SQL[by as usize])?.query_row(params![result_id], document_row).optional()?;
+    let (document, project_id, _) = found.ok_or_else(|| Failure::not_found(by.what(), result_id))?;
+    let role = access::role_in(tx, user_id, &project_id)?.ok_or_else(|| Failure::not_found(by.what(), result_id))?;
+    access::check(role, need)?;
     decode_result(&document)
 }
 
@@ -980,78 +980,32 @@ impl ResultBy {
     }
 }
 
-/// The statement that finds a result's document, project and id alone (by
-/// id or by call id: `?1`; in `ResultBy`'s order): all a read needs when
-/// the caller's role is kept and the result is in no open calibration (see
-/// [`readable_result`]).
+/// The statement that finds a result's document, project and id (by id or
+/// by call id: `?1`; in `ResultBy`'s order). Its rows are
+/// [`document_row`]s.
 const DOCUMENT_SQL: [&str; 2] = [
     "SELECT document, project_id, id FROM test_results WHERE id = ?1",
     "SELECT document, project_id, id FROM test_results WHERE call_id = ?1",
 ];
 
-/// The statement that finds a result (by id or by call id: `?1`), the
-/// caller's role in its project and whether the caller labels it blind
-/// (`?2`: the caller's user id): the most read document of all (a
-/// dashboard's, a pipeline's) costs one query, not three. Its rows are
-/// [`result_row`]s. `GET` runs it only when what it adds to
-/// [`DOCUMENT_SQL`] is not known already (see [`readable_result`]): then
-/// the document is read twice, once per caller and project and after each
-/// change to calibrations.
-///
-/// The text is built once: formatting it at every read was 2.5 % of a
-/// result's instructions (callgrind, BENCHMARKS.md).
-static RESULT_SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
-    // In `ResultBy`'s order.
-    ["id", "call_id"].map(|column| {
-        format!(
-            "SELECT r.document, m.role,
-                    (SELECT calibration_id FROM ({}) WHERE test_result_id = r.id LIMIT 1),
-                    r.project_id
-             FROM test_results r
-             LEFT JOIN project_members m ON m.project_id = r.project_id AND m.user_id = ?2
-             WHERE r.{column} = ?1",
-            crate::reviews::blind::blind_pairs("?2")
-        )
-    })
-});
-
-/// A row of [`RESULT_SQL`]: the result's JSON document as stored, the
-/// caller's role in its project if any, the open calibration in which the
-/// caller labels it blind, if any, and its project.
-type ResultRow = (Vec<u8>, Option<String>, Option<String>, String);
-
-fn result_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ResultRow> {
-    // The document's bytes: its text was encoded by serde_json, and is
-    // answered (or decoded) as it is without a separate UTF-8 check.
-    Ok((r.get_ref(0)?.as_bytes()?.to_vec(), r.get(1)?, r.get(2)?, r.get(3)?))
-}
-
-/// A row of [`DOCUMENT_SQL`]: the document (as in [`result_row`]), its
+/// A row of [`DOCUMENT_SQL`]: the result's JSON document as stored, its
 /// project and its id.
 fn document_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Vec<u8>, String, String)> {
+    // The document's bytes: its text was encoded by serde_json, and is
+    // answered (or decoded) as it is without a separate UTF-8 check.
     Ok((r.get_ref(0)?.as_bytes()?.to_vec(), r.get(1)?, r.get(2)?))
-}
-
-/// A result's document and blinding calibration (see [`ResultRow`]) if the
-/// caller's role in its project meets `need`; else the errors of
-/// [`stored_result`].
-fn readable_document(
-    found: Option<ResultRow>,
-    by: ResultBy,
-    value: &str,
-    need: Need,
-) -> Result<(Vec<u8>, Option<String>)> {
-    let what = by.what();
-    let (document, role, blinding, _) = found.ok_or_else(|| Failure::not_found(what, value))?;
-    let role = role.as_deref().and_then(access::Role::parse).ok_or_else(|| Failure::not_found(what, value))?;
-    access::check(role, need)?;
-    Ok((document, blinding))
 }
 
 /// A test result as the caller may see it: the stored document as it is
 /// (encoded from a `TestResult` when the run ended), or, for a result the
-/// caller labels blind (see `reviews::blind`), decoded and hidden. One
-/// statement, read without a transaction around it ([`Store::read_row`]).
+/// caller labels blind (see `reviews::blind`), decoded and hidden.
+///
+/// The most read document of all (a dashboard's, a pipeline's) is nearly
+/// always one statement, read without a transaction around it
+/// ([`Store::read_row`]): the caller's role comes from `test_cache`, and
+/// the result is in no open calibration (`reviews::blind::
+/// InOpenCalibrations`), so no caller labels it blind. What is not kept is
+/// read, and kept for the next reads.
 async fn readable_result(
     state: &AppState,
     user_id: &str,
@@ -1061,31 +1015,48 @@ async fn readable_result(
     let (roles, open) = (&state.test_cache, &state.in_open_calibrations);
     // Taken before reading, for what the reads below keep.
     let (roles_then, open_then) = (roles.generation(), open.generation());
-    // Nearly always the caller's role is kept and the result is in no open
-    // calibration: then the document is all there is to read.
     let (document, project_id, result_id) = state
         .store
         .read_row::<_, Failure, _, _>(DOCUMENT_SQL[by as usize], params![value], document_row)?
         .ok_or_else(|| Failure::not_found(by.what(), value))?;
-    if let (Some(role), Some(false)) = (roles.role(user_id, &project_id), open.holds(&result_id)) {
-        access::check(role, Need::Read)?;
-        return Ok(Json::written_bytes(document));
-    }
-    // Otherwise the statement that finds all three at once, and what it
-    // found is kept for the next reads.
-    let found =
-        state.store.read_row::<_, Failure, _, _>(&RESULT_SQL[by as usize], params![value, user_id], result_row)?;
-    if let Some((_, Some(role), _, project_id)) = &found {
-        if let Some(role) = access::Role::parse(role) {
-            roles.keep_role(roles_then, user_id, project_id, role);
+    let (role, held) = (roles.role(user_id, &project_id), open.holds(&result_id));
+    let blinding = match (role, held) {
+        (Some(role), Some(false)) => {
+            access::check(role, Need::Read)?;
+            None
         }
-    }
-    if open.holds(&result_id).is_none() {
-        state.store.read(|tx| open.load(tx, open_then)).await?;
-    }
-    match readable_document(found, by, value, Need::Read)? {
-        (document, None) => Ok(Json::written_bytes(document)),
-        (document, Some(calibration_id)) => {
+        _ => {
+            state
+                .store
+                .read(|tx| {
+                    let role = match role {
+                        Some(role) => role,
+                        None => {
+                            // Outsiders get the same 404 as for a result
+                            // that does not exist.
+                            let role = access::role_in(tx, user_id, &project_id)?
+                                .ok_or_else(|| Failure::not_found(by.what(), value))?;
+                            roles.keep_role(roles_then, user_id, &project_id, role);
+                            role
+                        }
+                    };
+                    access::check(role, Need::Read)?;
+                    let held = match held {
+                        Some(held) => held,
+                        None => open.load(tx, open_then, &result_id)?,
+                    };
+                    if held {
+                        crate::reviews::blind::blinding_calibration(tx, user_id, &result_id)
+                    } else {
+                        Ok(None)
+                    }
+                })
+                .await?
+        }
+    };
+    match blinding {
+        None => Ok(Json::written_bytes(document)),
+        Some(calibration_id) => {
             let mut result = decode_result(&document)?;
             crate::reviews::blind::hide(&mut result, calibration_id);
             Ok(result.into())

@@ -183,8 +183,9 @@ impl InOpenCalibrations {
     }
 
     /// Reads the results in open calibrations and keeps them, unless a
-    /// change came since `generation` (or there are too many).
-    pub fn load(&self, tx: &rusqlite::Connection, generation: u64) -> Result<()> {
+    /// change came since `generation` (or there are too many), and says
+    /// whether `result_id` is among them.
+    pub fn load(&self, tx: &rusqlite::Connection, generation: u64, result_id: &str) -> Result<bool> {
         let ids = tx
             .prepare_cached(&format!(
                 "SELECT cr.test_result_id FROM calibration_results cr
@@ -194,8 +195,10 @@ impl InOpenCalibrations {
             ))?
             .query_map([], |r| r.get(0))?
             .collect::<rusqlite::Result<HashSet<String>>>()?;
+        // Too many to read them all: as if it were held (the full check).
+        let held = ids.len() > MAX_KEPT || ids.contains(result_id);
         self.keep(generation, ids);
-        Ok(())
+        Ok(held)
     }
 
     fn keep(&self, generation: u64, ids: HashSet<String>) {
