@@ -204,7 +204,7 @@ fn logger(format: LogFormat) -> slog::Logger {
         LogFormat::Json => sparring_impl::logging::json_to_stderr(),
         LogFormat::Pretty => {
             let decorator = slog_term::TermDecorator::new().stderr().build();
-            sparring_impl::logger(slog_term::FullFormat::new(decorator).build().fuse())
+            sparring_impl::logging::logger(slog_term::FullFormat::new(decorator).build().fuse())
         }
     }
 }

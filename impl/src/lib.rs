@@ -55,8 +55,6 @@ pub mod validate;
 mod wal_writes;
 pub mod written;
 
-pub use logging::logger;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
