@@ -215,9 +215,11 @@ fn logger(format: LogFormat) -> slog::Logger {
 /// request in `malloc`, `free` and `malloc_consolidate` (`perf record`). A/B
 /// on fresh copies of the benchmark's data: a page of tests 17–20k → 26k
 /// req/s, the 90/10 mix 20–21k → 24k (BENCHMARKS.md). SQLite allocates
-/// from mimalloc too (`sparring_impl::store`, `configure_memory`).
+/// from mimalloc too (`sparring_impl::store`, `configure_memory`). Through
+/// `sparring_impl::allocator`, which takes mimalloc's plain calls for the
+/// alignments every block has (see there).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: sparring_impl::allocator::MiMalloc = sparring_impl::allocator::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

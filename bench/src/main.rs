@@ -48,7 +48,7 @@ enum Command {
 /// The allocator of `sparring serve` (see `src/main.rs`), so that the
 /// baseline differs from it only in the work behind each request.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: sparring_impl::allocator::MiMalloc = sparring_impl::allocator::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -24,6 +24,7 @@
 pub mod access;
 pub mod activity;
 pub mod admin;
+pub mod allocator;
 pub mod api_keys;
 pub mod auth;
 pub mod backup;
