@@ -18,7 +18,7 @@ use rusqlite::{params, OptionalExtension as _};
 use serde_json::{json, Map, Value};
 use sparring_server::{params as p, types, Caller, Json};
 
-use crate::access::{self, Need};
+use crate::access::{self, Need, Role};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
@@ -954,8 +954,7 @@ pub(crate) fn stored_result(
     let by = ResultBy::Id;
     let found = tx.prepare_cached(DOCUMENT_SQL[by as usize])?.query_row(params![result_id], document_row).optional()?;
     let (document, project_id, _) = found.ok_or_else(|| Failure::not_found(by.what(), result_id))?;
-    let role = access::role_in(tx, user_id, &project_id)?.ok_or_else(|| Failure::not_found(by.what(), result_id))?;
-    access::check(role, need)?;
+    access::check(by.member_role(tx, user_id, &project_id, result_id)?, need)?;
     decode_result(&document)
 }
 
@@ -977,6 +976,12 @@ impl ResultBy {
             ResultBy::Id => "test result",
             ResultBy::Call => "test result for call",
         }
+    }
+
+    /// The caller's role in the project of the result found by `value`:
+    /// outsiders get the same 404 as for a result that does not exist.
+    fn member_role(self, tx: &rusqlite::Connection, user_id: &str, project_id: &str, value: &str) -> Result<Role> {
+        access::role_in(tx, user_id, project_id)?.ok_or_else(|| Failure::not_found(self.what(), value))
     }
 }
 
@@ -1032,10 +1037,7 @@ async fn readable_result(
                     let role = match role {
                         Some(role) => role,
                         None => {
-                            // Outsiders get the same 404 as for a result
-                            // that does not exist.
-                            let role = access::role_in(tx, user_id, &project_id)?
-                                .ok_or_else(|| Failure::not_found(by.what(), value))?;
+                            let role = by.member_role(tx, user_id, &project_id, value)?;
                             roles.keep_role(roles_then, user_id, &project_id, role);
                             role
                         }

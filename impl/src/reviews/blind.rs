@@ -187,13 +187,12 @@ impl InOpenCalibrations {
     /// whether `result_id` is among them.
     pub fn load(&self, tx: &rusqlite::Connection, generation: u64, result_id: &str) -> Result<bool> {
         let ids = tx
-            .prepare_cached(&format!(
+            .prepare_cached(
                 "SELECT cr.test_result_id FROM calibration_results cr
                  JOIN calibrations c ON c.id = cr.calibration_id AND c.status = 'open'
-                 LIMIT {}",
-                MAX_KEPT + 1
-            ))?
-            .query_map([], |r| r.get(0))?
+                 LIMIT ?1",
+            )?
+            .query_map([MAX_KEPT as i64 + 1], |r| r.get(0))?
             .collect::<rusqlite::Result<HashSet<String>>>()?;
         // Too many to read them all: as if it were held (the full check).
         let held = ids.len() > MAX_KEPT || ids.contains(result_id);
