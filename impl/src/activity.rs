@@ -21,6 +21,7 @@ pub struct Record<'a> {
 /// A record's changes, already written as JSON: a write that has them
 /// before its transaction writes them there, on the request's thread, and
 /// leaves the single writer thread only the insert.
+#[derive(Clone)]
 pub struct Changes(String);
 
 impl Changes {

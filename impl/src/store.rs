@@ -11,11 +11,12 @@
 //! `synchronous = FULL`: a write is on disk when its transaction commits, so
 //! an acknowledged request survives a crash or power loss. That fsync is
 //! most of a small write's cost, so writes are **group-committed**: a writer
-//! thread takes every write waiting for it, runs them in one transaction
-//! (each after the first inside its own `SAVEPOINT`), commits once, and only
-//! then answers each of them. Each write is still all-or-nothing (a failed
-//! one is rolled back to its savepoint, or with the transaction if it was
-//! the first, and leaves no trace; the others go on), writes still
+//! thread takes every write waiting for it, runs them in one transaction,
+//! commits once, and only then answers each of them. Each write is still
+//! all-or-nothing (a failed one leaves no trace and the others go on: it is
+//! rolled back to a `SAVEPOINT` of its own, or, if nothing but writes that
+//! can run again was kept before it, with the transaction, those writes
+//! running again in the next; see `commit_group`), writes still
 //! apply one after another in the order they were taken, readers never see
 //! a write before it is durable, and a write is acknowledged only once its
 //! commit is on disk. If the commit itself fails, every write of the group
@@ -39,6 +40,7 @@
 //! The schema is the numbered files in `impl/migrations/`, applied in order
 //! on open and recorded in `PRAGMA user_version`.
 
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -105,23 +107,73 @@ struct Inner {
     checkpointing: Arc<Mutex<()>>,
 }
 
-/// A write waiting for the writer thread: runs in a savepoint of the
-/// group's transaction and says how it went; given an error instead of a
-/// transaction (none could be begun), it fails without running.
-type Job = Box<dyn FnOnce(GroupTx<'_, '_>) -> Ran + Send>;
+/// A write waiting for the writer thread (see [`Store::write_then`]).
+type Job = Box<dyn Write>;
 
 /// The group's transaction, or why none could be begun.
 type GroupTx<'t, 'c> = Result<&'t rusqlite::Transaction<'c>, &'t str>;
 
-/// What a job leaves behind until its group commits.
-struct Ran {
-    ok: bool,
-    /// Answers the caller, given how the commit went.
-    answer: Answer,
+/// A write as the writer thread sees it.
+trait Write: Send {
+    /// Runs the write in the group's transaction (given why none could be
+    /// begun instead, fails without running); whether what it did is to be
+    /// kept. Runs again only if [`Write::again`].
+    fn run(&mut self, tx: GroupTx<'_, '_>) -> bool;
+    /// Whether it can run again in a later transaction, its own having been
+    /// rolled back (see [`Store::write_then_again`]).
+    fn again(&self) -> bool;
+    /// Answers the caller with what its last run gave, given how its
+    /// transaction ended (a failed write's answer is its own error).
+    fn answer(self: Box<Self>, commit: Result<(), &str>);
 }
 
-/// Tells a job's caller whether its group committed (or why not).
-type Answer = Box<dyn FnOnce(Result<(), &str>) + Send>;
+/// A write and its caller's answer, until its transaction ends.
+struct Pending<T, E, F, G> {
+    f: F,
+    again: bool,
+    /// What the last run gave.
+    result: Option<Result<T, E>>,
+    /// Runs once the write is durable, before it is answered.
+    committed: G,
+    answer: tokio::sync::oneshot::Sender<Result<T, E>>,
+}
+
+impl<T, E, F, G> Write for Pending<T, E, F, G>
+where
+    T: Send,
+    E: From<StoreError> + Send,
+    F: FnMut(&rusqlite::Transaction<'_>) -> Result<T, E> + Send,
+    G: FnOnce(&T) + Send,
+{
+    fn run(&mut self, tx: GroupTx<'_, '_>) -> bool {
+        // What a run before this one gave is gone with its transaction.
+        self.result = None;
+        let result = match tx {
+            Ok(tx) => (self.f)(tx),
+            Err(e) => Err(E::from(StoreError::Task(e.to_string()))),
+        };
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn again(&self) -> bool {
+        self.again
+    }
+
+    fn answer(self: Box<Self>, commit: Result<(), &str>) {
+        let answer = match (self.result, commit) {
+            (Some(Ok(_)) | None, Err(e)) => Err(E::from(StoreError::Task(e.to_string()))),
+            (Some(result), _) => result,
+            (None, Ok(())) => Err(E::from(StoreError::Task("the write did not run".into()))),
+        };
+        if let Ok(value) = &answer {
+            (self.committed)(value);
+        }
+        // The caller may have gone away; the write stands.
+        let _ = self.answer.send(answer);
+    }
+}
 
 /// The most writes in one group: bounds how long the first of them waits.
 const MAX_GROUP: usize = 64;
@@ -209,9 +261,9 @@ impl Store {
         &self.inner.path
     }
 
-    /// Runs `f` in the writer's transaction, in a savepoint of its own (or,
-    /// first in its transaction, alone there until it returns): what `f`
-    /// did is kept if it returns `Ok` and undone otherwise, and the
+    /// Runs `f` once in the writer's transaction, in a savepoint of its own
+    /// unless nothing was kept before it there (see `commit_group`): what
+    /// `f` did is kept if it returns `Ok` and undone otherwise, and the
     /// answer comes once the transaction is committed (durable).
     pub async fn write<T, E, F>(&self, f: F) -> Result<T, E>
     where
@@ -234,27 +286,44 @@ impl Store {
         F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E> + Send + 'static,
         G: FnOnce(&T) + Send + 'static,
     {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(move |t| {
-            let result = match t {
-                Ok(t) => f(t),
-                Err(e) => Err(E::from(StoreError::Task(e.to_string()))),
-            };
-            Ran {
-                ok: result.is_ok(),
-                answer: Box::new(move |commit| {
-                    let answer = match commit {
-                        Err(e) if result.is_ok() => Err(E::from(StoreError::Task(e.to_string()))),
-                        _ => result,
-                    };
-                    if let Ok(value) = &answer {
-                        committed(value);
-                    }
-                    // The caller may have gone away; the write stands.
-                    let _ = tx.send(answer);
-                }),
-            }
-        });
+        let mut f = Some(f);
+        // Never run twice: `again` is false.
+        let once = move |tx: &rusqlite::Transaction<'_>| match f.take() {
+            Some(f) => f(tx),
+            None => Err(E::from(StoreError::Task("a write ran twice".into()))),
+        };
+        self.send(once, false, committed).await
+    }
+
+    /// [`Store::write_then`] for a write that can run again: `f` may be
+    /// called more than once, each time in a new transaction where nothing
+    /// it did before is left, and only what its last run gave is answered
+    /// (so it must do nothing outside the transaction). Such a write runs
+    /// without a savepoint of its own whenever every write kept before it in
+    /// its transaction can run again too: should it fail having changed
+    /// something, the transaction is rolled back and those writes run again
+    /// in the next one. A savepoint copies each page its write changes into
+    /// a journal (~9 % of the writer's instructions for a create of a test,
+    /// BENCHMARKS.md).
+    pub async fn write_then_again<T, E, F, G>(&self, f: F, committed: G) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnMut(&rusqlite::Transaction<'_>) -> Result<T, E> + Send + 'static,
+        G: FnOnce(&T) + Send + 'static,
+    {
+        self.send(f, true, committed).await
+    }
+
+    async fn send<T, E, F, G>(&self, f: F, again: bool, committed: G) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnMut(&rusqlite::Transaction<'_>) -> Result<T, E> + Send + 'static,
+        G: FnOnce(&T) + Send + 'static,
+    {
+        let (answer, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(Pending { f, again, result: None, committed, answer });
         self.inner.jobs.send(job).map_err(|_| E::from(StoreError::Task("the database writer has stopped".into())))?;
         rx.await.map_err(|_| E::from(StoreError::Task("the write panicked; it was rolled back".into())))?
     }
@@ -486,63 +555,88 @@ fn passive(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
     })
 }
 
-/// Runs the group's jobs in savepoints of one transaction, commits, then
-/// answers them. If SQLite loses the transaction halfway (it rolls back the
-/// whole transaction on an I/O error or a full disk), the jobs run so far
-/// fail and the rest go on in a new transaction.
+/// Runs the group's writes in one transaction, commits, then answers them.
+/// A write is undone alone if it fails: rolled back to a savepoint of its
+/// own, or, run without one (see [`Store::write_then_again`]), with the
+/// transaction, the writes kept before it running again in the next. If
+/// SQLite loses the transaction halfway (it rolls back the whole
+/// transaction on an I/O error or a full disk), the writes run so far fail
+/// and the rest go on in a new transaction.
 fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
-    let mut jobs = group.into_iter().peekable();
-    while jobs.peek().is_some() {
+    let mut pending: VecDeque<Job> = group.into();
+    while !pending.is_empty() {
         let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
             Ok(tx) => tx,
             Err(e) => {
                 let e = e.to_string();
-                for job in jobs {
-                    (job(Err(&e)).answer)(Err(&e));
+                for mut job in pending {
+                    job.run(Err(&e));
+                    job.answer(Err(&e));
                 }
                 return;
             }
         };
-        let mut ran: Vec<Ran> = Vec::new();
+        // The writes run in this transaction and kept, in order.
+        let mut kept: Vec<Job> = Vec::new();
         let mut lost: Option<String> = None;
-        // The transaction's first job failed and was its only one: the
-        // transaction is rolled back rather than committed.
-        let mut first_failed = false;
+        // A write run without a savepoint failed having changed something:
+        // the transaction is rolled back, and what was kept runs again.
+        let mut undo = false;
+        // The writes that failed, undone.
+        let mut failed: Vec<Job> = Vec::new();
         let run = |sql: &str| execute_cached(&tx, sql);
-        for job in jobs.by_ref() {
-            // The first job of a transaction runs without a savepoint: were
-            // it to fail, rolling back the transaction undoes it alone. A
-            // savepoint copies each page its job changes into a journal in
-            // memory (5 % of a `POST /v1/tests`'s instructions, callgrind,
-            // BENCHMARKS.md), and under load a group holds 2 or 3 jobs.
-            let first = ran.is_empty();
-            if !first {
+        while let Some(mut job) = pending.pop_front() {
+            // Without a savepoint when rolling back the transaction and
+            // running again what it kept would undo this write alone (as
+            // when nothing was kept yet, the write that can not run again
+            // included).
+            let bare = kept.iter().all(|k| k.again());
+            if !bare {
                 if let Err(e) = run("SAVEPOINT job") {
                     let e = e.to_string();
-                    (job(Err(&e)).answer)(Err(&e));
+                    job.run(Err(&e));
+                    job.answer(Err(&e));
                     lost = Some(e);
                     break;
                 }
             }
-            // A panicking write is rolled back like a failed one; its
-            // caller sees the dropped answer as an error.
-            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| job(Ok(&tx)))).ok();
-            let keep = outcome.as_ref().is_some_and(|r| r.ok);
-            ran.extend(outcome);
+            let before = tx.total_changes();
+            // A panicking write is undone like a failed one; its caller
+            // sees the dropped answer as an error.
+            let ran = std::panic::catch_unwind(AssertUnwindSafe(|| job.run(Ok(&tx))));
+            let keep = matches!(ran, Ok(true));
             if tx.is_autocommit() {
+                if ran.is_ok() {
+                    kept.push(job);
+                }
                 lost = Some("the transaction was rolled back by the database".into());
                 break;
             }
-            if first {
-                if !keep {
-                    first_failed = true;
-                    break;
+            if keep {
+                if !bare {
+                    if let Err(e) = run("RELEASE job") {
+                        kept.push(job);
+                        lost = Some(e.to_string());
+                        break;
+                    }
                 }
+                kept.push(job);
                 continue;
             }
-            let end = if keep { run("RELEASE job") } else { run("ROLLBACK TO job").and_then(|()| run("RELEASE job")) };
-            if let Err(e) = end {
-                lost = Some(e.to_string());
+            // A failed write's answer is its own error, given once its
+            // transaction ends.
+            if ran.is_ok() {
+                failed.push(job);
+            }
+            if !bare {
+                if let Err(e) = run("ROLLBACK TO job").and_then(|()| run("RELEASE job")) {
+                    lost = Some(e.to_string());
+                    break;
+                }
+            } else if tx.total_changes() != before {
+                // SQLite undoes what a failed statement itself changed, so
+                // a write that failed having changed nothing needs no undo.
+                undo = true;
                 break;
             }
         }
@@ -551,16 +645,24 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
                 drop(tx);
                 Err(e)
             }
-            // Nothing but the failed job is undone (its caller gets its own
-            // error whatever this gives); the rest of the group goes on in
-            // the loop's next transaction (should the rollback have left
-            // this one open, beginning that fails and answers them).
-            None if first_failed => tx.rollback().map_err(|e| e.to_string()),
+            None if undo => {
+                // Should the rollback fail and leave the transaction open,
+                // beginning the next one fails and answers every write.
+                let _ = tx.rollback();
+                watches.ended();
+                for job in failed {
+                    job.answer(Ok(()));
+                }
+                for job in kept.into_iter().rev() {
+                    pending.push_front(job);
+                }
+                continue;
+            }
             None => tx.commit().map_err(|e| e.to_string()),
         };
         watches.ended();
-        for r in ran {
-            (r.answer)(commit.as_ref().map(|_| ()).map_err(String::as_str));
+        for job in kept.into_iter().chain(failed) {
+            job.answer(commit.as_ref().map(|_| ()).map_err(String::as_str));
         }
     }
 }
@@ -1139,6 +1241,89 @@ mod tests {
             assert_eq!(r.is_err(), fail, "write {i}: {r:?}");
         }
         assert_eq!(column(&store, "SELECT id FROM users ORDER BY id").await, ["usr_1", "usr_2", "usr_4"]);
+    }
+
+    /// Writes that can run again run without savepoints: one that fails
+    /// having changed something is undone with its transaction and the
+    /// writes kept before it run again; one that fails having changed
+    /// nothing undoes nothing; after a write that can run only once, the
+    /// rest run in savepoints again.
+    #[tokio::test]
+    async fn a_write_that_can_run_again_is_undone_alone_without_a_savepoint() {
+        use std::sync::atomic::AtomicUsize;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db.sqlite")).unwrap();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (began, beginning) = std::sync::mpsc::channel::<()>();
+        let mut holding = Box::pin(store.write::<_, StoreError, _>(move |_| {
+            began.send(()).unwrap();
+            Ok(held.recv().is_ok())
+        }));
+        assert!(futures::poll!(&mut holding).is_pending());
+        beginning.recv().unwrap();
+        let insert = |tx: &rusqlite::Transaction<'_>, i: usize| {
+            tx.execute("INSERT INTO users (id, name, created_at) VALUES (?1, 'a', 'now')", [format!("usr_{i}")])
+        };
+        #[derive(Clone, Copy, PartialEq, Debug)]
+        enum Does {
+            Insert,
+            FailUnchanged,
+            FailChanged,
+            PanicChanged,
+        }
+        use Does::*;
+        // (what it does, whether it can run again, how many times it runs)
+        let writes = [
+            (Insert, true, 3),
+            (Insert, true, 3),
+            (FailUnchanged, true, 1),
+            (FailChanged, true, 1),
+            (Insert, true, 2),
+            (PanicChanged, true, 1),
+            (Insert, false, 1),
+            (FailChanged, true, 1),
+            (Insert, true, 1),
+        ];
+        let runs: Arc<Vec<AtomicUsize>> = Arc::new(writes.iter().map(|_| AtomicUsize::new(0)).collect());
+        let mut group = Vec::new();
+        for (i, (does, again, _)) in writes.into_iter().enumerate() {
+            let runs = runs.clone();
+            let f = move |tx: &rusqlite::Transaction<'_>| {
+                runs[i].fetch_add(1, Ordering::Relaxed);
+                match does {
+                    Insert => insert(tx, i)?,
+                    FailUnchanged => {
+                        tx.execute("UPDATE users SET name = 'b' WHERE id = 'usr_none'", [])?;
+                        return Err(StoreError::Task("refused".into()));
+                    }
+                    FailChanged => {
+                        insert(tx, i)?;
+                        // A duplicate id: the second statement fails.
+                        insert(tx, i)?
+                    }
+                    PanicChanged => {
+                        insert(tx, i)?;
+                        panic!("a write that panics");
+                    }
+                };
+                Ok(i)
+            };
+            let mut write: std::pin::Pin<Box<dyn std::future::Future<Output = Result<usize, StoreError>>>> =
+                if again { Box::pin(store.write_then_again(f, |_| ())) } else { Box::pin(store.write(f)) };
+            assert!(futures::poll!(&mut write).is_pending());
+            group.push(write);
+        }
+        release.send(()).unwrap();
+        assert!(holding.await.unwrap());
+        for (i, (write, (does, _, times))) in group.into_iter().zip(writes).enumerate() {
+            let r = write.await;
+            assert_eq!(r.is_ok(), does == Insert, "write {i}: {r:?}");
+            assert_eq!(runs[i].load(Ordering::Relaxed), times, "runs of write {i}");
+        }
+        assert_eq!(
+            column(&store, "SELECT id FROM users ORDER BY id").await,
+            ["usr_0", "usr_1", "usr_4", "usr_6", "usr_8"]
+        );
     }
 
     /// What makes an acknowledged write durable: the writer commits in WAL

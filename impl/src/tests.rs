@@ -538,12 +538,17 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
     let cache = state.test_cache.clone();
     let listed = served_json.clone();
     let answer = served_json.clone();
+    let (id, project_id) = (test.id.clone(), test.project_id.clone());
+    let user_id = caller.user_id.clone();
+    let actor = Actor::Caller(caller);
+    // Runs again if a write after it in its group fails (see
+    // `Store::write_then_again`): it does nothing outside the transaction.
     state
         .store
-        .write_then(
+        .write_then_again(
             move |tx| {
                 let t = &test;
-                access::require(tx, &caller.user_id, &t.project_id, Need::Edit)?;
+                access::require(tx, &user_id, &t.project_id, Need::Edit)?;
                 check_channel(tx, &t.channel_id, &t.project_id)?;
                 check_scenario(tx, &t.scenario_id, &t.project_id)?;
                 check_personas(tx, &t.persona_ids, &t.project_id)?;
@@ -568,19 +573,19 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
                 insert_judges(tx, &t.id, &judges)?;
                 activity::record(
                     tx,
-                    &Actor::Caller(caller),
+                    &actor,
                     Record {
                         action: "test.create",
                         resource_type: "test",
                         resource_id: &t.id,
                         project_id: Some(&t.project_id),
                         summary: format!("created test \"{}\"", t.name),
-                        changes,
+                        changes: changes.clone(),
                     },
                 )?;
-                Ok::<_, Failure>(test)
+                Ok::<_, Failure>(())
             },
-            move |test| cache.created(&test.id, &test.project_id, listed),
+            move |()| cache.created(&id, &project_id, listed),
         )
         .await?;
     // The answer is the test as served, already written.
