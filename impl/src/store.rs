@@ -1198,6 +1198,28 @@ mod tests {
         assert_eq!(ids, expected);
     }
 
+    /// The write that holds the writer thread (see [`hold_writer`]).
+    type Held<'s> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, StoreError>> + 's>>;
+
+    /// Holds the writer thread in a write of its own until `release` is
+    /// sent, so that the writes queued meanwhile form one group; the write
+    /// holding it answers `true` once let go.
+    async fn hold_writer(store: &Store) -> (std::sync::mpsc::Sender<()>, Held<'_>) {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (began, beginning) = std::sync::mpsc::channel::<()>();
+        let mut holding: Held<'_> = Box::pin(store.write::<_, StoreError, _>(move |_| {
+            began.send(()).unwrap();
+            Ok(held.recv().is_ok())
+        }));
+        assert!(futures::poll!(&mut holding).is_pending());
+        beginning.recv().unwrap();
+        (release, holding)
+    }
+
+    fn insert_user(tx: &rusqlite::Transaction<'_>, i: usize) -> rusqlite::Result<usize> {
+        tx.execute("INSERT INTO users (id, name, created_at) VALUES (?1, 'a', 'now')", [format!("usr_{i}")])
+    }
+
     /// One group, its jobs in a known order: a failing first job (run
     /// without a savepoint: its transaction is rolled back and the rest go
     /// on in another), a failing job after good ones (rolled back to its
@@ -1206,27 +1228,15 @@ mod tests {
     async fn a_group_whose_first_write_fails_keeps_the_others() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("db.sqlite")).unwrap();
-        // The writer is held in a write of its own until the group has
-        // queued behind it.
-        let (release, held) = std::sync::mpsc::channel::<()>();
-        let (began, beginning) = std::sync::mpsc::channel::<()>();
-        let mut holding = Box::pin(store.write::<_, StoreError, _>(move |_| {
-            began.send(()).unwrap();
-            Ok(held.recv().is_ok())
-        }));
-        assert!(futures::poll!(&mut holding).is_pending());
-        beginning.recv().unwrap();
-        let insert = |tx: &rusqlite::Transaction<'_>, i: usize| {
-            tx.execute("INSERT INTO users (id, name, created_at) VALUES (?1, 'a', 'now')", [format!("usr_{i}")])
-        };
+        let (release, holding) = hold_writer(&store).await;
         let fails = [true, false, false, true, false];
         let mut group = Vec::new();
         for (i, fail) in fails.into_iter().enumerate() {
             let mut write = Box::pin(store.write::<_, StoreError, _>(move |tx| {
-                insert(tx, i)?;
+                insert_user(tx, i)?;
                 if fail {
                     // A duplicate id: the second statement fails.
-                    insert(tx, i)?;
+                    insert_user(tx, i)?;
                 }
                 Ok(i)
             }));
@@ -1253,17 +1263,7 @@ mod tests {
         use std::sync::atomic::AtomicUsize;
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("db.sqlite")).unwrap();
-        let (release, held) = std::sync::mpsc::channel::<()>();
-        let (began, beginning) = std::sync::mpsc::channel::<()>();
-        let mut holding = Box::pin(store.write::<_, StoreError, _>(move |_| {
-            began.send(()).unwrap();
-            Ok(held.recv().is_ok())
-        }));
-        assert!(futures::poll!(&mut holding).is_pending());
-        beginning.recv().unwrap();
-        let insert = |tx: &rusqlite::Transaction<'_>, i: usize| {
-            tx.execute("INSERT INTO users (id, name, created_at) VALUES (?1, 'a', 'now')", [format!("usr_{i}")])
-        };
+        let (release, holding) = hold_writer(&store).await;
         #[derive(Clone, Copy, PartialEq, Debug)]
         enum Does {
             Insert,
@@ -1291,18 +1291,18 @@ mod tests {
             let f = move |tx: &rusqlite::Transaction<'_>| {
                 runs[i].fetch_add(1, Ordering::Relaxed);
                 match does {
-                    Insert => insert(tx, i)?,
+                    Insert => insert_user(tx, i)?,
                     FailUnchanged => {
                         tx.execute("UPDATE users SET name = 'b' WHERE id = 'usr_none'", [])?;
                         return Err(StoreError::Task("refused".into()));
                     }
                     FailChanged => {
-                        insert(tx, i)?;
+                        insert_user(tx, i)?;
                         // A duplicate id: the second statement fails.
-                        insert(tx, i)?
+                        insert_user(tx, i)?
                     }
                     PanicChanged => {
-                        insert(tx, i)?;
+                        insert_user(tx, i)?;
                         panic!("a write that panics");
                     }
                 };
