@@ -613,14 +613,13 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
                 break;
             }
             if keep {
+                kept.push(job);
                 if !bare {
                     if let Err(e) = run("RELEASE job") {
-                        kept.push(job);
                         lost = Some(e.to_string());
                         break;
                     }
                 }
-                kept.push(job);
                 continue;
             }
             // A failed write's answer is its own error, given once its
