@@ -2,14 +2,14 @@
 //! request never waits for stderr.
 //!
 //! That thread writes in batches. While records keep coming it writes what
-//! has come, pauses [`LOG_PAUSE`], and writes again; only a quiet server's
-//! log thread waits on the channel to be woken by the next record. Woken for
-//! each record instead (slog-async: tens of thousands of times a second
-//! under load), it was one more thread taking the two cores from the
-//! runtime's workers and the load's clients between every two requests: a
-//! page of API keys at 64 connections had a p99 of 3.1–5.0 ms so, 2.5–2.7
-//! ms with no request logged at all, and 2.3–2.7 ms logged in batches
-//! (BENCHMARKS.md).
+//! has come, sleeps [`LOG_PAUSE`], and writes again; only a quiet server's
+//! log thread waits on the channel to be woken by the next record.
+//! slog-async's thread, which this replaces, waited for each next record in
+//! the channel's backoff (spinning, then `sched_yield`) before sleeping, so
+//! under load it stayed runnable, one more thread beside the runtime's
+//! workers and the load's clients on two cores: a page of API keys at 64
+//! connections had a p99 of 3.1–5.0 ms with it, 2.5–2.7 ms with no request
+//! logged at all, and 2.3–3.1 ms logged in batches (BENCHMARKS.md).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
