@@ -47,7 +47,7 @@ pub fn logger<D>(drain: D) -> slog::Logger
 where
     D: Drain<Err = Never, Ok = ()> + Send + 'static,
 {
-    slog::Logger::root(Batched::spawn(drain, LOG_PAUSE), slog::o!())
+    slog::Logger::root(Batched::spawn(drain, || std::thread::sleep(LOG_PAUSE)), slog::o!())
 }
 
 /// The logger of `sparring serve --log-format json`: bunyan JSON on stderr,
@@ -70,16 +70,19 @@ struct Batched {
 }
 
 impl Batched {
-    fn spawn<D>(drain: D, pause: Duration) -> Self
+    /// `pause` is what the thread does between two batches (sleeps
+    /// [`LOG_PAUSE`]).
+    fn spawn<D, P>(drain: D, mut pause: P) -> Self
     where
         D: Drain<Err = Never, Ok = ()> + Send + 'static,
+        P: FnMut() + Send + 'static,
     {
         let (records, received) = crossbeam_channel::bounded(LOG_BACKLOG);
         let dropped = Arc::new(AtomicUsize::new(0));
         let counted = dropped.clone();
         let thread = std::thread::Builder::new()
             .name("sparring-log".into())
-            .spawn(move || write_batches(&drain, &received, &counted, pause))
+            .spawn(move || write_batches(&drain, &received, &counted, &mut pause))
             .expect("the log's thread starts");
         Batched { records: Some(records), dropped, thread: Mutex::new(Some(thread)) }
     }
@@ -104,7 +107,7 @@ impl Drop for Batched {
     fn drop(&mut self) {
         // The channel closed, the thread writes what is queued and ends.
         self.records = None;
-        if let Some(thread) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(thread) = self.thread.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = thread.join();
         }
     }
@@ -117,7 +120,7 @@ fn write_batches<D: Drain<Err = Never, Ok = ()>>(
     drain: &D,
     records: &Receiver<AsyncRecord>,
     dropped: &AtomicUsize,
-    pause: Duration,
+    pause: &mut impl FnMut(),
 ) {
     while let Ok(first) = records.recv() {
         let _ = first.log_to(drain);
@@ -126,7 +129,7 @@ fn write_batches<D: Drain<Err = Never, Ok = ()>>(
                 let _ = record.log_to(drain);
             }
             report_dropped(drain, dropped);
-            std::thread::sleep(pause);
+            pause();
             if records.is_empty() {
                 break;
             }
@@ -155,7 +158,7 @@ fn report_dropped<D: Drain<Err = Never, Ok = ()>>(drain: &D, dropped: &AtomicUsi
 mod tests {
     use std::sync::mpsc::{self, Receiver, Sender};
     use std::sync::{Arc, Mutex};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use super::{Batched, LOG_BACKLOG};
 
@@ -233,37 +236,46 @@ mod tests {
         assert_eq!(written.len(), requests + reported_drops(&written).len());
     }
 
-    /// Sends each record's message and when it was written.
-    struct Timed(Mutex<Sender<(String, Instant)>>);
+    /// Sends each record's message.
+    struct Sent(Sender<String>);
 
-    impl slog::Drain for Timed {
+    impl slog::Drain for Sent {
         type Ok = ();
         type Err = slog::Never;
         fn log(&self, record: &slog::Record, _: &slog::OwnedKVList) -> Result<(), slog::Never> {
-            let _ = self.0.lock().unwrap().send((record.msg().to_string(), Instant::now()));
+            let _ = self.0.send(record.msg().to_string());
             Ok(())
         }
     }
 
     #[test]
     fn records_that_come_during_a_pause_wait_for_its_end() {
-        const PAUSE: Duration = Duration::from_secs(1);
-        let (sent, written) = mpsc::channel();
-        let log = slog::Logger::root(Batched::spawn(Timed(Mutex::new(sent)), PAUSE), slog::o!());
-        let next = || written.recv_timeout(Duration::from_secs(30)).expect("a record written");
+        let (sent, events) = mpsc::channel();
+        let (resume, resumed) = mpsc::channel::<()>();
+        // A pause that says when it begins and ends, and lasts until the
+        // test resumes it.
+        let pausing = sent.clone();
+        let pause = move || {
+            let _ = pausing.send("pause".to_string());
+            let _ = resumed.recv_timeout(Duration::from_secs(30));
+            let _ = pausing.send("resume".to_string());
+        };
+        let log = slog::Logger::root(Batched::spawn(Sent(sent), pause), slog::o!());
+        let next = || events.recv_timeout(Duration::from_secs(30)).expect("an event");
         slog::info!(log, "first");
-        let (first, first_at) = next();
+        assert_eq!(next(), "first");
         // The log's thread wrote the first record, found nothing more, and
-        // pauses from then on.
-        std::thread::sleep(Duration::from_millis(100));
+        // pauses.
+        assert_eq!(next(), "pause");
         slog::info!(log, "second");
         slog::info!(log, "third");
-        let (second, second_at) = next();
-        let (third, _) = next();
-        assert_eq!((first.as_str(), second.as_str(), third.as_str()), ("first", "second", "third"));
+        resume.send(()).unwrap();
         // Woken by each record, the thread would have written the second
-        // ~100 ms after the first.
-        assert!(second_at - first_at >= PAUSE, "written {:?} after the first", second_at - first_at);
+        // and third during the pause.
+        assert_eq!([next(), next(), next()], ["resume", "second", "third"]);
+        // Pauses end at once from here on, so that dropping the logger
+        // does not wait for one.
+        drop(resume);
         drop(log);
     }
 }
