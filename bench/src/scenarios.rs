@@ -118,7 +118,17 @@ fn post_template() -> anyhow::Result<(String, String)> {
     Ok((json, args.join(", ")))
 }
 
-/// The Lua every scenario's `init` starts with.
+/// The Lua every scenario's `init` starts with, and the functions that
+/// make its requests.
+///
+/// A `GET` is built once per thread, the first time its kind is asked for
+/// (a test's, a result's: one for each id), and each request picks one:
+/// a string built per request is garbage, and LuaJIT's collector, catching
+/// up with it over the tables of ids, held up a wrk thread's 32
+/// connections (BENCHMARKS.md, "wrk's own pauses"). Only `POST` bodies are
+/// made per request, since each names a new test. Building a kind takes a
+/// thread ~0.1 s for 100,000 results, inside its run, so it can only lower
+/// what the run measures.
 fn init(files: &DataFiles, headers: &[(&str, &str)]) -> anyhow::Result<String> {
     let hdr: Vec<String> = headers.iter().map(|(k, v)| format!("[ {} ] = {}", lua_str(k), lua_str(v))).collect();
     let (body, args) = post_template()?;
@@ -130,24 +140,45 @@ function init(args)
   math.randomseed(tid * 7919 + os.time())
   hdr = {{ {hdr} }}
   json_hdr = {{ {hdr}, ["content-type"] = "application/json" }}
-  tests = lines({tests})
-  results = lines({results})
   projects = {{}}
-  list_paths = {{}}
-  for _, l in ipairs(lines({projects})) do
-    local p = fields(l)
-    projects[#projects + 1] = p
-    list_paths[#list_paths + 1] = "/v1/tests?project_id=" .. p[1] .. "&limit=50"
-  end
+  for _, l in ipairs(lines({projects})) do projects[#projects + 1] = fields(l) end
   n = 0
+  built = {{}}
 end
 
 function pick(t) return t[math.random(#t)] end
 
-function get_test() return wrk.format("GET", "/v1/tests/" .. pick(tests), hdr) end
-function get_result() return wrk.format("GET", "/v1/test-results/" .. pick(results), hdr) end
-function list_tests() return wrk.format("GET", pick(list_paths), hdr) end
-function list_keys() return wrk.format("GET", "/v1/api-keys", hdr) end
+-- The GET requests of `path`, one for each id `ids()` gives in place of
+-- `@ID@` (or the one request, if `path` has no `@ID@`), built once.
+function gets(path, ids)
+  local t = built[path]
+  if t == nil then
+    t = {{}}
+    local request = wrk.format("GET", path, hdr)
+    local at = string.find(request, "@ID@", 1, true)
+    if at == nil then
+      t[1] = request
+    else
+      local head, tail = string.sub(request, 1, at - 1), string.sub(request, at + 4)
+      for i, id in ipairs(ids()) do t[i] = head .. id .. tail end
+    end
+    built[path] = t
+  end
+  return t
+end
+
+function test_ids() return lines({tests}) end
+function result_ids() return lines({results}) end
+function project_ids()
+  local t = {{}}
+  for i, p in ipairs(projects) do t[i] = p[1] end
+  return t
+end
+
+function get_test() return pick(gets("/v1/tests/@ID@", test_ids)) end
+function get_result() return pick(gets("/v1/test-results/@ID@", result_ids)) end
+function list_tests() return pick(gets("/v1/tests?project_id=@ID@&limit=50", project_ids)) end
+function list_keys() return pick(gets("/v1/api-keys")) end
 function post_test()
   n = n + 1
   local p = pick(projects)
@@ -165,7 +196,7 @@ end
 /// The baseline's script: the same hooks, one constant request.
 pub fn baseline(files: &DataFiles) -> anyhow::Result<String> {
     Ok(format!(
-        "{}\nfunction request() return wrk.format(\"GET\", \"/v1/ping\", hdr) end\n",
+        "{}\nfunction request() return pick(gets(\"/v1/ping\")) end\n",
         init(files, &[("accept", "application/json")])?
     ))
 }

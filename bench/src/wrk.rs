@@ -6,7 +6,10 @@
 //! random test among 10,000, a 90/10 mix decided per request on every
 //! connection), which a fixed-URL generator cannot. Every scenario, the
 //! baseline included, goes through the same `request()` hook, so the
-//! generator's own cost per request is alike on both sides of a ratio.
+//! generator's own cost per request is alike on both sides of a ratio; and
+//! the hook picks among requests built once rather than building one
+//! (`scenarios::init`), so that wrk's garbage collector does not hold up
+//! its connections.
 
 use std::net::SocketAddr;
 use std::path::Path;
