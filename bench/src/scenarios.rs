@@ -125,7 +125,7 @@ fn post_template() -> anyhow::Result<(String, String)> {
 /// (a test's, a result's: one for each id), and each request picks one:
 /// a string built per request is garbage, and LuaJIT's collector, catching
 /// up with it over the tables of ids, held up a wrk thread's 32
-/// connections (BENCHMARKS.md, "wrk's own pauses"). Only `POST` bodies are
+/// connections (bench/HISTORY.md, "wrk's own pauses"). Only `POST` bodies are
 /// made per request, since each names a new test. Building a kind takes a
 /// thread ~0.1 s for 100,000 results, inside its run, so it can only lower
 /// what the run measures.
