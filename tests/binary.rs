@@ -609,6 +609,7 @@ async fn a_backup_made_beside_a_running_server_starts_a_server_that_reads_its_se
         let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&to), 0o700);
         assert_eq!(mode(&to.join("secret.key")), 0o600);
+        assert_eq!(mode(&to.join("sparring.db")), 0o600, "the copy is readable by its owner only, as the database is");
     }
     let names: std::collections::BTreeSet<String> =
         std::fs::read_dir(&to).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();

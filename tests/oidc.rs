@@ -444,7 +444,7 @@ async fn an_unverified_email_claim_is_not_the_users_email() {
     let add = serde_json::json!({"email": "ghost@example.com", "role": "viewer"});
     let resp = s.send_json(reqwest::Method::POST, &format!("/v1/projects/{shared}/members"), &owner, Some(add)).await;
     let (status, body) = error_body(resp).await;
-    assert_eq!((status, body["error_code"].as_str()), (400, Some("invalid_email")), "{body}");
+    assert_eq!((status, body["error_code"].as_str()), (404, Some("not_found")), "{body}");
 }
 
 /// A token with exactly this payload, signed with the published key `k1`.

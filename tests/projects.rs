@@ -97,7 +97,7 @@ async fn a_project_keeps_an_owner() {
     assert_eq!(same["role"], "viewer");
     let after = s.expect(Method::GET, &history, &t.editor, None, 200).await["activity"].as_array().unwrap().len();
     assert_eq!(after, before, "a role given again is not a change");
-    // Adding someone twice is a conflict; an unknown email a 400.
+    // Adding someone twice is a conflict; an unknown email or id a 404.
     let (status, e) = error_body(
         s.send_json(Method::POST, &members, &t.editor, Some(json!({"user_id": owner_id, "role": "viewer"}))).await,
     )
@@ -108,7 +108,10 @@ async fn a_project_keeps_an_owner() {
             .await,
     )
     .await;
-    assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_email"));
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (404, "not_found"));
+    let unknown_id = json!({"user_id": "usr_00000000000000000000000000", "role": "viewer"});
+    let (status, e2) = error_body(s.send_json(Method::POST, &members, &t.editor, Some(unknown_id)).await).await;
+    assert_eq!((status, e2["error_code"].as_str().unwrap()), (404, "not_found"), "{e2}");
     // And how such a user comes to be: a server with API keys only has no
     // sign-in, and its users are made by the admin command.
     let message = e["message"].as_str().unwrap();
@@ -242,4 +245,30 @@ async fn a_put_records_only_the_fields_it_changed() {
     assert_eq!(cleared["changes"], json!({"webhook_secret": null}));
     s.expect(Method::PUT, &p, &t.owner, Some(put), 200).await;
     assert_eq!(latest().await["id"], cleared["id"], "nothing recorded");
+}
+
+/// A stored webhook secret signs only for the origin it was given with: a
+/// move to another origin must give it again (or clear it); another path on
+/// the same origin keeps it.
+#[tokio::test]
+async fn a_webhook_secret_does_not_follow_its_url_to_another_origin() {
+    let s = TestServer::start().await;
+    let t = s.team("moved hook").await;
+    let p = format!("/v1/projects/{}", t.project_id);
+    let set = json!({"name": "moved hook", "webhook_url": "https://hooks.example.com/a", "webhook_secret": "s3cret"});
+    s.expect(Method::PUT, &p, &t.owner, Some(set), 200).await;
+    let moved = json!({"name": "moved hook", "webhook_url": "https://elsewhere.example.net/a"});
+    let (status, body) = error_body(s.send_json(Method::PUT, &p, &t.owner, Some(moved.clone())).await).await;
+    assert_eq!((status, body["error_code"].as_str().unwrap()), (400, "invalid_webhook_secret"), "{body}");
+    let kept = s.expect(Method::GET, &p, &t.owner, None, 200).await;
+    assert_eq!(kept["webhook_url"], "https://hooks.example.com/a", "nothing changed");
+    // Same origin, another path: kept.
+    let path = json!({"name": "moved hook", "webhook_url": "https://hooks.example.com/b"});
+    assert_eq!(s.expect(Method::PUT, &p, &t.owner, Some(path), 200).await["webhook_secret_configured"], true);
+    // Given again, or cleared: the move goes through.
+    let mut again = moved.clone();
+    again["webhook_secret"] = json!("n3w");
+    assert_eq!(s.expect(Method::PUT, &p, &t.owner, Some(again), 200).await["webhook_secret_configured"], true);
+    let back = json!({"name": "moved hook", "webhook_url": "https://hooks.example.com/a", "webhook_secret": ""});
+    assert_eq!(s.expect(Method::PUT, &p, &t.owner, Some(back), 200).await["webhook_secret_configured"], false);
 }

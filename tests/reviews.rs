@@ -1151,15 +1151,30 @@ async fn validation_replacement_deletion_locks_and_activity() {
     assert!(late["calibration_id"].is_null());
     expected.push((id(&late), "review.create"));
 
-    // A sample of a test, larger than it: both its results; closed early,
-    // the label given is locked and the other result is free again.
+    // A sample of a test, larger than it: both its results. Not for the
+    // reviewer, whose label of rp1 is final in C1: they could never label
+    // it again, and the calibration would never complete.
     let sample = json!({"test_id": ran.passing_test, "size": 50, "seed": 1});
+    let e = refused(
+        &s,
+        Method::POST,
+        "/v1/reviews/calibration",
+        &t.editor,
+        Some(calibration_by_sample(p, sample.clone(), &[&reviewer_id])),
+        409,
+    )
+    .await;
+    assert_eq!(e["error_code"], "review_locked", "{e}");
+    assert!(e["message"].as_str().unwrap().contains(&c1), "{e}");
+    // For the owner; closed early, the label given is locked and the other
+    // result is free again.
+    let owner_id = user_with_role(&s, &t, "owner").await;
     let c2 = s
         .expect(
             Method::POST,
             "/v1/reviews/calibration",
             &t.editor,
-            Some(calibration_by_sample(p, sample.clone(), &[&reviewer_id])),
+            Some(calibration_by_sample(p, sample.clone(), &[&owner_id])),
             200,
         )
         .await;
@@ -1168,16 +1183,16 @@ async fn validation_replacement_deletion_locks_and_activity() {
     assert_eq!(c2["sample"]["test_id"], ran.passing_test.as_str());
     assert!(c2["sample"]["batch_run_id"].is_null());
     let c2 = id(&c2);
-    // rp0: the reviewer's earlier review was outside any calibration; the
-    // new one replaces it and counts toward C2. rp1's is locked by C1.
-    let counted = review(&s, &t.reviewer, &rp0, true, &[]).await;
-    assert_eq!(counted["id"], second["id"]);
+    // rp1: the owner's earlier review was outside any calibration; the new
+    // one replaces it and counts toward C2.
+    let counted = review(&s, &t.owner, &rp1, true, &[]).await;
+    assert_eq!(counted["id"], late["id"]);
     assert_eq!(counted["calibration_id"], c2.as_str());
     expected.push((id(&counted), "review.update"));
     assert_eq!(get_calibration(&s, &t.owner, &c2).await["progress"], json!({"labels_done": 1, "labels_total": 2}));
     let closed = close(&s, &t.owner, &c2).await;
     assert_eq!(closed["progress"], json!({"labels_done": 1, "labels_total": 2}));
-    let e = refused(&s, Method::POST, "/v1/reviews", &t.reviewer, Some(review_body(&rp0, false, &[], "")), 409).await;
+    let e = refused(&s, Method::POST, "/v1/reviews", &t.owner, Some(review_body(&rp1, false, &[], "")), 409).await;
     assert_eq!(e["error_code"], "review_locked");
     // Drawn again with the same seed: the same results.
     let c3 = s
@@ -1262,6 +1277,17 @@ async fn a_complete_calibration_does_not_unblind_results_of_an_open_one() {
     let done = get_calibration(&s, &t.reviewer, &first).await;
     assert_eq!((done["status"].as_str(), done["blinded"].as_bool()), (Some("complete"), Some(false)));
     assert_eq!(done["disagreements"].as_array().unwrap().len(), 2, "{done:#}");
+
+    // The editor's labels of them are final: a calibration that asks the
+    // editor again could never complete, so it is refused, and nothing made.
+    let before = all_pages(&s, &t.owner, &format!("/v1/reviews/calibration?project_id={p}"), "calibrations").await;
+    let again = calibration_by_ids(p, &[&rf], &[&reviewer_id, &editor_id]);
+    let (status, e) =
+        error_body(s.send_json(Method::POST, "/v1/reviews/calibration", &t.editor, Some(again)).await).await;
+    assert_eq!((status, e["error_code"].as_str()), (409, Some("review_locked")), "{e}");
+    assert!(e["message"].as_str().unwrap().contains(&first), "{e}");
+    let after = all_pages(&s, &t.owner, &format!("/v1/reviews/calibration?project_id={p}"), "calibrations").await;
+    assert_eq!(after.len(), before.len());
 
     // Then the same results, for the reviewer to label blind.
     let second = calibration_by_ids(p, &[&rp, &rf], &[&reviewer_id]);

@@ -859,6 +859,60 @@ async fn a_test_or_a_batch_with_an_active_run_cannot_be_deleted() {
     s.expect(Method::GET, &format!("/v1/batch-runs/{by_batch}"), &t.viewer, None, 200).await;
 }
 
+/// Runs keep their test's channel, scenario, personas and evaluators as
+/// queued (spec, PATCH /tests/{id}): what they were queued with cannot be
+/// deleted while they wait, though the test now refers to something else;
+/// once they are over, it can.
+#[tokio::test]
+async fn what_queued_runs_were_queued_with_cannot_be_deleted_from_under_them() {
+    // No workers: what is started stays queued.
+    let s = TestServer::start_configured(Vec::new(), |c| c.engine.workers = 0).await;
+    let t = s.team("bound runs").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let integration = id(&create(&s, "/v1/integrations", &t.owner, llm(&x.project_id, "judge")).await);
+    let tst = id(&create(
+        &s,
+        "/v1/tests",
+        &t.owner,
+        with(
+            x.test("flow"),
+            json!({"scenario_id": x.scenario_without_default, "persona_ids": [x.personas[1]],
+                   "evaluators": [judge(&integration)]}),
+        ),
+    )
+    .await);
+    let queued = id(&s.expect(Method::POST, &format!("/v1/tests/{tst}/run"), &t.editor, Some(json!({})), 200).await);
+    // The test moves on to other parts; its queued runs do not.
+    let channel = id(&create(
+        &s,
+        "/v1/channels",
+        &t.owner,
+        json!({"project_id": x.project_id, "name": "other agent", "kind": "http", "target": "http://127.0.0.1:9/other"}),
+    )
+    .await);
+    let moved =
+        json!({"channel_id": channel, "scenario_id": x.scenario, "persona_ids": [x.personas[0]], "evaluators": []});
+    s.expect(Method::PATCH, &format!("/v1/tests/{tst}"), &t.editor, Some(moved), 200).await;
+    let bound = [
+        format!("/v1/channels/{}", x.channel),
+        format!("/v1/scenarios/{}", x.scenario_without_default),
+        format!("/v1/personas/{}", x.personas[1]),
+        format!("/v1/integrations/{integration}"),
+    ];
+    let before = activity_count(&s, &t.owner, &x.project_id).await;
+    for path in &bound {
+        let (status, e) = error_body(s.send_json(Method::DELETE, path, &t.owner, None).await).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "runs_active"), "{path}: {e}");
+        s.expect(Method::GET, path, &t.owner, None, 200).await;
+    }
+    assert_eq!(activity_count(&s, &t.owner, &x.project_id).await, before, "a refused delete records nothing");
+    // Cancelled, the runs are over: every one of them can go.
+    s.expect(Method::POST, &format!("/v1/batch-runs/{queued}/cancel"), &t.editor, None, 200).await;
+    for path in &bound {
+        s.expect(Method::DELETE, path, &t.owner, None, 200).await;
+    }
+}
+
 #[tokio::test]
 async fn tests_are_listed_by_filter_and_page() {
     let s = TestServer::start().await;

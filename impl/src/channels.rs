@@ -408,6 +408,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteChannelPath
                 }
                 return Err(Failure::in_use("channel", &path.id, &using));
             }
+            crate::runs::refuse_if_runs_bound(tx, &project_id, "channel", crate::runs::BoundTo::Channel(&path.id))?;
             let name: String =
                 tx.query_row("SELECT name FROM channels WHERE id = ?1", params![path.id], |r| r.get(0))?;
             tx.execute("DELETE FROM channels WHERE id = ?1", params![path.id])?;

@@ -430,6 +430,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteIntegration
             if !using.is_empty() {
                 return Err(Failure::in_use("integration", &path.id, &using));
             }
+            crate::runs::refuse_if_runs_bound(tx, &project_id, "integration", crate::runs::BoundTo::Judge(&path.id))?;
             let name: String =
                 tx.query_row("SELECT name FROM integrations WHERE id = ?1", params![path.id], |r| r.get(0))?;
             // Its phone numbers go with it (ON DELETE CASCADE).

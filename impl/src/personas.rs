@@ -310,6 +310,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeletePersonaPath
             if !using.is_empty() {
                 return Err(Failure::in_use("persona", &path.id, &using));
             }
+            crate::runs::refuse_if_runs_bound(tx, &project_id, "persona", crate::runs::BoundTo::Persona(&path.id))?;
             let name: String =
                 tx.query_row("SELECT name FROM personas WHERE id = ?1", params![path.id], |r| r.get(0))?;
             tx.execute("DELETE FROM personas WHERE id = ?1", params![path.id])?;

@@ -308,6 +308,17 @@ pub async fn replace(
             if changes.is_empty() {
                 return Ok(before);
             }
+            if let (Some(was), Some(url), None) = (&before.webhook_url, &input.webhook_url, &input.webhook_secret) {
+                if before.webhook_secret_configured && !validate::same_destination(was, url) {
+                    return Err(Failure::invalid(
+                        "webhook_secret",
+                        format_args!(
+                            "the webhook moves from `{was}` to `{url}`, another origin: give `webhook_secret` again \
+                             (or an empty string for none), since a stored secret only signs for where it was set"
+                        ),
+                    ));
+                }
+            }
             let now = ids::format_time(&ids::now());
             tx.execute(
                 "UPDATE projects SET name = ?2, description = ?3, webhook_url = ?4, max_call_duration_s = ?5,
@@ -468,18 +479,16 @@ pub async fn add_member(
         .store
         .write(move |tx| {
             access::require(tx, &caller.user_id, &path.id, Need::Own)?;
-            let (field, lookup, value) = match &who {
-                Who::Email(e) => ("email", "SELECT id FROM users WHERE email = ?1 COLLATE NOCASE", e),
-                Who::Id(i) => ("user_id", "SELECT id FROM users WHERE id = ?1", i),
+            let (lookup, value) = match &who {
+                Who::Email(e) => ("SELECT id FROM users WHERE email = ?1 COLLATE NOCASE", e),
+                Who::Id(i) => ("SELECT id FROM users WHERE id = ?1", i),
             };
+            // The spec's 404: the request is well formed, the user is not there.
             let user_id: String = tx.query_row(lookup, params![value], |r| r.get(0)).optional()?.ok_or_else(|| {
-                Failure::invalid(
-                    field,
-                    format_args!(
-                        "no user `{value}`; a user is made by their first sign-in with an ID token, \
+                Failure::NotFound(format!(
+                    "no user `{value}`; a user is made by their first sign-in with an ID token, \
                      or by `sparring admin create-key --user EMAIL`"
-                    ),
-                )
+                ))
             })?;
             if access::role_in(tx, &user_id, &path.id)?.is_some() {
                 return Err(Failure::Conflict {

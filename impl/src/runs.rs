@@ -558,6 +558,54 @@ const BATCH_RUN_COLUMNS: &str = "id, project_id, source, batch_id, channel_id, t
                                  running, passed, failed, errored, cancelled, verdict, metadata, credits_reserved, \
                                  credits_charged, started_at, finished_at, created_at, updated_at";
 
+/// What a queued or running run is bound to until it ends.
+pub(crate) enum BoundTo<'a> {
+    Scenario(&'a str),
+    Persona(&'a str),
+    /// The channel its test had when it was queued.
+    Channel(&'a str),
+    /// An `llm_judge` integration in its test's evaluators as queued.
+    Judge(&'a str),
+}
+
+/// Refuses (409 `runs_active`) the deletion of what runs of the project
+/// still waiting or running will load when they start or judge: they keep
+/// their scenario, personas, channel and evaluators as queued, and one that
+/// finds them gone would end in an error no one asked for. What tests refer
+/// to now is the caller's `in_use` check; this one is for what they referred
+/// to when their runs were queued.
+pub(crate) fn refuse_if_runs_bound(
+    tx: &rusqlite::Connection,
+    project_id: &str,
+    what: &str,
+    to: BoundTo<'_>,
+) -> Result<()> {
+    let (condition, id) = match to {
+        BoundTo::Scenario(id) => ("r.scenario_id = ?2", id),
+        BoundTo::Persona(id) => ("r.persona_id = ?2", id),
+        BoundTo::Channel(id) => ("t.channel_id = ?2", id),
+        BoundTo::Judge(id) => (
+            "EXISTS (SELECT 1 FROM json_each(t.evaluators) e WHERE json_extract(e.value, '$.integration_id') = ?2)",
+            id,
+        ),
+    };
+    // Active batch runs first (a partial index), then their unfinished runs.
+    let sql = format!(
+        "SELECT count(*) FROM batch_runs b
+         JOIN runs r ON r.batch_run_id = b.id AND r.status IN ('queued', 'running')
+         JOIN batch_run_tests t ON t.batch_run_id = r.batch_run_id AND t.test_id = r.test_id
+         WHERE b.status IN ('queued', 'running') AND b.project_id = ?1 AND {condition}"
+    );
+    let active: i64 = tx.prepare_cached(&sql)?.query_row(params![project_id, id], |r| r.get(0))?;
+    if active > 0 {
+        return Err(Failure::runs_active(
+            format_args!("{what} `{id}` is bound to {active} runs"),
+            "cancel their batch runs",
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) fn conversion(column: usize, e: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, e.to_string().into())
 }

@@ -538,6 +538,7 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteScenarioPat
             if !using.is_empty() {
                 return Err(Failure::in_use("scenario", &path.id, &using));
             }
+            crate::runs::refuse_if_runs_bound(tx, &project_id, "scenario", crate::runs::BoundTo::Scenario(&path.id))?;
             let name: String =
                 tx.query_row("SELECT name FROM scenarios WHERE id = ?1", params![path.id], |r| r.get(0))?;
             // Its judges go with it (ON DELETE CASCADE).

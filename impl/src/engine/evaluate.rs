@@ -103,8 +103,18 @@ pub async fn evaluate(
         (None, EndedReason::Cancelled) => Some("not judged: the conversation was cancelled"),
         (None, _) => None,
     };
-    futures::future::join_all(plan.iter().map(|p| run(http, p, outcome, judges, not_judged))).await
+    // In result order, a few at a time: each judge holds its prompt (the
+    // whole transcript) and its request until its LLM answers, and a test
+    // may have a thousand of them.
+    use futures::StreamExt as _;
+    // (Made first: a stream over a closure would not be `Send` for every
+    // lifetime the worker's task needs.)
+    let each: Vec<_> = plan.iter().map(|p| run(http, p, outcome, judges, not_judged)).collect();
+    futures::stream::iter(each).buffered(JUDGES_AT_ONCE).collect().await
 }
+
+/// How many evaluators of one conversation are judged at once.
+const JUDGES_AT_ONCE: usize = 8;
 
 /// The evaluators of `scenario` and the test, in result order, each with
 /// its scope. A step is reached when the conversation recorded a reply

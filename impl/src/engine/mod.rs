@@ -110,6 +110,10 @@ pub struct Outcome {
     /// `expect` evaluators then fail with "the call ended before step N",
     /// whereas an empty entry is judged as "the agent said nothing".
     pub step_replies: Vec<Vec<usize>>,
+    /// Whether a connection to the agent was made: a call that never
+    /// reached it (refused by the outbound rule, no connection, ended or
+    /// cancelled before its first turn) costs nothing.
+    pub reached_agent: bool,
 }
 
 /// For tests: a loopback port that refuses connections while the socket

@@ -509,7 +509,7 @@ async fn converse_and_judge(
         metrics: outcome.metrics,
         evaluations,
         blinded: None,
-        credits: credits::cost_of(outcome.duration_ms).min(loaded.worst_case),
+        credits: if outcome.reached_agent { credits::cost_of(outcome.duration_ms).min(loaded.worst_case) } else { 0 },
         metadata: loaded.metadata.clone(),
         created_at: now,
         updated_at: now,

@@ -176,6 +176,30 @@ pub async fn create(
                     });
                 }
             }
+            // One review per reviewer per result, and one counted toward a
+            // complete calibration is final: a reviewer who gave it could
+            // never label that result here, and the calibration would stay
+            // open with them blind to it.
+            {
+                let mut locked = tx.prepare_cached(
+                    "SELECT c.id FROM reviews r JOIN calibrations c ON c.id = r.calibration_id AND c.status = 'complete'
+                     WHERE r.test_result_id = ?1 AND r.reviewer_id = ?2",
+                )?;
+                for result in &results {
+                    for reviewer in &body.reviewer_ids {
+                        let done: Option<String> = locked.query_row(params![result, reviewer], |r| r.get(0)).optional()?;
+                        if let Some(other) = done {
+                            return Err(Failure::Conflict {
+                                code: "review_locked",
+                                message: format!(
+                                    "reviewer `{reviewer}` labelled test result `{result}` in complete calibration \
+                                     review `{other}`, and those labels are final: leave that reviewer or that result out"
+                                ),
+                            });
+                        }
+                    }
+                }
+            }
             let sample = body.sample.as_ref().map(serde_json::to_string).transpose().map_err(|e| conversion(0, e))?;
             tx.execute(
                 "INSERT INTO calibrations (id, project_id, created_by, status, sample, created_at)

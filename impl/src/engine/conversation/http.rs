@@ -83,7 +83,7 @@ impl<'a> HttpAgent<'a> {
         let (limit, deadline_binds) = turn_limit(self.turn_timeout, deadline);
         let sent_at = Instant::now();
         let text = match tokio::time::timeout_at(limit, self.post(turn, &body)).await {
-            Ok(result) => result.map_err(TurnFailure::Agent)?,
+            Ok(result) => result?,
             Err(_) if deadline_binds => return Err(TurnFailure::Deadline(None)),
             Err(_) => {
                 return Err(TurnFailure::Agent(format!(
@@ -116,30 +116,39 @@ impl<'a> HttpAgent<'a> {
     }
 
     /// One POST; the body of a 2xx answer, or why there is none.
-    async fn post(&self, turn: u32, body: &Value) -> Result<String, String> {
-        let request = self
-            .http
-            .post(self.target)
-            .map_err(|refused| format!("the agent at {} was not called for turn {turn}: {refused}", self.target))?;
+    async fn post(&self, turn: u32, body: &Value) -> Result<String, TurnFailure> {
+        let request = self.http.post(self.target).map_err(|refused| {
+            TurnFailure::Unreached(format!("the agent at {} was not called for turn {turn}: {refused}", self.target))
+        })?;
         let mut response = request.headers(self.headers.clone()).body(body.to_string()).send().await.map_err(|e| {
             if e.is_connect() {
-                format!("could not reach the agent at {} for turn {turn}: {}", self.target, innermost(&e))
+                TurnFailure::Unreached(format!(
+                    "could not reach the agent at {} for turn {turn}: {}",
+                    self.target,
+                    innermost(&e)
+                ))
             } else {
-                format!("the request for turn {turn} to the agent at {} failed: {}", self.target, innermost(&e))
+                TurnFailure::Agent(format!(
+                    "the request for turn {turn} to the agent at {} failed: {}",
+                    self.target,
+                    innermost(&e)
+                ))
             }
         })?;
         let status = response.status();
         let bytes = crate::engine::body_at_most(&mut response, MAX_REPLY_BYTES)
             .await
-            .map_err(|e| format!("the agent's reply to turn {turn} broke off: {}", innermost(&e)))?
-            .ok_or_else(|| format!("the agent's reply to turn {turn} is larger than {MAX_REPLY_BYTES} bytes"))?;
+            .map_err(|e| TurnFailure::Agent(format!("the agent's reply to turn {turn} broke off: {}", innermost(&e))))?
+            .ok_or_else(|| {
+                TurnFailure::Agent(format!("the agent's reply to turn {turn} is larger than {MAX_REPLY_BYTES} bytes"))
+            })?;
         let text = String::from_utf8_lossy(&bytes).into_owned();
         if !status.is_success() {
-            return Err(format!(
+            return Err(TurnFailure::Agent(format!(
                 "the agent answered turn {turn} with HTTP {}: {}",
                 status.as_u16(),
                 excerpt(&text, 300)
-            ));
+            )));
         }
         Ok(text)
     }

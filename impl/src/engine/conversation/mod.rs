@@ -60,6 +60,11 @@ const CALL_ID_HEADER: &str = "x-sparring-call-id";
 /// a websocket turn) is refused: a reply is a few sentences.
 const MAX_REPLY_BYTES: usize = 1 << 20;
 
+/// A call whose record (every turn's words and tool calls) grows past this
+/// is ended as an agent error: a result is kept, judged and served whole,
+/// and an hour of talk is some 100 KB.
+const MAX_RECORD_BYTES: usize = 2 << 20;
+
 /// Has the conversation of `plan` with the agent and records it. Never
 /// panics and never hangs: see the module documentation for how it ends.
 pub async fn converse(http: &Outbound, plan: &CallPlan, cancel: &CancellationToken) -> Outcome {
@@ -120,6 +125,10 @@ impl Reply {
 enum TurnFailure {
     /// The agent failed; the reason names the turn.
     Agent(String),
+    /// Nothing reached the agent: its address was refused by the outbound
+    /// rule, or no connection to it could be made. Ends the call as an
+    /// agent error, but no call took place.
+    Unreached(String),
     /// The call's `max_duration` passed; what the agent had sent of its
     /// turn so far, if anything.
     Deadline(Option<Reply>),
@@ -252,9 +261,17 @@ async fn drive(http: &Outbound, plan: &CallPlan, cancel: &CancellationToken, rec
     }
     let channel = match open(http, plan, deadline).await {
         Ok(channel) => channel,
-        Err(TurnFailure::Agent(reason)) => return Ending::agent_error(reason),
+        Err(TurnFailure::Agent(reason)) => {
+            // A websocket that got as far as its handshake was reached.
+            rec.reached();
+            return Ending::agent_error(reason);
+        }
+        Err(TurnFailure::Unreached(reason)) => return Ending::agent_error(reason),
         Err(TurnFailure::Deadline(_)) => return Ending::now(EndedReason::MaxDuration),
     };
+    if matches!(channel, Channel::Websocket(_)) {
+        rec.reached();
+    }
     let mut call = Call { channel, rec, turn: 0, deadline, step: None, max_turns: plan.max_turns };
     let ending = call.talk(&mut caller, opening, cancel).await;
     call.channel.close(call.turn, &ending).await;
@@ -349,12 +366,13 @@ impl Call<'_, '_> {
                 if let (Some(index), Some(step)) = (self.rec.late(late), self.step) {
                     self.rec.step_reply(step, index);
                 }
+                self.within_record()?;
                 if self.rec.agent_ended() {
                     return Err(Ending::now(EndedReason::AgentEnded));
                 }
                 Ok(())
             }
-            Err(TurnFailure::Agent(reason)) => Err(Ending::agent_error(reason)),
+            Err(TurnFailure::Agent(reason) | TurnFailure::Unreached(reason)) => Err(Ending::agent_error(reason)),
             Err(TurnFailure::Deadline(_)) => Err(Ending::now(EndedReason::MaxDuration)),
         }
     }
@@ -379,16 +397,35 @@ impl Call<'_, '_> {
         }
         let result = self.channel.exchange(self.turn, line, self.deadline).await;
         self.turn += 1;
+        if !matches!(result, Err(TurnFailure::Unreached(_))) {
+            self.rec.reached();
+        }
         let (reply, failure) = match result {
             Ok(reply) => (Some(reply), None),
-            Err(TurnFailure::Agent(reason)) => (None, Some(Ending::agent_error(reason))),
+            Err(TurnFailure::Agent(reason) | TurnFailure::Unreached(reason)) => {
+                (None, Some(Ending::agent_error(reason)))
+            }
             // What the agent had said when the time ran out is kept.
             Err(TurnFailure::Deadline(partial)) => (partial, Some(Ending::now(EndedReason::MaxDuration))),
         };
         if let (Some(index), Some(step)) = (reply.and_then(|reply| self.rec.agent(reply)), step) {
             self.rec.step_reply(step, index);
         }
-        failure.map_or(Ok(()), Err)
+        failure.map_or(Ok(()), Err)?;
+        self.within_record()
+    }
+
+    /// Ends the call once its record has grown past [`MAX_RECORD_BYTES`].
+    fn within_record(&self) -> Result<(), Ending> {
+        if self.rec.bytes() > MAX_RECORD_BYTES {
+            return Err(Ending::agent_error(format!(
+                "the call's transcript and tool calls passed {} MiB after turn {}; a call's record is kept whole, \
+                 so the call was ended",
+                MAX_RECORD_BYTES >> 20,
+                self.turn.saturating_sub(1)
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -22,6 +22,10 @@ pub(super) struct Recorder {
     /// When the agent's first words came (ms from the start): within a
     /// turn, they may come after its first frame (a tool call).
     first_words_ms: Option<i64>,
+    /// A connection to the agent was made (see `Outcome::reached_agent`).
+    reached: bool,
+    /// The bytes of every turn's words and tool calls so far.
+    bytes: usize,
 }
 
 impl Recorder {
@@ -39,7 +43,19 @@ impl Recorder {
             steps_said: 0,
             agent_ended: false,
             first_words_ms: None,
+            reached: false,
+            bytes: 0,
         }
+    }
+
+    /// The bytes of every turn's words and tool calls so far.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Something reached the agent: a connection to it was made.
+    pub(super) fn reached(&mut self) {
+        self.reached = true;
     }
 
     pub(super) fn call_start(&self) -> Instant {
@@ -67,6 +83,7 @@ impl Recorder {
     /// The caller said `line` at `at`.
     pub(super) fn caller(&mut self, line: &str, at: Instant) {
         let ms = self.ms(at);
+        self.bytes += line.len();
         self.transcript.push(types::TranscriptTurn {
             role: TurnRole::Caller,
             text: line.to_string(),
@@ -92,6 +109,7 @@ impl Recorder {
             self.first_words_ms = Some(self.ms(reply.words_at.unwrap_or(first)));
         }
         let index = self.transcript.len();
+        self.bytes += text.len();
         self.transcript.push(types::TranscriptTurn {
             role: TurnRole::Agent,
             text,
@@ -121,6 +139,7 @@ impl Recorder {
         if let Some(at) = late.words_at.filter(|_| self.first_words_ms.is_none()) {
             self.first_words_ms = Some(self.ms(at));
         }
+        self.bytes += late.texts.iter().map(|t| t.len() + 1).sum::<usize>();
         let turn = &mut self.transcript[index];
         turn.text = joined(std::iter::once(turn.text.as_str()).chain(late.texts.iter().map(String::as_str)));
         turn.end_ms = turn.end_ms.max(end_ms.unwrap_or(turn.end_ms));
@@ -131,6 +150,10 @@ impl Recorder {
     /// Records `calls` as made in transcript turn `index`.
     fn tool_calls_of(&mut self, index: usize, calls: Vec<(String, serde_json::Map<String, serde_json::Value>)>) {
         let turn = i32::try_from(index).unwrap_or(i32::MAX);
+        self.bytes += calls
+            .iter()
+            .map(|(name, arguments)| name.len() + serde_json::to_string(arguments).map_or(0, |a| a.len()))
+            .sum::<usize>();
         self.tool_calls.extend(calls.into_iter().map(|(name, arguments)| types::ToolCall { name, arguments, turn }));
     }
 
@@ -163,6 +186,7 @@ impl Recorder {
             caller_error: ending.caller_error,
             metrics,
             step_replies: self.step_replies,
+            reached_agent: self.reached,
         }
     }
 }

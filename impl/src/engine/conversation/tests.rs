@@ -412,6 +412,7 @@ async fn scripted_http_call_follows_the_script() {
     assert_eq!(outcome.metrics.turns, 6);
     assert_eq!(outcome.metrics.time_to_first_word_ms, Some(outcome.transcript[1].start_ms));
     assert!(outcome.metrics.latency_ms.p95.is_some());
+    assert!(outcome.reached_agent);
     assert_consistent(&outcome);
 
     assert_eq!(
@@ -504,6 +505,7 @@ async fn max_turns_stops_before_a_line_whose_reply_would_not_fit() {
     assert_eq!(outcome.ended_reason, EndedReason::MaxTurns);
     assert!(outcome.transcript.is_empty());
     assert_eq!(events(&seen).len(), before, "a call with no room is not started");
+    assert!(!outcome.reached_agent, "so it costs nothing");
 }
 
 #[tokio::test]
@@ -558,6 +560,7 @@ async fn cancel_is_seen_before_the_next_caller_line() {
     assert_eq!(outcome.ended_reason, EndedReason::Cancelled);
     assert!(outcome.transcript.is_empty());
     assert!(seen.lock().unwrap().is_empty());
+    assert!(!outcome.reached_agent);
 }
 
 #[tokio::test]
@@ -610,6 +613,33 @@ async fn http_refused_connection() {
     );
     assert!(error.to_lowercase().contains("refused"), "{error}");
     assert_eq!(lines(&outcome), vec![("caller", s("Hi"))]);
+    assert!(!outcome.reached_agent, "the line was never delivered");
+}
+
+/// Replies each under the per-reply limit, but a call whose record would
+/// grow without bound: it is ended once the record passes its limit, and
+/// what was said until then is kept.
+#[tokio::test]
+async fn a_call_whose_record_grows_past_its_limit_is_ended() {
+    let words = "w".repeat(600 << 10);
+    let (base, seen) = serve_http(move |body| {
+        if body["event"] == "end" {
+            return Act::Json(json!({"messages": []}));
+        }
+        Act::Json(json!({"messages": [{"role": "assistant", "content": words}]}))
+    })
+    .await;
+    let steps: Vec<&str> = vec!["more"; 20];
+    let plan = plan(ChannelKind::Http, format!("{base}/http"), scripted(Some("Hi"), &steps));
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{outcome:?}");
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with("the call's transcript and tool calls passed 2 MiB after turn 3"), "{error}");
+    // Four replies of 600 KiB: the fourth passed 2 MiB, and no line followed.
+    assert_eq!(outcome.transcript.iter().filter(|t| t.role == TurnRole::Agent).count(), 4);
+    assert_eq!(events(&seen).iter().filter(|e| e.0 == "message").count(), 3);
+    assert!(outcome.reached_agent);
+    assert_consistent(&outcome);
 }
 
 #[tokio::test]
@@ -621,6 +651,7 @@ async fn http_server_error_shows_status_and_body() {
     .await;
     assert_eq!(outcome.error.as_deref(), Some("the agent answered turn 1 with HTTP 503: agent overloaded"));
     assert_eq!(outcome.transcript.len(), 3);
+    assert!(outcome.reached_agent);
     // An agent error is not followed by `end`.
     assert_eq!(events(&seen).len(), 2);
 }
@@ -958,6 +989,7 @@ async fn websocket_refused_connection() {
     assert!(error.starts_with(&format!("could not connect to the agent at {url} for turn 0: ")), "{error}");
     assert!(error.to_lowercase().contains("refused"), "{error}");
     assert!(outcome.transcript.is_empty());
+    assert!(!outcome.reached_agent);
 }
 
 #[tokio::test]
@@ -969,6 +1001,7 @@ async fn websocket_upgrade_refused() {
         outcome.error,
         Some(format!("the agent at {url} refused the websocket connection for turn 0 with HTTP 404: no such agent"))
     );
+    assert!(outcome.reached_agent, "it answered, with a refusal");
 }
 
 #[tokio::test]

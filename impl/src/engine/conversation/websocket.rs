@@ -80,30 +80,36 @@ impl WsAgent {
         // starts.
         let connecting = async {
             if outbound.allows_private() {
+                // Resolving and connecting are tungstenite's here: an I/O
+                // error or an unusable URL reached no one.
                 return tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector)
                     .await
-                    .map_err(|e| connect_error(target, e));
+                    .map_err(|e| match e {
+                        tungstenite::Error::Io(_) | tungstenite::Error::Url(_) => {
+                            TurnFailure::Unreached(connect_error(target, e))
+                        }
+                        e => TurnFailure::Agent(connect_error(target, e)),
+                    });
             }
             // Only to an address the server may call (see `outbound`),
             // resolved here rather than by tungstenite.
             let uri = request.uri();
             let host = uri.host().unwrap_or_default().to_string();
             let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("wss") { 443 } else { 80 });
-            let addresses = outbound
-                .addresses(&host, port)
-                .await
-                .map_err(|refused| format!("the agent at {target} was not called for turn 0: {refused}"))?;
-            let stream = tokio::net::TcpStream::connect(&addresses[..])
-                .await
-                .map_err(|e| format!("could not reach the agent at {target} for turn 0: {e}"))?;
+            let addresses = outbound.addresses(&host, port).await.map_err(|refused| {
+                TurnFailure::Unreached(format!("the agent at {target} was not called for turn 0: {refused}"))
+            })?;
+            let stream = tokio::net::TcpStream::connect(&addresses[..]).await.map_err(|e| {
+                TurnFailure::Unreached(format!("could not reach the agent at {target} for turn 0: {e}"))
+            })?;
             let _ = stream.set_nodelay(true);
             tokio_tungstenite::client_async_tls_with_config(request, stream, Some(config), connector)
                 .await
-                .map_err(|e| connect_error(target, e))
+                .map_err(|e| TurnFailure::Agent(connect_error(target, e)))
         };
         match tokio::time::timeout_at(limit, connecting).await {
             Ok(Ok((ws, _))) => Ok(WsAgent { ws, call_id: plan.call_id.clone(), turn_timeout, ended: None }),
-            Ok(Err(e)) => Err(TurnFailure::Agent(e)),
+            Ok(Err(e)) => Err(e),
             Err(_) if deadline_binds => Err(TurnFailure::Deadline(None)),
             Err(_) => Err(TurnFailure::Agent(format!(
                 "the agent at {target} did not accept the websocket connection for turn 0 within {} ms",

@@ -95,6 +95,7 @@ impl OutcomeBuilder {
             error: self.error,
             caller_error: false,
             step_replies: self.step_replies,
+            reached_agent: true,
         }
     }
 }
