@@ -66,6 +66,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         data_dir: dir.path().to_path_buf(),
         oidc: Vec::new(),
         oidc_refetch_interval: sparring_impl::oidc::REFETCH_INTERVAL,
+        oidc_keys_max_age: sparring_impl::oidc::KEYS_MAX_AGE,
         secret_key_file: None,
         // Its reference agents listen on loopback.
         engine: sparring_impl::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() },

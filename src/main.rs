@@ -267,6 +267,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir.clone(),
         oidc: args.issuers()?,
         oidc_refetch_interval: sparring_impl::oidc::REFETCH_INTERVAL,
+        oidc_keys_max_age: sparring_impl::oidc::KEYS_MAX_AGE,
         secret_key_file: args.secret_key_file.clone(),
         engine: sparring_impl::engine::worker::EngineConfig {
             workers: args.workers,

@@ -268,6 +268,69 @@ async fn id_tokens_verified_with_an_offline_key_set() {
     assert_eq!(status_with_token(&s, &sign(Token { key_pem: OTHER_KEY, kid: "k2", ..valid(url, "dave") })).await, 401);
 }
 
+/// One issuer configured twice, for two clients (say a web app and a CLI):
+/// tokens for either audience are accepted, for any other refused. The
+/// same issuer with two key sets is refused at startup.
+#[tokio::test]
+async fn an_issuer_given_for_two_audiences_accepts_either() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks_path = dir.path().join("jwks.json");
+    std::fs::write(&jwks_path, published_jwks().to_string()).unwrap();
+    let url = "https://issuer.invalid";
+    let config = |audience: &str| IssuerConfig {
+        issuer: url.into(),
+        audience: audience.into(),
+        jwks_file: Some(jwks_path.clone()),
+    };
+    let s = TestServer::start_with_oidc(vec![config("web-client"), config("cli-client")]).await;
+    for audience in ["web-client", "cli-client"] {
+        assert_eq!(status_with_token(&s, &sign(Token { audience, ..valid(url, "gina") })).await, 200, "{audience}");
+    }
+    assert_eq!(status_with_token(&s, &sign(Token { audience: "other", ..valid(url, "gina") })).await, 401);
+
+    let other = dir.path().join("other.json");
+    std::fs::write(&other, jwks_of(OTHER_KEY, "k2").to_string()).unwrap();
+    let log = slog::Logger::root(slog::Discard, slog::o!());
+    let two_key_sets = vec![config("web-client"), IssuerConfig { jwks_file: Some(other), ..config("cli-client") }];
+    let refused = sparring_impl::oidc::Oidc::new(
+        two_key_sets,
+        sparring_impl::oidc::REFETCH_INTERVAL,
+        sparring_impl::oidc::KEYS_MAX_AGE,
+        &log,
+    )
+    .await
+    .err()
+    .expect("one issuer, two key sets");
+    assert!(refused.to_string().contains("given twice with different key sets"), "{refused}");
+}
+
+/// Keys are fetched again once older than their maximum age, though no
+/// token asks for a key the server does not hold: a key the issuer withdrew
+/// stops being trusted, remembered tokens signed with it included.
+#[tokio::test]
+async fn keys_older_than_their_maximum_age_are_fetched_again() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let config = IssuerConfig { issuer: url.clone(), audience: AUDIENCE.into(), jwks_file: None };
+    let s = TestServer::start_configured(vec![config], |c| {
+        c.oidc_refetch_interval = Duration::ZERO;
+        c.oidc_keys_max_age = Duration::from_millis(300);
+    })
+    .await;
+    let old = sign(valid(&url, "hana"));
+    assert_eq!(status_with_token(&s, &old).await, 200, "verified, and remembered");
+    let fetches = issuer.jwks_fetches.load(Ordering::SeqCst);
+    // The issuer withdraws k1; only tokens signed with it come.
+    *issuer.jwks.lock().unwrap() = jwks_of(OTHER_KEY, "k2");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while status_with_token(&s, &old).await == 200 {
+        assert!(std::time::Instant::now() < deadline, "a withdrawn key is still trusted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(issuer.jwks_fetches.load(Ordering::SeqCst) > fetches);
+    assert_eq!(status_with_token(&s, &sign(Token { key_pem: OTHER_KEY, kid: "k2", ..valid(&url, "hana") })).await, 200);
+}
+
 #[tokio::test]
 async fn activity_records_name_the_id_token_actor() {
     let (issuer, _issuer_server) = start_issuer().await;

@@ -116,7 +116,9 @@ async fn fresh_oidc(jwks: &Path) -> Oidc {
         audience: AUDIENCE.to_string(),
         jwks_file: Some(jwks.to_path_buf()),
     };
-    Oidc::new(vec![issuer], sparring_impl::oidc::REFETCH_INTERVAL, &log()).await.expect("setting up the offline issuer")
+    Oidc::new(vec![issuer], sparring_impl::oidc::REFETCH_INTERVAL, sparring_impl::oidc::KEYS_MAX_AGE, &log())
+        .await
+        .expect("setting up the offline issuer")
 }
 
 fn request(header: &str, value: &str) -> RequestInfo {

@@ -84,6 +84,9 @@ pub struct Config {
     /// The least time between two fetches of an issuer's keys
     /// ([`oidc::REFETCH_INTERVAL`] in the server).
     pub oidc_refetch_interval: std::time::Duration,
+    /// How long an issuer's fetched keys are trusted before they are
+    /// fetched again ([`oidc::KEYS_MAX_AGE`] in the server).
+    pub oidc_keys_max_age: std::time::Duration,
     /// The secret key sealing stored secrets; `<data dir>/secret.key` if
     /// not given.
     pub secret_key_file: Option<PathBuf>,
@@ -333,7 +336,7 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     let secrets = Secrets::load_or_create(&key_path)?;
     let starting_credits = config.starting_credits;
     store.write(move |tx| credits::set_starting_credits(tx, starting_credits).map_err(store::StoreError::from)).await?;
-    let oidc = Oidc::new(config.oidc.clone(), config.oidc_refetch_interval, &log).await?;
+    let oidc = Oidc::new(config.oidc.clone(), config.oidc_refetch_interval, config.oidc_keys_max_age, &log).await?;
     let test_cache = test_cache::TestCache::watching(&store);
     let key_pages = api_keys::KeyPages::watching(&store);
     let in_open_calibrations = reviews::blind::InOpenCalibrations::watching(&store);

@@ -1,12 +1,16 @@
 //! ID tokens from configured OpenID Connect issuers.
 //!
-//! Each issuer is an issuer URL and the audience (client id) its tokens
-//! must carry. Its signing keys come from the issuer's discovery document and
-//! JWKS over HTTP, or from a JWKS file (offline). Keys are cached; a token
-//! signed with a key the cache does not hold (an unknown `kid`: the issuer
-//! rotated its keys) triggers one refetch, at most once a minute per issuer
-//! ([`REFETCH_INTERVAL`]), so a stream of bogus tokens cannot turn into a
-//! stream of requests to the issuer. Signature, `iss`, `aud` and `exp` are
+//! Each issuer is an issuer URL and the audiences (client ids) one of which
+//! its tokens must carry (an issuer configured twice, for two clients,
+//! accepts either). Its signing keys come from the issuer's discovery
+//! document and JWKS over HTTP, or from a JWKS file (offline). Keys are
+//! cached; a token signed with a key the cache does not hold (an unknown
+//! `kid`: the issuer rotated its keys) triggers one refetch, at most once a
+//! minute per issuer ([`REFETCH_INTERVAL`]), so a stream of bogus tokens
+//! cannot turn into a stream of requests to the issuer. Keys older than
+//! [`KEYS_MAX_AGE`] are fetched again in the background, so a key the issuer
+//! withdrew stops being trusted within that time even when no token asks
+//! for a new one. Signature, `iss`, `aud` and `exp` are
 //! checked by `openidconnect`; only asymmetric algorithms are accepted (never
 //! `none`). `nbf` and `iat`, which it does not check, are checked here: not
 //! in the future, beyond [`CLOCK_SKEW`].
@@ -37,6 +41,10 @@ use openidconnect::{ClaimsVerificationError, ClientId, IssuerUrl, Nonce, Signatu
 /// tokens (the server's setting; tests shorten it).
 pub const REFETCH_INTERVAL: Duration = Duration::from_secs(60);
 
+/// How long fetched keys are trusted before they are fetched again (the
+/// server's setting; tests shorten it).
+pub const KEYS_MAX_AGE: Duration = Duration::from_secs(600);
+
 #[derive(Clone, Debug)]
 pub struct IssuerConfig {
     pub issuer: String,
@@ -56,10 +64,16 @@ pub struct Identity {
 }
 
 pub struct Oidc {
-    issuers: Vec<Issuer>,
+    issuers: Vec<Arc<Issuer>>,
+    shared: Arc<Shared>,
+}
+
+/// What a background refetch needs beside its issuer.
+struct Shared {
     http: OidcHttp,
     verified: Verified,
     refetch_interval: Duration,
+    keys_max_age: Duration,
 }
 
 /// Tokens already verified: blake3 of the token → its identity and `exp`.
@@ -138,9 +152,19 @@ impl<'c> openidconnect::AsyncHttpClient<'c> for OidcHttp {
 
 struct Issuer {
     config: IssuerConfig,
+    /// Every audience configured for this issuer.
+    audiences: Vec<String>,
     url: IssuerUrl,
     keys: RwLock<Arc<CoreJsonWebKeySet>>,
-    last_fetch: Mutex<Option<Instant>>,
+    fetches: Mutex<Fetches>,
+}
+
+#[derive(Default)]
+struct Fetches {
+    /// The last fetch begun, whatever came of it.
+    tried: Option<Instant>,
+    /// The last fetch that brought keys.
+    fetched: Option<Instant>,
 }
 
 impl Oidc {
@@ -150,6 +174,7 @@ impl Oidc {
     pub async fn new(
         configs: Vec<IssuerConfig>,
         refetch_interval: Duration,
+        keys_max_age: Duration,
         log: &slog::Logger,
     ) -> anyhow::Result<Oidc> {
         let http = reqwest::Client::builder()
@@ -157,8 +182,23 @@ impl Oidc {
             .redirect(reqwest::redirect::Policy::none())
             .timeout(Duration::from_secs(10))
             .build()?;
-        let mut issuers = Vec::new();
+        let mut issuers: Vec<Issuer> = Vec::new();
         for config in configs {
+            // The same issuer again: another audience it may carry, with
+            // the same keys.
+            let same = |i: &&mut Issuer| i.config.issuer.trim_end_matches('/') == config.issuer.trim_end_matches('/');
+            if let Some(known) = issuers.iter_mut().find(|i| same(i)) {
+                if known.config.jwks_file != config.jwks_file {
+                    anyhow::bail!(
+                        "--oidc-issuer {} is given twice with different key sets (--oidc-jwks): one issuer has one",
+                        config.issuer
+                    );
+                }
+                if !known.audiences.contains(&config.audience) {
+                    known.audiences.push(config.audience);
+                }
+                continue;
+            }
             let url = IssuerUrl::new(config.issuer.clone())
                 .map_err(|e| anyhow::anyhow!("--oidc-issuer {}: {e}", config.issuer))?;
             let keys = match &config.jwks_file {
@@ -169,12 +209,21 @@ impl Oidc {
                 }
                 None => CoreJsonWebKeySet::new(Vec::new()),
             };
-            issuers.push(Issuer { config, url, keys: RwLock::new(Arc::new(keys)), last_fetch: Mutex::new(None) });
+            let audiences = vec![config.audience.clone()];
+            issuers.push(Issuer {
+                config,
+                audiences,
+                url,
+                keys: RwLock::new(Arc::new(keys)),
+                fetches: Mutex::new(Fetches::default()),
+            });
         }
-        let oidc = Oidc { issuers, http: OidcHttp(http), verified: Verified::default(), refetch_interval };
+        let shared =
+            Arc::new(Shared { http: OidcHttp(http), verified: Verified::default(), refetch_interval, keys_max_age });
+        let oidc = Oidc { issuers: issuers.into_iter().map(Arc::new).collect(), shared };
         for issuer in &oidc.issuers {
             if issuer.config.jwks_file.is_none() {
-                if let Err(e) = oidc.refetch(issuer).await {
+                if let Err(e) = oidc.shared.refetch(issuer).await {
                     slog::warn!(log, "OpenID Connect discovery failed; will retry when a token needs it";
                         "issuer" => &issuer.config.issuer, "error" => e);
                 }
@@ -189,14 +238,32 @@ impl Oidc {
 
     /// Verifies an ID token; the error is a message for the 401.
     pub async fn verify(&self, token: &str) -> Result<Identity, String> {
+        self.refresh_old_keys();
         let hash = *blake3::hash(token.as_bytes()).as_bytes();
-        let seen = match self.verified.get(&hash, Utc::now()) {
+        let seen = match self.shared.verified.get(&hash, Utc::now()) {
             Ok(identity) => return Ok(identity),
             Err(generation) => generation,
         };
         let (identity, exp) = self.verify_signed(token).await?;
-        self.verified.put(hash, identity.clone(), exp, Utc::now(), seen);
+        self.shared.verified.put(hash, identity.clone(), exp, Utc::now(), seen);
         Ok(identity)
+    }
+
+    /// Starts a background refetch of each discovered issuer's keys that
+    /// are older than `keys_max_age` (or were never fetched), at most once
+    /// per `refetch_interval`; until it ends, the keys held are used. The
+    /// refetch forgets remembered tokens, so a token of a withdrawn key is
+    /// refused from then on.
+    fn refresh_old_keys(&self) {
+        for issuer in self.issuers.iter().filter(|i| i.config.jwks_file.is_none()) {
+            if !issuer.claim_fetch(self.shared.refetch_interval, Some(self.shared.keys_max_age)) {
+                continue;
+            }
+            let (shared, issuer) = (self.shared.clone(), issuer.clone());
+            tokio::spawn(async move {
+                let _ = shared.fetch(&issuer).await;
+            });
+        }
     }
 
     /// The full check of a token not seen before: signature, `iss`, `aud`,
@@ -216,7 +283,7 @@ impl Oidc {
                 if issuer.config.jwks_file.is_none() =>
             {
                 // Maybe the issuer rotated its keys.
-                if self.refetch(issuer).await.is_ok() {
+                if self.shared.refetch(issuer).await.is_ok() {
                     issuer.verify(&parsed).map_err(describe)
                 } else {
                     Err(describe(ClaimsVerificationError::SignatureVerification(
@@ -230,22 +297,26 @@ impl Oidc {
         check_not_before(token, Utc::now())?;
         Ok(verified)
     }
+}
 
-    /// Fetches the issuer's discovery document and keys, unless that was
-    /// done less than `refetch_interval` ago.
+impl Shared {
+    /// Fetches the issuer's discovery document and keys, unless a fetch
+    /// began less than `refetch_interval` ago.
     async fn refetch(&self, issuer: &Issuer) -> Result<(), String> {
-        {
-            let mut last = issuer.last_fetch.lock().unwrap_or_else(|p| p.into_inner());
-            if last.is_some_and(|t| t.elapsed() < self.refetch_interval) {
-                return Err("keys were fetched too recently".into());
-            }
-            *last = Some(Instant::now());
+        if !issuer.claim_fetch(self.refetch_interval, None) {
+            return Err("keys were fetched too recently".into());
         }
+        self.fetch(issuer).await
+    }
+
+    /// The fetch itself, once claimed.
+    async fn fetch(&self, issuer: &Issuer) -> Result<(), String> {
         // Discovery fetches the JWKS the document names, too.
         let metadata = CoreProviderMetadata::discover_async(issuer.url.clone(), &self.http)
             .await
             .map_err(|e| format!("discovery: {e}"))?;
         *issuer.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(metadata.jwks().clone());
+        issuer.fetches.lock().unwrap_or_else(|p| p.into_inner()).fetched = Some(Instant::now());
         // A token verified with a key the issuer no longer publishes must be
         // checked again.
         self.verified.clear();
@@ -254,10 +325,44 @@ impl Oidc {
 }
 
 impl Issuer {
+    /// Whether a fetch may begin now (none began in the last `interval`,
+    /// and, given `max_age`, the keys held are older than it or were never
+    /// fetched); if so, it is counted as begun.
+    fn claim_fetch(&self, interval: Duration, max_age: Option<Duration>) -> bool {
+        let mut fetches = self.fetches.lock().unwrap_or_else(|p| p.into_inner());
+        if fetches.tried.is_some_and(|t| t.elapsed() < interval) {
+            return false;
+        }
+        if let (Some(max_age), Some(fetched)) = (max_age, fetches.fetched) {
+            if fetched.elapsed() < max_age {
+                return false;
+            }
+        }
+        fetches.tried = Some(Instant::now());
+        true
+    }
+
+    /// Checks `token` against each audience in turn: the first it is for
+    /// decides; for none, the audience's error.
     fn verify(&self, token: &CoreIdToken) -> Result<(Identity, DateTime<Utc>), ClaimsVerificationError> {
+        let mut refused = None;
+        for audience in &self.audiences {
+            match self.verify_for(token, audience) {
+                Err(e @ ClaimsVerificationError::InvalidAudience(_)) => refused = Some(e),
+                other => return other,
+            }
+        }
+        Err(refused.unwrap_or_else(|| ClaimsVerificationError::InvalidAudience("no audience configured".into())))
+    }
+
+    fn verify_for(
+        &self,
+        token: &CoreIdToken,
+        audience: &str,
+    ) -> Result<(Identity, DateTime<Utc>), ClaimsVerificationError> {
         let keys = self.keys.read().unwrap_or_else(|p| p.into_inner()).clone();
         let verifier = CoreIdTokenVerifier::new_public_client(
-            ClientId::new(self.config.audience.clone()),
+            ClientId::new(audience.to_string()),
             self.url.clone(),
             (*keys).clone(),
         )

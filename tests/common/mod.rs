@@ -87,6 +87,7 @@ impl TestServer {
             data_dir: data_dir.path().to_path_buf(),
             oidc,
             oidc_refetch_interval: sparring_impl::oidc::REFETCH_INTERVAL,
+            oidc_keys_max_age: sparring_impl::oidc::KEYS_MAX_AGE,
             secret_key_file: None,
             // The agents and stand-ins of the tests listen on loopback.
             engine: sparring_impl::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() },
