@@ -222,7 +222,17 @@ fn logger(format: LogFormat) -> slog::Logger {
 static GLOBAL: sparring_impl::allocator::MiMalloc = sparring_impl::allocator::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // `run --junit FILE` with arguments clap refuses still leaves
+            // the report a pipeline publishes, saying why nothing ran.
+            if e.use_stderr() {
+                run::report_bad_arguments(std::env::args_os().skip(1), &e.render().to_string());
+            }
+            e.exit()
+        }
+    };
     // Every conversation in flight holds a socket (two for the demo's own
     // agent), and the default soft limit of many systems (1024) is below
     // what `--workers` allows; the hard limit is what the system grants.

@@ -67,6 +67,38 @@ pub struct RunArgs {
     junit: Option<std::path::PathBuf>,
 }
 
+/// With arguments the parser refused (`args`, after the program's name):
+/// if they are `run … --junit FILE`, writes FILE's report of a run not
+/// started, saying `error`, best effort (the error itself is printed by
+/// the parser).
+pub fn report_bad_arguments(args: impl Iterator<Item = std::ffi::OsString>, error: &str) {
+    let args: Vec<std::ffi::OsString> = args.collect();
+    // The subcommand is the first argument not an option (none of the
+    // global options takes a value).
+    if args.iter().find(|a| !a.to_string_lossy().starts_with('-')).is_none_or(|a| a != "run") {
+        return;
+    }
+    let mut path = None;
+    for (i, arg) in args.iter().enumerate() {
+        let text = arg.to_string_lossy();
+        if text == "--" {
+            break;
+        }
+        if text == "--junit" {
+            path = args.get(i + 1).map(std::path::PathBuf::from);
+        } else if let Some(p) = text.strip_prefix("--junit=") {
+            path = Some(std::path::PathBuf::from(p));
+        }
+    }
+    let Some(path) = path.filter(|p| !p.as_os_str().is_empty() && !p.to_string_lossy().starts_with('-')) else {
+        return;
+    };
+    let first = error.lines().next().unwrap_or(error).trim_start_matches("error: ");
+    if let Err(e) = report::write(&path, report::not_started(&format!("bad arguments: {first}"))) {
+        eprintln!("warning: {e:#}");
+    }
+}
+
 fn key_value(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),

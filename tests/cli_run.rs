@@ -222,6 +222,19 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
     assert_eq!(code, Some(2), "{stderr}");
     let xml = std::fs::read_to_string(&junit).unwrap();
     assert!(xml.contains("no batch run started: --test more than once needs --channel"), "{xml}");
+    // And so do arguments the parser itself refuses (a malformed value,
+    // two sources at once), with `--junit FILE` or `--junit=FILE`.
+    for (args, says) in [
+        (vec!["--test", &suite.good_test, "--metadata", "novalue", "--junit", j], "novalue"),
+        (vec!["--timeout", "soon", "--test", &suite.good_test, "--junit", j], "soon"),
+        (vec!["--batch", "bat_x", "--test", &suite.good_test, &format!("--junit={j}")], "--batch"),
+    ] {
+        std::fs::remove_file(&junit).unwrap();
+        let (code, _, stderr) = run(&s, &key, &args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        let xml = std::fs::read_to_string(&junit).unwrap_or_else(|e| panic!("{args:?}: no report ({e}): {stderr}"));
+        assert!(xml.contains("no batch run started: bad arguments: ") && xml.contains(says), "{args:?}: {xml}");
+    }
 
     // A report that cannot be written: found out before anything starts.
     let nowhere = dir.path().join("no/such/dir/report.xml");
