@@ -113,4 +113,27 @@ async fn deleting_a_project_removes_everything_in_it_and_nothing_else() {
         .expect(Method::GET, &format!("/v1/activity/resource/project/{}", doomed.project_id), &doomed.owner, None, 200)
         .await;
     assert_eq!(history["activity"][0]["action"], "project.delete");
+    // And for everyone who could read the project's records when it was
+    // deleted: its history, and what was in it, by resource and in the feed.
+    let (persona_path, persona) = doomed_items.iter().find(|(path, _)| path.ends_with("personas")).unwrap();
+    assert_eq!(persona_path, "/v1/personas");
+    let resource = format!("/v1/activity/resource/persona/{persona}");
+    let by_owner = s.expect(Method::GET, &resource, &doomed.owner, None, 200).await;
+    assert!(!by_owner["activity"].as_array().unwrap().is_empty(), "{by_owner:#}");
+    for key in [&doomed.viewer, &doomed.reviewer] {
+        assert_eq!(s.expect(Method::GET, &resource, key, None, 200).await, by_owner);
+        let again = s
+            .expect(Method::GET, &format!("/v1/activity/resource/project/{}", doomed.project_id), key, None, 200)
+            .await;
+        assert_eq!(again, history);
+        let feed =
+            s.expect(Method::GET, &format!("/v1/activity?project_id={}", doomed.project_id), key, None, 200).await;
+        assert_eq!(feed["activity"][0]["action"], "project.delete", "{feed:#}");
+    }
+    // Not for anyone else.
+    let nothing = s.expect(Method::GET, &resource, &kept.owner, None, 200).await;
+    assert_eq!(nothing["activity"], serde_json::json!([]));
+    let feed =
+        s.expect(Method::GET, &format!("/v1/activity?project_id={}", doomed.project_id), &kept.owner, None, 200).await;
+    assert_eq!(feed["activity"], serde_json::json!([]), "{feed:#}");
 }

@@ -62,7 +62,8 @@ pub fn record(tx: &rusqlite::Transaction<'_>, actor: &Actor, r: Record<'_>) -> R
 }
 
 // Reading the log. A record is visible to its actor and to the members of
-// its project; to anyone else it does not exist.
+// its project (of a deleted project, to its members when it was deleted);
+// to anyone else it does not exist.
 
 use rusqlite::OptionalExtension as _;
 use sparring_server::{params as p, types, Caller};
@@ -79,11 +80,18 @@ const COLUMNS: &str = "a.id, a.actor_user_id, a.credential, a.api_key_id, a.acti
 /// labelling blind, what the calibration hides (`reviews::blind`).
 static VISIBLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "((a.actor_user_id = ?1 OR a.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1))
+        "((a.actor_user_id = ?1 OR a.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+            OR a.project_id IN (SELECT project_id FROM former_members WHERE user_id = ?1))
           AND NOT {})",
         *crate::reviews::blind::HIDDEN_ACTIVITY
     )
 });
+
+/// The projects whose records the caller reads as a member (`?1`), now or
+/// when it was deleted; only `?2` when given.
+const READABLE_PROJECTS: &str =
+    "SELECT project_id FROM project_members WHERE user_id = ?1 AND (?2 IS NULL OR project_id = ?2)
+     UNION SELECT project_id FROM former_members WHERE user_id = ?1 AND (?2 IS NULL OR project_id = ?2)";
 
 fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Activity> {
     let credential: String = row.get(2)?;
@@ -179,7 +187,7 @@ pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) ->
             // The projects whose records the caller sees as a member: all of
             // theirs, or the one asked for if they are in it.
             let projects = tx
-                .prepare_cached(crate::access::MEMBER_PROJECTS)?
+                .prepare_cached(READABLE_PROJECTS)?
                 .query_map(params![caller.user_id, query.project_id], |r| r.get::<_, String>(0))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let limit = page.fetch_limit();

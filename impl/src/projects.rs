@@ -379,6 +379,12 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteProjectPath
                     "cancel them",
                 ));
             }
+            // Its members keep reading its activity records.
+            tx.execute(
+                "INSERT OR IGNORE INTO former_members (user_id, project_id)
+                 SELECT user_id, project_id FROM project_members WHERE project_id = ?1",
+                params![path.id],
+            )?;
             // Everything in the project goes with it (ON DELETE CASCADE).
             tx.execute("DELETE FROM projects WHERE id = ?1", params![path.id])?;
             activity::record(

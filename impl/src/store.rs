@@ -71,6 +71,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0013_idempotency_keys", include_str!("../migrations/0013_idempotency_keys.sql"), None),
     ("0014_phone_number_rows", include_str!("../migrations/0014_phone_number_rows.sql"), None),
     ("0015_tests_by_project", include_str!("../migrations/0015_tests_by_project.sql"), None),
+    ("0016_former_members", include_str!("../migrations/0016_former_members.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
