@@ -52,6 +52,26 @@ async fn rotation_reseals_everything_and_needs_the_server_stopped() {
     assert!(!s.data_dir.path().join("secret.key.previous").exists());
     // Every value opens with the new key (a second rotation opens them all).
     assert_eq!(sparring_impl::rotate_secret_key(s.data_dir.path(), None).await.unwrap(), 1);
+
+    // Another key (a wrong --secret-key-file) opens none of them: the
+    // server does not start on it.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let wrong = elsewhere.path().join("secret.key");
+    sparring_impl::secrets::Secrets::load_or_create(&wrong).unwrap();
+    let config = sparring_impl::Config {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        data_dir: s.data_dir.path().to_path_buf(),
+        oidc: Vec::new(),
+        oidc_refetch_interval: sparring_impl::oidc::REFETCH_INTERVAL,
+        oidc_keys_max_age: sparring_impl::oidc::KEYS_MAX_AGE,
+        secret_key_file: Some(wrong),
+        engine: Default::default(),
+        starting_credits: sparring_impl::credits::DEFAULT_STARTING_CREDITS,
+    };
+    let log = slog::Logger::root(slog::Discard, slog::o!());
+    let refused = sparring_impl::start(config, log).await.err().expect("a key that opens nothing");
+    let message = format!("{refused:#}");
+    assert!(message.contains("does not open what") && message.contains("webhook_secret"), "{message}");
 }
 
 /// A secret sent in the wrong shape (a string where the credentials object

@@ -334,6 +334,18 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
         }
     }
     let secrets = Secrets::load_or_create(&key_path)?;
+    // A key that opens nothing sealed (another data dir's, a wrong
+    // --secret-key-file) would start a server whose every webhook and
+    // credentialed call fails.
+    let refused = store.read_blocking(|c| reseal::key_opens(c, &secrets).map_err(store::StoreError::from))?;
+    if let Some(context) = refused {
+        anyhow::bail!(
+            "the secret key at {} does not open what {} holds sealed ({context}, and the first value of each sealed \
+             column): is it this data dir's key? (give its path with --secret-key-file)",
+            key_path.display(),
+            store.path().display()
+        );
+    }
     let starting_credits = config.starting_credits;
     store.write(move |tx| credits::set_starting_credits(tx, starting_credits).map_err(store::StoreError::from)).await?;
     let oidc = Oidc::new(config.oidc.clone(), config.oidc_refetch_interval, config.oidc_keys_max_age, &log).await?;

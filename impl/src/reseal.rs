@@ -1,7 +1,7 @@
 //! Re-sealing every stored secret with the current key (`sparring admin
 //! rotate-secret-key`), in the caller's transaction.
 
-use rusqlite::params;
+use rusqlite::{params, OptionalExtension as _};
 
 use crate::failure::{Failure, Result};
 use crate::secrets::Secrets;
@@ -23,6 +23,28 @@ pub fn count_sealed(conn: &rusqlite::Connection) -> rusqlite::Result<usize> {
         count += n as usize;
     }
     Ok(count)
+}
+
+/// Whether `secrets` opens what the database holds: `None` when it holds
+/// nothing sealed or the first value of some sealed column opens (one
+/// damaged value does not make the key wrong); otherwise the context of a
+/// value that did not open.
+pub fn key_opens(conn: &rusqlite::Connection, secrets: &Secrets) -> rusqlite::Result<Option<String>> {
+    let mut refused = None;
+    for (table, column, prefix) in SEALED {
+        let first: Option<(String, Vec<u8>)> = conn
+            .query_row(&format!("SELECT id, {column} FROM {table} WHERE {column} IS NOT NULL LIMIT 1"), [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        let Some((id, sealed)) = first else { continue };
+        let context = format!("{prefix}:{id}:{column}");
+        if secrets.open(&sealed, &context).is_ok() {
+            return Ok(None);
+        }
+        refused.get_or_insert(context);
+    }
+    Ok(refused)
 }
 
 /// Opens every sealed value (with any key `secrets` holds) and seals it

@@ -118,13 +118,23 @@ pub async fn ensure_for_identity(store: &Store, identity: Identity) -> Result<St
         .await
 }
 
-/// On a database with no user yet: creates the admin user and one API key
-/// for it, and returns the key (to print once).
+/// On a database with no admin and no API key yet: creates the admin user
+/// and one API key for it, and returns the key (to print once). Not asked
+/// whether there is any user: the server answers requests before this runs,
+/// and a first sign-in with an ID token then must not stand in for the
+/// admin; a key made with `sparring admin create-key` before the first
+/// start does.
 pub async fn bootstrap_admin(store: &Store) -> Result<Option<RawKey>, api_keys::ApiKeyError> {
     store
         .write(|tx| {
-            let users: i64 = tx.query_row("SELECT count(*) FROM users", [], |r| r.get(0)).map_err(StoreError::from)?;
-            if users > 0 {
+            let admins_or_keys: i64 = tx
+                .query_row(
+                    "SELECT (SELECT count(*) FROM users WHERE is_admin = 1) + (SELECT count(*) FROM api_keys)",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(StoreError::from)?;
+            if admins_or_keys > 0 {
                 return Ok(None);
             }
             let id = ensure_by_email(tx, ADMIN_EMAIL)?;
@@ -154,6 +164,29 @@ pub async fn create_key_for_email(
 
 #[cfg(test)]
 mod tests {
+    /// A user made before the first start's admin (a sign-in in the moment
+    /// the server answers before it makes the admin) does not take the
+    /// admin's place; the admin is made once. (A key made before the first
+    /// start does: `tests/binary.rs`, `admin_create_key_prints_the_key_alone`.)
+    #[tokio::test]
+    async fn the_admin_is_made_once_whoever_came_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::open_store(dir.path()).unwrap();
+        store.write(|tx| super::ensure_by_email(tx, "early@example.com").map(drop)).await.unwrap();
+        assert!(super::bootstrap_admin(&store).await.unwrap().is_some(), "the admin is made, and its key shown");
+        assert!(super::bootstrap_admin(&store).await.unwrap().is_none(), "once");
+        let admins: i64 = store
+            .read(|c| {
+                c.query_row("SELECT count(*) FROM users WHERE is_admin = 1 AND email = ?1", [super::ADMIN_EMAIL], |r| {
+                    r.get(0)
+                })
+                .map_err(crate::store::StoreError::from)
+            })
+            .await
+            .unwrap();
+        assert_eq!(admins, 1);
+    }
+
     #[test]
     fn an_email_is_trimmed_and_needs_a_name_and_a_domain() {
         assert_eq!(super::email("  Bob@Example.com \n").as_deref(), Ok("Bob@Example.com"));
