@@ -371,7 +371,7 @@ async fn start(
         };
         let e = match attempt {
             Ok(started) => return Ok(started.into_inner()),
-            Err(e) if transient(&e) && first.elapsed() + POLL * 4 < trying_for => e,
+            Err(e) if transient(&e) && first.elapsed() < trying_for => e,
             Err(e) => return Err(api_error(e)),
         };
         if said.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
@@ -382,8 +382,10 @@ async fn start(
                 first.elapsed().as_secs()
             );
         }
+        // The last attempt comes as the time is up, not 2 s before it.
+        let pause = (POLL * 4).min(trying_for.saturating_sub(first.elapsed()));
         tokio::select! {
-            () = tokio::time::sleep(POLL * 4) => {}
+            () = tokio::time::sleep(pause) => {}
             signal = interrupts.recv() => return Err(StartUnknown { signal, key: key.clone() }.into()),
         }
     }

@@ -268,6 +268,8 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
     );
     assert_eq!(p.wait_exit().code(), Some(2));
     assert!(at.elapsed() < std::time::Duration::from_secs(20), "{:?}: {}", at.elapsed(), p.stderr());
+    // The whole timeout, not 2 s short of it.
+    assert!(at.elapsed() >= std::time::Duration::from_secs(3), "gave up after {:?}: {}", at.elapsed(), p.stderr());
     let said = p.stderr();
     assert!(said.contains("trying again"), "{said}");
     // With the cause, not only "could not reach the server".
