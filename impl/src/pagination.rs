@@ -91,6 +91,15 @@ impl PageRequest {
         self.limit as i64 + 1
     }
 
+    /// A page of `rows` (at most the page's size) cut short before its size,
+    /// for another reason than the end of the list: the next page starts
+    /// after its last row.
+    pub fn finish_early<T>(&self, mut rows: Vec<T>, id_of: impl Fn(&T) -> String) -> Page<T> {
+        rows.truncate(self.limit);
+        let next_cursor = rows.last().map(|last| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id_of(last)));
+        Page { items: rows, next_cursor }
+    }
+
     pub fn finish<T>(&self, mut rows: Vec<T>, id_of: impl Fn(&T) -> String) -> Page<T> {
         let next_cursor = if rows.len() > self.limit {
             rows.truncate(self.limit);

@@ -1131,6 +1131,10 @@ pub async fn get_test_result_by_call(
 }
 
 /// A page of a test's results (see [`PageSql`]).
+/// Past this many bytes of results, a page of a test's results ends (with
+/// its cursor) before its `limit`.
+const RESULTS_PAGE_BYTES: usize = 8 << 20;
+
 pub(crate) static TEST_RESULTS_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(
@@ -1161,13 +1165,26 @@ pub async fn list_test_results(
             // hidden one by one, and left out of a list filtered by status
             // (matching the filter would reveal it) in the query itself, so
             // that neither the page's length nor its cursor tells.
-            let rows = tx
-                .prepare_cached(TEST_RESULTS_SQL.of(&page))?
+            // A page stops early, with its cursor, once its documents pass
+            // RESULTS_PAGE_BYTES: each may be up to a call's record in size.
+            let mut statement = tx.prepare_cached(TEST_RESULTS_SQL.of(&page))?;
+            let found = statement
                 .query_map(params![path.id, status, page.after, page.fetch_limit(), caller.user_id], |r| {
                     Ok((r.get::<_, String>(1)?, r.get::<_, String>(0)?))
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |(id, _)| id.clone());
+                })?;
+            let (mut rows, mut bytes, mut full) = (Vec::new(), 0, false);
+            for row in found {
+                let row = row?;
+                bytes += row.1.len();
+                rows.push(row);
+                if bytes > RESULTS_PAGE_BYTES && rows.len() < page.fetch_limit() as usize {
+                    full = true;
+                    break;
+                }
+            }
+            drop(statement);
+            let id_of = |(id, _): &(String, String)| id.clone();
+            let page = if full { page.finish_early(rows, id_of) } else { page.finish(rows, id_of) };
             let mut blind = crate::reviews::blind::blind_map(tx, &caller.user_id)?;
             let mut test_results = Vec::with_capacity(page.items.len());
             for (id, document) in page.items {
