@@ -211,7 +211,7 @@ async fn a_page_of_large_results_ends_early_and_goes_on() {
     let s = TestServer::start().await;
     let t = s.team("large results").await;
     let p = &t.project_id;
-    let mut create = |path: &'static str, body: Value| {
+    let create = |path: &'static str, body: Value| {
         let (s, key) = (&s, t.owner.clone());
         async move { s.expect(Method::POST, path, &key, Some(body), 200).await["id"].as_str().unwrap().to_string() }
     };
