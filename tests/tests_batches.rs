@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{error_body, TestServer};
+use common::{error_body, Team, TestServer};
 use futures::StreamExt as _;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -760,14 +760,14 @@ async fn patch_changes_only_what_it_names() {
     assert_eq!(s.expect(Method::GET, &path, &t.viewer, None, 200).await, moved);
 }
 
-#[tokio::test]
-async fn what_a_test_uses_cannot_be_deleted_from_under_it() {
-    let s = TestServer::start().await;
-    let t = s.team("in use").await;
-    let x = parts(&s, &t.owner, &t.project_id).await;
-    let integration = id(&create(&s, "/v1/integrations", &t.owner, llm(&x.project_id, "judge")).await);
+/// The parts, an LLM integration, and a test "flow" using the scenario
+/// without a default persona, the second persona and a judge on that
+/// integration.
+async fn test_using_everything(s: &TestServer, t: &Team) -> (Parts, String, String) {
+    let x = parts(s, &t.owner, &t.project_id).await;
+    let integration = id(&create(s, "/v1/integrations", &t.owner, llm(&x.project_id, "judge")).await);
     let tst = id(&create(
-        &s,
+        s,
         "/v1/tests",
         &t.owner,
         with(
@@ -777,6 +777,14 @@ async fn what_a_test_uses_cannot_be_deleted_from_under_it() {
         ),
     )
     .await);
+    (x, integration, tst)
+}
+
+#[tokio::test]
+async fn what_a_test_uses_cannot_be_deleted_from_under_it() {
+    let s = TestServer::start().await;
+    let t = s.team("in use").await;
+    let (x, integration, tst) = test_using_everything(&s, &t).await;
     for path in [
         format!("/v1/channels/{}", x.channel),
         format!("/v1/scenarios/{}", x.scenario_without_default),
@@ -868,19 +876,7 @@ async fn what_queued_runs_were_queued_with_cannot_be_deleted_from_under_them() {
     // No workers: what is started stays queued.
     let s = TestServer::start_configured(Vec::new(), |c| c.engine.workers = 0).await;
     let t = s.team("bound runs").await;
-    let x = parts(&s, &t.owner, &t.project_id).await;
-    let integration = id(&create(&s, "/v1/integrations", &t.owner, llm(&x.project_id, "judge")).await);
-    let tst = id(&create(
-        &s,
-        "/v1/tests",
-        &t.owner,
-        with(
-            x.test("flow"),
-            json!({"scenario_id": x.scenario_without_default, "persona_ids": [x.personas[1]],
-                   "evaluators": [judge(&integration)]}),
-        ),
-    )
-    .await);
+    let (x, integration, tst) = test_using_everything(&s, &t).await;
     let queued = id(&s.expect(Method::POST, &format!("/v1/tests/{tst}/run"), &t.editor, Some(json!({})), 200).await);
     // The test moves on to other parts; its queued runs do not.
     let channel = id(&create(
