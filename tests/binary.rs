@@ -312,6 +312,25 @@ async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
     let (status, _, stderr) =
         run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "nobody@example.com", "--amount", "1"]);
     assert!(!status.success() && stderr.contains("no user"), "{stderr}");
+    // Nothing to grant, or a description that is no line of text: refused,
+    // nothing written.
+    let (status, _, stderr) = grant("0");
+    assert!(!status.success() && stderr.contains("--amount 0 grants nothing"), "{stderr}");
+    for description in ["", "  ", "two\nlines"] {
+        let (status, _, stderr) = run(&[
+            "admin",
+            "grant-credits",
+            "--data-dir",
+            data_dir,
+            "--user",
+            "ops@example.com",
+            "--amount",
+            "1",
+            "--description",
+            description,
+        ]);
+        assert!(!status.success() && stderr.contains("--description"), "{description:?}: {stderr}");
+    }
 
     // Beside a running server too.
     let mut server = serve(dir.path());

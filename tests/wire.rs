@@ -343,6 +343,20 @@ async fn a_path_no_bridged_operation_has_is_a_404_or_405_whatever_its_query_and_
         assert_eq!((status, e["error_code"].as_str().unwrap()), (405, "method_not_allowed"), "{method} {path}: {e}");
         assert_eq!(allow, allowed, "{method} {path}: {e}");
     }
+    // Before the credential, as dropshot's router answers: without a key,
+    // the same 404 or 405, not a 401.
+    for (method, path, status) in [
+        (Method::GET, "/v1/test-results/other/call_1", 404),
+        (Method::POST, "/v1/reviews/other/cal_1/close", 404),
+        (Method::POST, "/v1/reviews/foo", 405),
+        (Method::GET, "/v1/tests/tst_1/foo", 404),
+    ] {
+        let resp = s.http.request(method.clone(), s.url(path)).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{method} {path} without a key");
+    }
+    // A documented path without a key: 401.
+    let resp = s.http.get(s.url("/v1/test-results/by-call/call_1")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
     // As dropshot's router does for a route it holds: one `Allow` per method.
     let (status, allow, e) = send(Method::GET, "/v1/api-keys/key_1", json, "").await;
     assert_eq!((status, allow), (405, vec!["DELETE".to_string()]), "{e}");

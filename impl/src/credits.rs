@@ -111,6 +111,11 @@ pub fn grant_starting(tx: &rusqlite::Transaction<'_>, user_id: &str) -> rusqlite
 /// `sparring admin grant-credits`: a `grant` (positive) or an `adjustment`
 /// (negative, never below zero) for the user with this email.
 pub fn admin_grant(tx: &rusqlite::Transaction<'_>, email: &str, amount: i64, description: &str) -> anyhow::Result<i64> {
+    if amount == 0 {
+        anyhow::bail!("--amount 0 grants nothing: give a positive amount, or a negative one to take credits away");
+    }
+    // Shown to the user in their ledger: a line of text, as names are.
+    crate::validate::check_name("--description", description).map_err(|e| anyhow::anyhow!("{e}"))?;
     let user_id: String = tx
         .query_row(
             "SELECT id FROM users WHERE email = ?1 COLLATE NOCASE ORDER BY created_at, id",

@@ -77,7 +77,7 @@ pub fn unauthorized(message: impl Into<String>) -> HttpError {
 }
 
 /// Everything an endpoint takes from a request, extracted in a fixed order:
-/// the caller first, then path, query, headers and body.
+/// the path, then the caller, query, headers and body.
 ///
 /// (The server context must be [`ApiContext`].)
 ///
@@ -112,8 +112,11 @@ where
         let context = (&rqctx.server.private as &dyn Any).downcast_ref::<ApiContext>().ok_or_else(|| {
             HttpError::for_internal_error("the server context must be sparring_server::ApiContext".to_string())
         })?;
-        let caller = context.authenticator.authenticate(&rqctx.request).await?;
+        // The path first: a bridged route's path that is no operation's is
+        // answered 404 or 405 before the credential is looked at, as
+        // dropshot's router answers a path it does not hold.
         let path = P::from_request(rqctx).await.map_err(|e| coded(e, ErrorCode::INVALID_PATH))?;
+        let caller = context.authenticator.authenticate(&rqctx.request).await?;
         let query = Q::from_request(rqctx).await.map_err(|e| coded(e, ErrorCode::INVALID_QUERY))?;
         let headers = H::from_request(rqctx).await.map_err(|e| coded(e, ErrorCode::INVALID_HEADER))?;
         let body = B::from_request(rqctx, request).await.map_err(|e| coded(e, ErrorCode::INVALID_BODY))?;

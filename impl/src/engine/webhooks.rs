@@ -296,7 +296,7 @@ async fn record_attempt(
             tx.prepare_cached(
                 "UPDATE webhook_deliveries SET status = ?2, attempts = ?3, last_response_status = ?4, last_error = ?5,
                                                next_attempt_at = ?6, next_attempt_ms = ?7, updated_at = ?8, url = ?9
-                 WHERE id = ?1",
+                 WHERE id = ?1 AND status = 'pending'",
             )?
             .execute(params![
                 id,

@@ -68,6 +68,10 @@ pub struct Engine {
     running: Mutex<HashMap<String, CancellationToken>>,
     http: Outbound,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Set by [`Engine::shutdown`] before it stops the runs in flight: a
+    /// conversation that ends for that reason is not a cancelled run, and
+    /// goes back to the queue.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -80,6 +84,7 @@ impl Engine {
             running: Mutex::new(HashMap::new()),
             http,
             tasks: Mutex::new(Vec::new()),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -135,6 +140,7 @@ impl Engine {
         for task in engine.tasks.lock().expect("not poisoned").drain(..) {
             task.abort();
         }
+        engine.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         for token in engine.running.lock().expect("not poisoned").values() {
             token.cancel();
         }
@@ -414,6 +420,14 @@ async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
         Ok(Some(Err(Unrunnable(reason)))) => end_without_call(state, &run, types::RunStatus::Error, reason).await,
         Ok(Some(Ok(loaded))) => {
             let result = converse_and_judge(engine, &run, &loaded, &token).await;
+            if result.ended_reason == types::EndedReason::Cancelled
+                && engine.stopping.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                // Stopped by the shutdown, not by a cancel: `queue::release`
+                // puts it back in the queue (or ends it, if its batch run
+                // was cancelled too), whichever write comes first.
+                return;
+            }
             let credits = result.credits as i64;
             let status = match (result.ended_reason, result.status) {
                 (types::EndedReason::Cancelled, _) => types::RunStatus::Cancelled,
