@@ -72,8 +72,19 @@ pub fn bind(data_dir: &Path) -> anyhow::Result<(UnixListener, PathBuf)> {
     Ok((listener, path))
 }
 
-/// Answers admin requests until the task is aborted.
+/// Answers admin requests until the task is aborted, from processes of the
+/// user the server runs as (or root) only: the socket's mode 0600 is set
+/// just after it is bound, and a connection made in between would wait in
+/// its backlog.
 pub async fn serve(listener: UnixListener, state: Arc<AppState>) {
+    use std::os::unix::fs::MetadataExt as _;
+    // The socket is this process's file: its owner is the user it runs as.
+    let owner = listener
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(std::path::Path::to_path_buf))
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map(|m| m.uid());
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -84,6 +95,12 @@ pub async fn serve(listener: UnixListener, state: Arc<AppState>) {
                 continue;
             }
         };
+        let peer = stream.peer_cred().ok().map(|c| c.uid());
+        if owner.is_none() || !(peer == owner || peer == Some(0)) {
+            slog::warn!(state.log, "admin socket: a connection from another user was refused";
+                        "uid" => peer.map_or_else(|| "unknown".to_string(), |u| u.to_string()));
+            continue;
+        }
         let state = state.clone();
         tokio::spawn(async move {
             if let Err(e) = answer(stream, &state).await {

@@ -190,6 +190,13 @@ impl Store {
         configure(&writer)?;
         let synchronous: i64 = writer.pragma_query_value(None, "synchronous", |r| r.get(0))?;
         assert_eq!(synchronous, 2, "the writer must sync at every commit (synchronous = FULL)");
+        // Nor does it write frames before its commit: a transaction that
+        // spilled them and then rolled back would leave them gathered, and
+        // another process (`sparring admin grant-credits`) may commit its
+        // own frames at those offsets before the writer next touches the
+        // WAL, which would then write the stale ones over them. A large
+        // transaction holds its pages in memory instead.
+        writer.pragma_update(None, "cache_spill", false)?;
         writer.pragma_update(None, "journal_mode", "WAL")?;
         // The checkpointer thread checkpoints instead (see the module doc).
         writer.pragma_update(None, "wal_autocheckpoint", 0)?;
@@ -462,7 +469,14 @@ fn write_groups(
         // checkpoint can copy every frame and start the WAL over (see
         // `checkpoints`). Writes queue meanwhile and form the next group.
         if restart.swap(false, Ordering::Relaxed) {
+            // It waits for the readers of the WAL to finish, every write
+            // waiting behind it: ours read for well under a millisecond, but
+            // another process's (`sparring admin backup`, a `sqlite3` shell)
+            // may read for seconds. Not long, then: if a reader is still
+            // there, the WAL starts over after a later group instead.
+            let _ = conn.busy_timeout(RESTART_WAIT);
             let _ = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()));
+            let _ = conn.busy_timeout(BUSY_TIMEOUT);
         }
         drop(conn);
         // Full means the checkpointer already has news.
@@ -534,12 +548,24 @@ fn checkpoints(path: &Path, written: &mpsc::Receiver<()>, restart: &AtomicBool, 
             }
         }
         drop(alone);
-        restart.store(true, Ordering::Relaxed);
+        // Many frames that catching up could not copy (it leaves ~150
+        // under sustained writes) are behind a reader's snapshot (another
+        // process's long read): a `RESTART` would only wait for it. Asked
+        // again after later writes.
+        if left < RESTART_FRAMES / 4 {
+            restart.store(true, Ordering::Relaxed);
+        }
     }
 }
 
 /// At most this many frames left for the writer's `RESTART` to copy.
 const RESTART_LEFT: i64 = 128;
+
+/// How long the writer's `RESTART` waits for the WAL's readers.
+const RESTART_WAIT: Duration = Duration::from_millis(50);
+
+/// How long a connection waits for a lock another holds.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Passive checkpoints run after the one that found the WAL long, to bring
 /// what is left under [`RESTART_LEFT`].
@@ -716,11 +742,32 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
                 }
                 continue;
             }
-            None => tx.commit().map_err(|e| e.to_string()),
+            None => tx.commit().map_err(|e| {
+                stop_if_sync_failed(&e);
+                e.to_string()
+            }),
         };
         watches.ended();
         for job in kept.into_iter().chain(failed) {
             job.answer(commit.as_ref().map(|_| ()).map_err(String::as_str));
+        }
+    }
+}
+
+/// Ends the process when a commit's sync of the WAL failed, as a failed
+/// sync of the database file does (see `passive`): the kernel may have
+/// dropped the frames it could not write back and reports that once, so
+/// the frames of this commit may be on disk, whole and marked committed,
+/// though every write of it is answered as failed; a later commit would
+/// sync without error over the same file. Stopped now, the next start
+/// recovers from the WAL as it is on disk, and no write was answered as
+/// done that is not.
+fn stop_if_sync_failed(e: &rusqlite::Error) {
+    use rusqlite::ffi;
+    if let rusqlite::Error::SqliteFailure(failure, _) = e {
+        if matches!(failure.extended_code, ffi::SQLITE_IOERR_FSYNC | ffi::SQLITE_IOERR_DIR_FSYNC) {
+            eprintln!("sparring: syncing the WAL at a commit failed ({e}); stopping so that the next start recovers from what is on disk");
+            std::process::abort();
         }
     }
 }
@@ -940,7 +987,7 @@ fn configure(conn: &Connection) -> StoreResult<()> {
     // (a fifth of the CPU of `GET /v1/api-keys`). Write a filter that should
     // use an index into the SQL rather than as `(? IS NULL OR …)`.
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
-    conn.busy_timeout(Duration::from_secs(10))?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
     // Temporary files in memory: above all the sub-journal of each write's
     // savepoint, which would otherwise spill to a file once a group has
     // changed more than 64 KiB.
@@ -1125,6 +1172,82 @@ mod tests {
         // The WAL went past the threshold, then began again from its start,
         // while nothing but writes happened.
         assert!(most > RESTART_FRAMES);
+    }
+
+    /// A write larger than the page cache that fails writes nothing to the
+    /// WAL: the writer never spills frames before its commit, so none can
+    /// be left gathered by the rollback (see `wal_writes`).
+    #[tokio::test]
+    async fn a_large_write_that_fails_leaves_the_wal_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let store = Store::open(&path).unwrap();
+        store.write_blocking::<_, StoreError, _>(|tx| Ok(tx.execute_batch("CREATE TABLE filler (b BLOB)")?)).unwrap();
+        let wal = dir.path().join("db.sqlite-wal");
+        let before = std::fs::metadata(&wal).unwrap().len();
+        // ~16 MB of pages, eight times the default cache, then a failure.
+        let failed = store
+            .write::<(), StoreError, _>(|tx| {
+                let n = tx.execute(
+                    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 4000)
+                     INSERT INTO filler SELECT randomblob(4000) FROM n",
+                    [],
+                )?;
+                assert_eq!(n, 4000);
+                Err(rusqlite::Error::QueryReturnedNoRows.into())
+            })
+            .await;
+        assert!(failed.is_err());
+        assert_eq!(std::fs::metadata(&wal).unwrap().len(), before, "frames of a failed write reached the WAL");
+        let rows: i64 = store
+            .read::<_, StoreError, _>(|c| Ok(c.query_row("SELECT count(*) FROM filler", [], |r| r.get(0))?))
+            .await
+            .unwrap();
+        assert_eq!(rows, 0);
+    }
+
+    /// Another process's long read (a backup, a `sqlite3` shell) holds its
+    /// snapshot of the WAL: the WAL cannot start over meanwhile, and writes
+    /// go on rather than wait for the reader (each `RESTART` waited the
+    /// whole busy timeout, 10 s, and was asked again after the next group).
+    /// Once the reader is gone, the WAL starts over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_read_elsewhere_does_not_hold_up_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let store = Store::open(&path).unwrap();
+        store.write_blocking::<_, StoreError, _>(|tx| Ok(tx.execute_batch("CREATE TABLE filler (b BLOB)")?)).unwrap();
+        let write = || async {
+            let at = std::time::Instant::now();
+            store
+                .write::<_, StoreError, _>(|tx| {
+                    Ok(tx.execute("INSERT INTO filler VALUES (randomblob(65536))", []).map(drop)?)
+                })
+                .await
+                .unwrap();
+            at.elapsed()
+        };
+        write().await;
+        let reader = Connection::open(&path).unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader.query_row("SELECT count(*) FROM filler", [], |r| r.get(0)).unwrap();
+        // 16 pages a write: past RESTART_FRAMES twice over.
+        let mut slowest = Duration::ZERO;
+        for _ in 0..(2 * RESTART_FRAMES / 16) {
+            slowest = slowest.max(write().await);
+        }
+        assert!(slowest < BUSY_TIMEOUT / 2, "a write waited {slowest:?} for the reader");
+        reader.execute_batch("COMMIT").unwrap();
+        drop(reader);
+        let observer = Connection::open(&path).unwrap();
+        let wal_frames = || -> i64 { observer.query_row("PRAGMA wal_checkpoint(NOOP)", [], |r| r.get(1)).unwrap() };
+        let most = wal_frames();
+        assert!(most > RESTART_FRAMES, "the reader kept the WAL from starting over: {most} frames");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while wal_frames() >= most {
+            assert!(std::time::Instant::now() < deadline, "the WAL never started over once the reader left");
+            write().await;
+        }
     }
 
     /// A read is one snapshot: a write committed while it runs is not

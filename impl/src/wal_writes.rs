@@ -23,6 +23,9 @@
 //! `synchronous = FULL` and no padding written after the sync. So:
 //! - [`Store`](crate::store::Store) opens only its writer with this VFS and
 //!   checks that the writer's `synchronous` is `FULL`;
+//! - the writer does not spill (`cache_spill = OFF`): frames written before
+//!   a commit and left gathered by a rollback would be written later, over
+//!   whatever another process committed at those offsets meanwhile;
 //! - a WAL file whose device does not promise `POWERSAFE_OVERWRITE` (when
 //!   SQLite would pad a commit to a sector past its sync) gets no gathering:
 //!   its writes go straight through.
@@ -41,8 +44,8 @@ use rusqlite::ffi;
 pub const NAME: &CStr = c"sparring-wal-writes";
 
 /// Gathered writes are written once they reach this many bytes (a group of
-/// 64 creates writes ~1 MB; larger transactions, as migrations, spill
-/// frames before their commit).
+/// 64 creates writes ~1 MB; a larger commit, as a migration's, is written
+/// in several).
 const GATHER_LIMIT: usize = 1 << 20;
 
 /// The most the `unix` VFS writes in one call (it masks a write's length
