@@ -64,8 +64,11 @@ pub struct Engine {
     /// This process's lease owner id.
     owner: String,
     wake: Notify,
-    /// Runs in flight here: run id → its stop signal.
-    running: Mutex<HashMap<String, CancellationToken>>,
+    /// Runs in flight here: run id → the call id of its claim and its stop
+    /// signal. A run claimed again here while the task of an earlier claim
+    /// lives (its lease ran out) has one entry, the later claim's: the
+    /// earlier task is stopped, and its end removes nothing of the later's.
+    running: Mutex<HashMap<String, (String, CancellationToken)>>,
     http: Outbound,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Set by [`Engine::shutdown`] before it stops the runs in flight: a
@@ -111,7 +114,7 @@ impl Engine {
     pub fn cancel_runs(&self, run_ids: &[String]) {
         let running = self.running.lock().expect("not poisoned");
         for id in run_ids {
-            if let Some(token) = running.get(id) {
+            if let Some((_, token)) = running.get(id) {
                 token.cancel();
             }
         }
@@ -141,7 +144,7 @@ impl Engine {
             task.abort();
         }
         engine.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
-        for token in engine.running.lock().expect("not poisoned").values() {
+        for (_, token) in engine.running.lock().expect("not poisoned").values() {
             token.cancel();
         }
         let owner = engine.owner.clone();
@@ -174,12 +177,24 @@ async fn dispatch(state: Arc<AppState>) {
         let full = !claimed.is_empty() && claimed.len() == free;
         for run in claimed {
             let token = CancellationToken::new();
-            engine.running.lock().expect("not poisoned").insert(run.run_id.clone(), token.clone());
+            let earlier = engine
+                .running
+                .lock()
+                .expect("not poisoned")
+                .insert(run.run_id.clone(), (run.call_id.clone(), token.clone()));
+            if let Some((_, earlier)) = earlier {
+                // Its lease ran out and its end will not be recorded.
+                earlier.cancel();
+            }
             let state = state.clone();
             tokio::spawn(async move {
-                let run_id = run.run_id.clone();
+                let (run_id, call_id) = (run.run_id.clone(), run.call_id.clone());
                 hold(&state, run, token).await;
-                state.engine.running.lock().expect("not poisoned").remove(&run_id);
+                let mut running = state.engine.running.lock().expect("not poisoned");
+                if running.get(&run_id).is_some_and(|(held, _)| *held == call_id) {
+                    running.remove(&run_id);
+                }
+                drop(running);
                 state.engine.wake();
             });
         }
