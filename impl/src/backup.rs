@@ -96,16 +96,7 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
         // Made empty and readable by its owner only before SQLite writes
         // into it (`VACUUM INTO` takes an empty file), so the copy is 0600
         // like the database it copies, wherever it is moved later.
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt as _;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&partial)
-                .with_context(|| format!("creating {}", partial.display()))?;
-        }
+        write_private(&partial, &[])?;
         let conn = rusqlite::Connection::open_with_flags(&source, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .with_context(|| format!("opening {}", source.display()))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))?;

@@ -100,14 +100,12 @@ impl PageRequest {
         Page { items: rows, next_cursor }
     }
 
-    pub fn finish<T>(&self, mut rows: Vec<T>, id_of: impl Fn(&T) -> String) -> Page<T> {
-        let next_cursor = if rows.len() > self.limit {
-            rows.truncate(self.limit);
-            rows.last().map(|last| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id_of(last)))
+    pub fn finish<T>(&self, rows: Vec<T>, id_of: impl Fn(&T) -> String) -> Page<T> {
+        if rows.len() > self.limit {
+            self.finish_early(rows, id_of)
         } else {
-            None
-        };
-        Page { items: rows, next_cursor }
+            Page { items: rows, next_cursor: None }
+        }
     }
 }
 

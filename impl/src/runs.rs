@@ -1130,11 +1130,11 @@ pub async fn get_test_result_by_call(
     readable_result(state, &caller.user_id, ResultBy::Call, &path.call_id).await
 }
 
-/// A page of a test's results (see [`PageSql`]).
 /// Past this many bytes of results, a page of a test's results ends (with
 /// its cursor) before its `limit`.
 const RESULTS_PAGE_BYTES: usize = 8 << 20;
 
+/// A page of a test's results (see [`PageSql`]).
 pub(crate) static TEST_RESULTS_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(

@@ -1146,24 +1146,14 @@ mod tests {
     #[tokio::test]
     async fn the_wal_starts_over_under_sustained_writes() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db.sqlite");
-        let store = Store::open(&path).unwrap();
-        store.write_blocking::<_, StoreError, _>(|tx| Ok(tx.execute_batch("CREATE TABLE filler (b BLOB)")?)).unwrap();
+        let (store, path) = filler_store(dir.path());
         let observer = Connection::open(&path).unwrap();
-        let wal_frames = || -> i64 { observer.query_row("PRAGMA wal_checkpoint(NOOP)", [], |r| r.get(1)).unwrap() };
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let mut most = 0;
         loop {
             assert!(std::time::Instant::now() < deadline, "the WAL never started over (it reached {most} frames)");
-            // 64 KiB: 16 pages, so the WAL passes RESTART_FRAMES in a few
-            // hundred writes.
-            store
-                .write::<_, StoreError, _>(|tx| {
-                    Ok(tx.execute("INSERT INTO filler VALUES (randomblob(65536))", []).map(drop)?)
-                })
-                .await
-                .unwrap();
-            let frames = wal_frames();
+            write_filler(&store).await;
+            let frames = wal_frames(&observer);
             if most > RESTART_FRAMES && frames < most / 2 {
                 break;
             }
@@ -1180,9 +1170,7 @@ mod tests {
     #[tokio::test]
     async fn a_large_write_that_fails_leaves_the_wal_untouched() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db.sqlite");
-        let store = Store::open(&path).unwrap();
-        store.write_blocking::<_, StoreError, _>(|tx| Ok(tx.execute_batch("CREATE TABLE filler (b BLOB)")?)).unwrap();
+        let (store, _) = filler_store(dir.path());
         let wal = dir.path().join("db.sqlite-wal");
         let before = std::fs::metadata(&wal).unwrap().len();
         // ~16 MB of pages, eight times the default cache, then a failure.
@@ -1214,40 +1202,53 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_long_read_elsewhere_does_not_hold_up_writes() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db.sqlite");
-        let store = Store::open(&path).unwrap();
-        store.write_blocking::<_, StoreError, _>(|tx| Ok(tx.execute_batch("CREATE TABLE filler (b BLOB)")?)).unwrap();
-        let write = || async {
-            let at = std::time::Instant::now();
-            store
-                .write::<_, StoreError, _>(|tx| {
-                    Ok(tx.execute("INSERT INTO filler VALUES (randomblob(65536))", []).map(drop)?)
-                })
-                .await
-                .unwrap();
-            at.elapsed()
-        };
-        write().await;
+        let (store, path) = filler_store(dir.path());
+        write_filler(&store).await;
         let reader = Connection::open(&path).unwrap();
         reader.execute_batch("BEGIN").unwrap();
         let _: i64 = reader.query_row("SELECT count(*) FROM filler", [], |r| r.get(0)).unwrap();
         // 16 pages a write: past RESTART_FRAMES twice over.
         let mut slowest = Duration::ZERO;
         for _ in 0..(2 * RESTART_FRAMES / 16) {
-            slowest = slowest.max(write().await);
+            slowest = slowest.max(write_filler(&store).await);
         }
         assert!(slowest < BUSY_TIMEOUT / 2, "a write waited {slowest:?} for the reader");
         reader.execute_batch("COMMIT").unwrap();
         drop(reader);
         let observer = Connection::open(&path).unwrap();
-        let wal_frames = || -> i64 { observer.query_row("PRAGMA wal_checkpoint(NOOP)", [], |r| r.get(1)).unwrap() };
-        let most = wal_frames();
+        let most = wal_frames(&observer);
         assert!(most > RESTART_FRAMES, "the reader kept the WAL from starting over: {most} frames");
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while wal_frames() >= most {
+        while wal_frames(&observer) >= most {
             assert!(std::time::Instant::now() < deadline, "the WAL never started over once the reader left");
-            write().await;
+            write_filler(&store).await;
         }
+    }
+
+    /// A store on a new file in `dir` with a table `filler`, and the file.
+    fn filler_store(dir: &Path) -> (Store, std::path::PathBuf) {
+        let path = dir.join("db.sqlite");
+        let store = Store::open(&path).unwrap();
+        store.write_blocking::<_, StoreError, _>(|tx| Ok(tx.execute_batch("CREATE TABLE filler (b BLOB)")?)).unwrap();
+        (store, path)
+    }
+
+    /// Writes 64 KiB to `filler`: 16 pages, so the WAL passes
+    /// [`RESTART_FRAMES`] in a few hundred writes. Returns how long it took.
+    async fn write_filler(store: &Store) -> Duration {
+        let at = std::time::Instant::now();
+        store
+            .write::<_, StoreError, _>(|tx| {
+                Ok(tx.execute("INSERT INTO filler VALUES (randomblob(65536))", []).map(drop)?)
+            })
+            .await
+            .unwrap();
+        at.elapsed()
+    }
+
+    /// The frames in the WAL, as `observer` (another connection) sees it.
+    fn wal_frames(observer: &Connection) -> i64 {
+        observer.query_row("PRAGMA wal_checkpoint(NOOP)", [], |r| r.get(1)).unwrap()
     }
 
     /// A read is one snapshot: a write committed while it runs is not
