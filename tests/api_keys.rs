@@ -173,6 +173,30 @@ async fn rotate_and_revoke() {
     assert!(k.revoked && k.revoked_at.is_some());
 }
 
+/// A credential header sent twice is refused whatever its values, valid
+/// ones included: the request is not decided by which copy a hop keeps.
+#[tokio::test]
+async fn an_api_key_header_sent_twice_is_refused() {
+    let s = TestServer::start().await;
+    let unknown = format!("spk_{}", "A".repeat(43));
+    let valid = s.admin_key.as_str();
+    assert_eq!(s.get("/v1/api-keys", valid).await.status().as_u16(), 200);
+    for (first, second) in [(valid, valid), (valid, unknown.as_str()), (unknown.as_str(), valid)] {
+        let resp = s
+            .http
+            .get(s.url("/v1/api-keys"))
+            .header("x-api-key", first)
+            .header("x-api-key", second)
+            .send()
+            .await
+            .unwrap();
+        let (status, body) = error_body(resp).await;
+        assert_eq!(status, 401, "{body}");
+        assert_eq!(body["error_code"], "unauthenticated", "{body}");
+        assert!(body["message"].as_str().unwrap().contains("one `x-api-key` header"), "{body}");
+    }
+}
+
 #[tokio::test]
 async fn users_cannot_touch_each_others_keys() {
     let s = TestServer::start().await;

@@ -264,8 +264,16 @@ async fn id_tokens_verified_with_an_offline_key_set() {
         jwks_file: Some(jwks_path),
     }])
     .await;
-    assert_eq!(status_with_token(&s, &sign(valid(url, "dave"))).await, 200);
+    let token = sign(valid(url, "dave"));
+    assert_eq!(status_with_token(&s, &token).await, 200);
     assert_eq!(status_with_token(&s, &sign(Token { key_pem: OTHER_KEY, kid: "k2", ..valid(url, "dave") })).await, 401);
+
+    // The same valid token twice: refused, as any credential header sent twice.
+    let bearer = format!("Bearer {token}");
+    let resp = s.http.get(s.url("/v1/api-keys")).header("authorization", &bearer).header("authorization", &bearer);
+    let (status, body) = error_body(resp.send().await.unwrap()).await;
+    assert_eq!((status, body["error_code"].as_str()), (401, Some("unauthenticated")), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("one `authorization` header"), "{body}");
 }
 
 /// One issuer configured twice, for two clients (say a web app and a CLI):

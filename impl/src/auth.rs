@@ -2,12 +2,12 @@
 //!
 //! Runs before anything else about a request is looked at (the generated
 //! `Input` extractor calls it first). If `x-api-key` is present it alone
-//! decides. An API key costs a hash and, once it has been seen valid, a map
-//! lookup (see `key_cache`; the first use is one indexed read), and no
-//! write: its `last_used_at` is noted in memory and written by a background
-//! task every few seconds, coalesced per key. A revoked or rotated-away key
-//! fails on the very next request: revoking and rotating forget it from the
-//! cache before they answer.
+//! decides; either header sent twice is refused. An API key costs a hash
+//! and, once it has been seen valid, a map lookup (see `key_cache`; the
+//! first use is one indexed read), and no write: its `last_used_at` is noted
+//! in memory and written by a background task every few seconds, coalesced
+//! per key. A revoked or rotated-away key fails on the very next request:
+//! revoking and rotating forget it from the cache before they answer.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -65,11 +65,11 @@ impl Authenticator for AppState {
     ) -> Pin<Box<dyn Future<Output = Result<Caller, HttpError>> + Send + 'a>> {
         Box::pin(async move {
             let headers = request.headers();
-            if let Some(key) = headers.get("x-api-key") {
+            if let Some(key) = only_one(headers, "x-api-key")? {
                 let key = key.to_str().map_err(|_| unauthorized("invalid API key"))?.trim();
                 return self.authenticate_key(key).await;
             }
-            if let Some(auth) = headers.get(http::header::AUTHORIZATION) {
+            if let Some(auth) = only_one(headers, "authorization")? {
                 let auth = auth.to_str().map_err(|_| unauthorized("invalid Authorization header"))?;
                 let token = match auth.split_once(' ') {
                     Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
@@ -80,6 +80,19 @@ impl Authenticator for AppState {
             Err(unauthorized(MISSING))
         })
     }
+}
+
+/// The value of credential header `name`, if it was sent once. Sent more
+/// than once it is refused rather than one of its values picked: which one
+/// a proxy or a client library keeps differs, and a request must not be
+/// allowed or refused by which it was.
+fn only_one<'h>(headers: &'h http::HeaderMap, name: &str) -> Result<Option<&'h http::HeaderValue>, HttpError> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(unauthorized(format!("send one `{name}` header, not several")));
+    }
+    Ok(first)
 }
 
 impl AppState {
