@@ -3,7 +3,9 @@
 //!
 //! That thread writes in batches. While records keep coming it writes what
 //! has come, sleeps [`LOG_PAUSE`], and writes again; only a quiet server's
-//! log thread waits on the channel to be woken by the next record.
+//! log thread waits on the channel to be woken by the next record. The JSON
+//! log gathers a batch's records and writes them in few system calls
+//! ([`Lines`]).
 //! slog-async's thread, which this replaces, waited for each next record in
 //! the channel's backoff (spinning, then `sched_yield`) before sleeping, so
 //! under load it stayed runnable, one more thread beside the runtime's
@@ -11,6 +13,7 @@
 //! connections had a p99 of 3.1–5.0 ms with it, 2.5–2.7 ms with no request
 //! logged at all, and 2.3–3.1 ms logged in batches (BENCHMARKS.md).
 
+use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -47,16 +50,127 @@ pub fn logger<D>(drain: D) -> slog::Logger
 where
     D: Drain<Err = Never, Ok = ()> + Send + 'static,
 {
-    slog::Logger::root(Batched::spawn(drain, || std::thread::sleep(LOG_PAUSE)), slog::o!())
+    slog::Logger::root(Batched::spawn(drain, pause, || ()), slog::o!())
+}
+
+fn pause() {
+    std::thread::sleep(LOG_PAUSE)
 }
 
 /// The logger of `sparring serve --log-format json`: bunyan JSON on stderr,
-/// one `write` per record (slog-json writes a record in many small pieces,
-/// each a system call on unbuffered stderr). Also the benchmark's
-/// baseline's.
+/// a batch's records gathered into few `write`s ([`Lines`]). Also the
+/// benchmark's baseline's.
 pub fn json_to_stderr() -> slog::Logger {
-    let stderr = std::io::BufWriter::new(std::io::stderr());
-    logger(slog_bunyan::with_name("sparring", stderr).set_flush(true).build().fuse())
+    json_to(std::io::stderr(), pause)
+}
+
+/// Bunyan JSON to `out` through [`Lines`], the thread pausing with `pause`.
+fn json_to<W, P>(out: W, pause: P) -> slog::Logger
+where
+    W: Write + Send + 'static,
+    P: FnMut() + Send + 'static,
+{
+    let lines = Lines::new(out);
+    let batch_end = lines.clone();
+    // slog-json writes a record in many small pieces and, with `set_flush`,
+    // flushes after its last: `Lines` takes that flush for the record's end.
+    // The pieces gather in a `BufWriter` first, so `Lines` is locked twice a
+    // record rather than once a piece (~30).
+    let pieces = std::io::BufWriter::with_capacity(WRITE_AT_MOST, lines);
+    let drain = slog_bunyan::with_name("sparring", pieces).set_flush(true).build().fuse();
+    slog::Logger::root(Batched::spawn(drain, pause, move || batch_end.write_out()), slog::o!())
+}
+
+/// At most this many bytes of records go out in one `write`, unless one
+/// record alone is longer: `PIPE_BUF`, below which a write to a pipe is
+/// never split, so a record never has another writer's bytes (a panic's
+/// message) in its middle.
+const WRITE_AT_MOST: usize = 4096;
+
+/// A writer that keeps whole records until the log's thread ends a batch
+/// (or they pass [`WRITE_AT_MOST`]), then writes them in one call.
+///
+/// With one `write` per record, the log's thread took 2.1 µs a request under
+/// `cargo xtask bench api`'s mix, writing to a file; with ~10 records a
+/// `write`, 1.8 (the baseline's 1.55 and 1.28; BENCHMARKS.md). Records are
+/// written within the batch that logged them, so no later than they were
+/// before, and nothing is written but whole records.
+/// Shared between the drain that writes into it and the log's thread, which
+/// ends each batch: both on that one thread, so its lock is never waited for.
+struct Lines<W: Write>(Arc<Mutex<Gathered<W>>>);
+
+struct Gathered<W> {
+    out: W,
+    pending: Vec<u8>,
+    /// `pending[..complete]` are whole records.
+    complete: usize,
+}
+
+impl<W: Write> Clone for Lines<W> {
+    fn clone(&self) -> Self {
+        Lines(self.0.clone())
+    }
+}
+
+impl<W: Write> Lines<W> {
+    fn new(out: W) -> Self {
+        Lines(Arc::new(Mutex::new(Gathered { out, pending: Vec::with_capacity(2 * WRITE_AT_MOST), complete: 0 })))
+    }
+
+    fn gathered(&self) -> std::sync::MutexGuard<'_, Gathered<W>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes every whole record kept (the end of a batch).
+    fn write_out(&self) {
+        let mut g = self.gathered();
+        let complete = g.complete;
+        // A log that cannot be written is not a reason to stop serving (as
+        // slog's `fuse` would): what could not be written is dropped.
+        let _ = g.write_first(complete);
+        let _ = g.out.flush();
+    }
+}
+
+impl<W: Write> Gathered<W> {
+    /// Writes `pending[..n]` and forgets it.
+    fn write_first(&mut self, n: usize) -> std::io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let written = self.out.write_all(&self.pending[..n]);
+        self.pending.drain(..n);
+        self.complete -= n;
+        written
+    }
+
+    /// A record ended at the end of `pending`.
+    fn record_ended(&mut self) -> std::io::Result<()> {
+        if self.pending.len() > WRITE_AT_MOST {
+            // With the new record the kept ones would pass the limit: they
+            // go first, then the new one alone if it is that long itself.
+            let before = self.complete;
+            self.write_first(before)?;
+            if self.pending.len() >= WRITE_AT_MOST {
+                self.complete = self.pending.len();
+                return self.write_first(self.complete);
+            }
+        }
+        self.complete = self.pending.len();
+        Ok(())
+    }
+}
+
+impl<W: Write> Write for Lines<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.gathered().pending.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    /// The end of a record (see [`json_to`]), not a request to write it now.
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.gathered().record_ended()
+    }
 }
 
 /// The drain the logger's callers log to: each record, made owned, goes on
@@ -71,18 +185,20 @@ struct Batched {
 
 impl Batched {
     /// `pause` is what the thread does between two batches (sleeps
-    /// [`LOG_PAUSE`]).
-    fn spawn<D, P>(drain: D, mut pause: P) -> Self
+    /// [`LOG_PAUSE`]); `batch_end` what it does after writing each batch to
+    /// `drain` (writes out what [`Lines`] kept).
+    fn spawn<D, P, E>(drain: D, mut pause: P, mut batch_end: E) -> Self
     where
         D: Drain<Err = Never, Ok = ()> + Send + 'static,
         P: FnMut() + Send + 'static,
+        E: FnMut() + Send + 'static,
     {
         let (records, received) = crossbeam_channel::bounded(LOG_BACKLOG);
         let dropped = Arc::new(AtomicUsize::new(0));
         let counted = dropped.clone();
         let thread = std::thread::Builder::new()
             .name("sparring-log".into())
-            .spawn(move || write_batches(&drain, &received, &counted, &mut pause))
+            .spawn(move || write_batches(&drain, &received, &counted, &mut pause, &mut batch_end))
             .expect("the log's thread starts");
         Batched { records: Some(records), dropped, thread: Mutex::new(Some(thread)) }
     }
@@ -121,6 +237,7 @@ fn write_batches<D: Drain<Err = Never, Ok = ()>>(
     records: &Receiver<AsyncRecord>,
     dropped: &AtomicUsize,
     pause: &mut impl FnMut(),
+    batch_end: &mut impl FnMut(),
 ) {
     while let Ok(first) = records.recv() {
         let _ = first.log_to(drain);
@@ -129,6 +246,7 @@ fn write_batches<D: Drain<Err = Never, Ok = ()>>(
                 let _ = record.log_to(drain);
             }
             report_dropped(drain, dropped);
+            batch_end();
             pause();
             if records.is_empty() {
                 break;
@@ -136,6 +254,7 @@ fn write_batches<D: Drain<Err = Never, Ok = ()>>(
         }
     }
     report_dropped(drain, dropped);
+    batch_end();
 }
 
 /// Logs how many records were dropped since the last report, if any.
@@ -236,6 +355,80 @@ mod tests {
         assert_eq!(written.len(), requests + reported_drops(&written).len());
     }
 
+    /// Keeps each `write` it is given, as one string.
+    #[derive(Clone, Default)]
+    struct Writes(Arc<Mutex<Vec<String>>>);
+
+    impl std::io::Write for Writes {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().push(String::from_utf8(buf.to_vec()).unwrap());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The JSON log writes a batch's records together, in writes of whole
+    /// records of at most `WRITE_AT_MOST` bytes (unless one record is
+    /// longer), in order, and writes each batch before its pause.
+    #[test]
+    fn a_batch_of_json_records_goes_out_in_few_writes_of_whole_records() {
+        let writes = Writes::default();
+        let (paused, pauses) = mpsc::channel::<()>();
+        let (resume, resumed) = mpsc::channel::<()>();
+        let pause = move || {
+            let _ = paused.send(());
+            let _ = resumed.recv_timeout(Duration::from_secs(30));
+        };
+        let log = super::json_to(writes.clone(), pause);
+        // Bound after `log`, so dropped before it if an assertion fails:
+        // the pause then ends and dropping `log` does not wait for it.
+        let resume = resume;
+        let wait_for_pause = || pauses.recv_timeout(Duration::from_secs(30)).expect("the thread pauses");
+        slog::info!(log, "first");
+        wait_for_pause();
+        // Written before the pause, alone.
+        assert_eq!(writes.0.lock().unwrap().len(), 1);
+        // These come while the thread pauses: one batch once it resumes.
+        let long = "x".repeat(2 * super::WRITE_AT_MOST);
+        for i in 0..40 {
+            slog::info!(log, "request completed"; "n" => i);
+        }
+        slog::info!(log, "long"; "text" => &long);
+        for i in 40..80 {
+            slog::info!(log, "request completed"; "n" => i);
+        }
+        resume.send(()).unwrap();
+        wait_for_pause();
+        let batch: Vec<String> = writes.0.lock().unwrap()[1..].to_vec();
+        let lines: Vec<serde_json::Value> =
+            batch.concat().lines().map(|l| serde_json::from_str(l).expect("a whole JSON record")).collect();
+        let ns: Vec<u64> = lines.iter().filter_map(|l| l["n"].as_u64()).collect();
+        assert_eq!(ns, (0..80).collect::<Vec<u64>>(), "every record, in order");
+        assert_eq!(lines.iter().filter(|l| l["text"] == long.as_str()).count(), 1);
+        for w in &batch {
+            assert!(w.ends_with('\n'), "a write ends a record: {w:?}");
+            assert!(
+                w.len() <= super::WRITE_AT_MOST || w.lines().count() == 1,
+                "{} bytes in {} records",
+                w.len(),
+                w.lines().count()
+            );
+        }
+        // 81 records of ~300 bytes and one of 8 KB: the long one alone, the
+        // others in writes of up to 4 KB each.
+        let bytes: usize = batch.iter().map(String::len).sum::<usize>() - long.len();
+        assert!(
+            batch.len() <= 2 + 2 * bytes / super::WRITE_AT_MOST + 1,
+            "{} writes for {} records",
+            batch.len(),
+            lines.len()
+        );
+        drop(resume);
+        drop(log);
+    }
+
     /// Sends each record's message.
     struct Sent(Sender<String>);
 
@@ -260,7 +453,7 @@ mod tests {
             let _ = resumed.recv_timeout(Duration::from_secs(30));
             let _ = pausing.send("resume".to_string());
         };
-        let log = slog::Logger::root(Batched::spawn(Sent(sent), pause), slog::o!());
+        let log = slog::Logger::root(Batched::spawn(Sent(sent), pause, || ()), slog::o!());
         let next = || events.recv_timeout(Duration::from_secs(30)).expect("an event");
         slog::info!(log, "first");
         assert_eq!(next(), "first");
