@@ -4,7 +4,7 @@ mod common;
 
 use common::{error_body, TestServer};
 use reqwest::Method;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[tokio::test]
 async fn roles_decide_what_members_may_do() {
@@ -245,6 +245,21 @@ async fn a_put_records_only_the_fields_it_changed() {
     assert_eq!(cleared["changes"], json!({"webhook_secret": null}));
     s.expect(Method::PUT, &p, &t.owner, Some(put), 200).await;
     assert_eq!(latest().await["id"], cleared["id"], "nothing recorded");
+
+    // `null` is not a way to clear the secret (it was read as left out,
+    // which keeps it): refused, and the secret stays as it was.
+    let mut put = body.clone();
+    s.expect(Method::PUT, &p, &t.owner, Some(put.clone()), 200).await;
+    put["webhook_secret"] = Value::Null;
+    let (status, error) = error_body(s.send_json(Method::PUT, &p, &t.owner, Some(put.clone())).await).await;
+    assert_eq!((status, error["error_code"].as_str()), (400, Some("invalid_webhook_secret")), "{error}");
+    let project = s.expect(Method::GET, &p, &t.owner, None, 200).await;
+    assert_eq!(project["webhook_secret_configured"], true, "{project}");
+    // The URL is nullable: `null` is no webhook, as leaving it out is.
+    put["webhook_secret"] = json!("");
+    put["webhook_url"] = Value::Null;
+    let project = s.expect(Method::PUT, &p, &t.owner, Some(put), 200).await;
+    assert_eq!((&project["webhook_url"], &project["webhook_secret_configured"]), (&Value::Null, &json!(false)));
 }
 
 /// A stored webhook secret signs only for the origin it was given with: a

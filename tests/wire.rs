@@ -216,6 +216,65 @@ async fn every_operation_requires_a_credential() {
     assert_eq!((status, body["error_code"].as_str().unwrap()), (401, "unauthenticated"), "{body}");
 }
 
+/// `null` for a top-level field of every request body: refused with 400
+/// `invalid_<field>` where the spec does not make the field nullable, and not
+/// refused for being null where it does. Each null is the body's first field,
+/// so that no other field's error comes before it.
+#[tokio::test]
+async fn null_is_refused_for_every_request_field_that_is_not_nullable() {
+    let s = TestServer::start().await;
+    let spec = spec();
+    let (mut refused, mut accepted) = (0, 0);
+    for op in operations(&spec) {
+        let Some(schema) = &op.body_schema else { continue };
+        let schema = resolve(&spec, schema);
+        let required: HashSet<&str> =
+            schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        let rest = body_for(&spec, &op);
+        let rest = rest.trim().strip_prefix('{').and_then(|r| r.strip_suffix('}')).unwrap().trim();
+        for (field, property) in schema["properties"].as_object().into_iter().flatten() {
+            if required.contains(field.as_str()) {
+                continue;
+            }
+            let rest: String = serde_json::from_str::<serde_json::Map<String, Value>>(&format!("{{{rest}}}"))
+                .unwrap()
+                .into_iter()
+                .filter(|(k, _)| k != field)
+                .map(|(k, v)| format!(", {}: {v}", json!(k)))
+                .collect();
+            let body = format!("{{{}: null{rest}}}", json!(field));
+            let resp = op
+                .request(&s)
+                .header("x-api-key", &s.admin_key)
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap();
+            let code =
+                serde_json::from_str::<Value>(&text).ok().and_then(|v| v["error_code"].as_str().map(str::to_string));
+            let refused_null = status == 400 && code.as_deref() == Some(&format!("invalid_{field}"));
+            let nullable = resolve(&spec, property)["nullable"] == true;
+            if nullable {
+                assert!(!refused_null, "{} {body}: a nullable field refused null: {text}", op.describe());
+                accepted += 1;
+            } else {
+                assert!(
+                    refused_null,
+                    "{} {body}: null accepted for a field that is not nullable: {status} {text}",
+                    op.describe()
+                );
+                assert!(text.contains("null"), "{} {body}: the message does not say why: {text}", op.describe());
+                refused += 1;
+            }
+        }
+    }
+    // Guards against a loop over nothing.
+    assert!(refused >= 60 && accepted >= 15, "{refused} fields refused null, {accepted} accepted it");
+}
+
 /// The body to send to an operation that takes one: the smallest valid one.
 fn body_for(spec: &Value, op: &Operation) -> String {
     match &op.body_schema {

@@ -263,6 +263,21 @@ impl<T> JsonBody<T> {
     }
 }
 
+/// Reads a request field the spec makes optional and not nullable (the
+/// generator marks each, see `xtask/src/not_null.rs`): absent is `None`
+/// (with `#[serde(default)]`), a value is read as `T`, and `null` is refused
+/// with the field named, rather than read as if the field were left out.
+pub fn not_null<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    match <Option<T> as serde::Deserialize>::deserialize(deserializer)? {
+        Some(value) => Ok(Some(value)),
+        None => Err(serde::de::Error::custom("must not be null; leave the field out instead")),
+    }
+}
+
 /// The top-level fields a request body had. A `PATCH` merges: an absent
 /// field is unchanged, `null` clears it, a value replaces it; the generated
 /// types cannot tell absent from `null` (both are `None`), this can.

@@ -33,7 +33,7 @@ pub use bridge::{no_route, shared_query, BridgedRoute, RouteLiterals, RoutePath}
 pub use error::{ApiError, ErrorCode};
 pub use generated::*;
 pub use input::{
-    unauthorized, ApiContext, Authenticator, BodyFields, Caller, Credential, Headers, Input, JsonBody, Nothing,
-    OptionalJsonBody, Query,
+    not_null, unauthorized, ApiContext, Authenticator, BodyFields, Caller, Credential, Headers, Input, JsonBody,
+    Nothing, OptionalJsonBody, Query,
 };
 pub use reply::{Json, Reply};

@@ -9,6 +9,7 @@
 //!   authentication (see `bench.rs`).
 
 mod bench;
+mod not_null;
 mod regen;
 mod routes;
 mod server_gen;

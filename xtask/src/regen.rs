@@ -86,7 +86,8 @@ pub fn generate(root: &Path, spec_bytes: &[u8]) -> Result<Vec<(String, String)>>
         settings.with_interface(InterfaceStyle::Positional).with_derive("schemars::JsonSchema");
         let mut generator = Generator::new(&settings);
         generator.generate_tokens(&spec).context("progenitor (server types)")?;
-        let types = generator.get_type_space().to_stream();
+        let spec_json: serde_json::Value = serde_json::from_slice(spec_bytes).context("parsing the spec")?;
+        let types = crate::not_null::mark(generator.get_type_space().to_stream(), &spec_json)?;
         let items = server_gen::generate(&spec)?;
         let base = server_gen::base_path(&spec)?;
         let params = items.params;
