@@ -83,16 +83,43 @@ pub fn api_error(e: sparring_client::Error<types::Error>) -> anyhow::Error {
             anyhow::anyhow!("{} {}: {} (request {})", status.as_u16(), body.error_code, body.message, body.request_id)
         }
         sparring_client::Error::CommunicationError(e) => anyhow::Error::new(e).context("could not reach the server"),
-        // JSON of another shape: something else answers at that address.
-        sparring_client::Error::InvalidResponsePayload(_, e) => {
-            anyhow::anyhow!("the answer is not a Sparring server's ({e}): is --url a Sparring server?")
+        // Not JSON, or JSON of another shape: something else answers at that
+        // address, or in front of the server (a proxy's error page). Its
+        // status is not kept by the client; the page's first words often
+        // say it, and what answered.
+        sparring_client::Error::InvalidResponsePayload(body, e) => {
+            anyhow::anyhow!(
+                "the answer is not a Sparring server's ({e}; it began `{}`): is --url a Sparring server, and is it up?",
+                beginning(&body)
+            )
         }
         other => anyhow::anyhow!("{other}"),
     }
 }
 
+/// The first words of an answer's body, on one line and printable.
+fn beginning(body: &[u8]) -> String {
+    const SHOWN: usize = 120;
+    let text = String::from_utf8_lossy(&body[..body.len().min(SHOWN)]);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut shown = printable(&words.join(" "));
+    if body.len() > SHOWN {
+        shown.push('…');
+    }
+    shown
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_answer_that_is_not_ours_is_shown_by_its_first_words() {
+        let page = b"<html>\n  <h1>503 Service Unavailable</h1>\n</html>";
+        assert_eq!(super::beginning(page), "<html> <h1>503 Service Unavailable</h1> </html>");
+        let long = "x".repeat(500);
+        assert_eq!(super::beginning(long.as_bytes()), format!("{}…", "x".repeat(120)));
+        assert_eq!(super::beginning(b"\x1b[2Jhi"), "\\u{1b}[2Jhi");
+    }
+
     #[test]
     fn what_an_agent_says_cannot_drive_the_terminal() {
         let said = "Sure\u{1b}]0;owned\u{7}\u{1b}[2J\r\nDone\u{9b}31m\tok";

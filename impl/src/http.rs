@@ -13,6 +13,7 @@ use crate::pagination::{InvalidCursor, PageRequest};
 use dropshot::ErrorStatusCode;
 
 use crate::failure::Failure;
+use crate::store::StoreError;
 use crate::AppState;
 
 pub enum ServerImpl {}
@@ -30,7 +31,7 @@ fn api_key_error<B>(e: ApiKeyError) -> ApiError<B> {
         ApiKeyError::LimitReached => ApiError::conflict("key_limit_reached", message),
         ApiKeyError::NotFound(_) => ApiError::not_found(message),
         ApiKeyError::Revoked(_) => ApiError::conflict("key_revoked", message),
-        ApiKeyError::Store(e) => ApiError::internal(e),
+        ApiKeyError::Store(e) => store_failure(e),
     }
 }
 
@@ -44,8 +45,24 @@ fn failure<B>(f: Failure) -> ApiError<B> {
             ApiError::new(ErrorStatusCode::PAYMENT_REQUIRED, "insufficient_credits", message)
         }
         Failure::Unsupported(message) => ApiError::new(ErrorStatusCode::NOT_IMPLEMENTED, "not_implemented", message),
-        Failure::Store(e) => ApiError::internal(e),
+        Failure::Store(e) => store_failure(e),
     }
+}
+
+/// A store's failure: 503 `storage_full` when the disk is full (nothing of
+/// the write was kept; writes work again once there is room, and reads go
+/// on meanwhile), else a 500 whose details go to the log only.
+fn store_failure<B>(e: StoreError) -> ApiError<B> {
+    if e.is_full() {
+        let mut error = ApiError::new(
+            ErrorStatusCode::SERVICE_UNAVAILABLE,
+            "storage_full",
+            "the server's disk is full: the change was not made; try again once its operator has freed space",
+        );
+        error.set_internal(e);
+        return error;
+    }
+    ApiError::internal(e)
 }
 
 fn cursor_error<B>(e: InvalidCursor) -> ApiError<B> {
@@ -648,5 +665,30 @@ impl SparringApi for ServerImpl {
         path: params::GetTransactionPath,
     ) -> Result<Json<types::Transaction>, ApiError<types::Error>> {
         crate::credits::get(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dropshot::ErrorStatusCode;
+
+    use super::{api_key_error, failure};
+    use crate::api_keys::ApiKeyError;
+    use crate::failure::Failure;
+    use crate::store::StoreError;
+
+    /// A full disk is the client's 503 `storage_full`, from a domain write
+    /// and from a key's; any other store failure stays a 500 whose details
+    /// go to the log only.
+    #[test]
+    fn a_full_disk_is_a_503_and_other_store_failures_500s() {
+        let full = || StoreError::Full("database or disk is full".into());
+        for e in [failure::<()>(Failure::Store(full())), api_key_error::<()>(ApiKeyError::Store(full()))] {
+            assert_eq!((e.status(), e.error_code()), (ErrorStatusCode::SERVICE_UNAVAILABLE, "storage_full"));
+            assert!(e.message().contains("disk is full"), "{}", e.message());
+        }
+        let other = failure::<()>(Failure::Store(StoreError::Task("the database writer has stopped".into())));
+        assert_eq!((other.status(), other.error_code()), (ErrorStatusCode::INTERNAL_SERVER_ERROR, "internal_error"));
+        assert_eq!(other.message(), "internal error");
     }
 }

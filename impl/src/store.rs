@@ -80,11 +80,58 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
     #[error("database task failed: {0}")]
     Task(String),
+    /// A write's transaction could not be committed: the disk (or the
+    /// filesystem's quota) is full. Nothing of it was kept.
+    #[error("the disk is full: {0}")]
+    Full(String),
     #[error("database {path} has schema version {found}, newer than this build knows ({known}); upgrade sparring")]
     TooNew { path: PathBuf, found: usize, known: usize },
 }
 
+impl StoreError {
+    /// Whether the write failed for want of disk space (then nothing of it
+    /// was kept, and writes work again once there is room).
+    pub fn is_full(&self) -> bool {
+        match self {
+            StoreError::Full(_) => true,
+            StoreError::Sqlite(e) => is_full(e),
+            _ => false,
+        }
+    }
+}
+
+fn is_full(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull)
+}
+
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Why a group's transaction failed, given to each of its writes.
+#[derive(Debug)]
+struct GroupError {
+    message: String,
+    full: bool,
+}
+
+impl GroupError {
+    fn of(e: &rusqlite::Error) -> GroupError {
+        GroupError { message: e.to_string(), full: is_full(e) }
+    }
+
+    fn other(message: impl Into<String>) -> GroupError {
+        GroupError { message: message.into(), full: false }
+    }
+}
+
+impl From<&GroupError> for StoreError {
+    fn from(e: &GroupError) -> StoreError {
+        if e.full {
+            StoreError::Full(e.message.clone())
+        } else {
+            StoreError::Task(e.message.clone())
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct Store {
@@ -112,7 +159,7 @@ struct Inner {
 type Job = Box<dyn Write>;
 
 /// The group's transaction, or why none could be begun.
-type GroupTx<'t, 'c> = Result<&'t rusqlite::Transaction<'c>, &'t str>;
+type GroupTx<'t, 'c> = Result<&'t rusqlite::Transaction<'c>, &'t GroupError>;
 
 /// A write as the writer thread sees it.
 trait Write: Send {
@@ -125,7 +172,7 @@ trait Write: Send {
     fn again(&self) -> bool;
     /// Answers the caller with what its last run gave, given how its
     /// transaction ended (a failed write's answer is its own error).
-    fn answer(self: Box<Self>, commit: Result<(), &str>);
+    fn answer(self: Box<Self>, commit: Result<(), &GroupError>);
 }
 
 /// A write and its caller's answer, until its transaction ends.
@@ -151,7 +198,7 @@ where
         self.result = None;
         let result = match tx {
             Ok(tx) => (self.f)(tx),
-            Err(e) => Err(E::from(StoreError::Task(e.to_string()))),
+            Err(e) => Err(E::from(StoreError::from(e))),
         };
         let ok = result.is_ok();
         self.result = Some(result);
@@ -162,9 +209,9 @@ where
         self.again
     }
 
-    fn answer(self: Box<Self>, commit: Result<(), &str>) {
+    fn answer(self: Box<Self>, commit: Result<(), &GroupError>) {
         let answer = match (self.result, commit) {
-            (Some(Ok(_)) | None, Err(e)) => Err(E::from(StoreError::Task(e.to_string()))),
+            (Some(Ok(_)) | None, Err(e)) => Err(E::from(StoreError::from(e))),
             (Some(result), _) => result,
             (None, Ok(())) => Err(E::from(StoreError::Task("the write did not run".into()))),
         };
@@ -653,7 +700,7 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
         let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
             Ok(tx) => tx,
             Err(e) => {
-                let e = e.to_string();
+                let e = GroupError::of(&e);
                 for mut job in pending {
                     job.run(Err(&e));
                     job.answer(Err(&e));
@@ -663,7 +710,7 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
         };
         // The writes run in this transaction and kept, in order.
         let mut kept: Vec<Job> = Vec::new();
-        let mut lost: Option<String> = None;
+        let mut lost: Option<GroupError> = None;
         // A write run without a savepoint failed having changed something:
         // the transaction is rolled back, and what was kept runs again.
         let mut undo = false;
@@ -678,7 +725,7 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
             let bare = kept.iter().all(|k| k.again());
             if !bare {
                 if let Err(e) = run("SAVEPOINT job") {
-                    let e = e.to_string();
+                    let e = GroupError::of(&e);
                     job.run(Err(&e));
                     job.answer(Err(&e));
                     lost = Some(e);
@@ -694,14 +741,14 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
                 if ran.is_ok() {
                     kept.push(job);
                 }
-                lost = Some("the transaction was rolled back by the database".into());
+                lost = Some(GroupError::other("the transaction was rolled back by the database"));
                 break;
             }
             if keep {
                 kept.push(job);
                 if !bare {
                     if let Err(e) = run("RELEASE job") {
-                        lost = Some(e.to_string());
+                        lost = Some(GroupError::of(&e));
                         break;
                     }
                 }
@@ -714,7 +761,7 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
             }
             if !bare {
                 if let Err(e) = run("ROLLBACK TO job").and_then(|()| run("RELEASE job")) {
-                    lost = Some(e.to_string());
+                    lost = Some(GroupError::of(&e));
                     break;
                 }
             } else if tx.total_changes() != before {
@@ -744,12 +791,12 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
             }
             None => tx.commit().map_err(|e| {
                 stop_if_sync_failed(&e);
-                e.to_string()
+                GroupError::of(&e)
             }),
         };
         watches.ended();
         for job in kept.into_iter().chain(failed) {
-            job.answer(commit.as_ref().map(|_| ()).map_err(String::as_str));
+            job.answer(commit.as_ref().map(|_| ()));
         }
     }
 }
@@ -1329,6 +1376,41 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(n, 1);
+    }
+
+    /// A write whose commit finds the disk full fails as `Full` (the API's
+    /// 503 `storage_full`), keeps nothing, and leaves the store working: the
+    /// next write, once there is room, commits, and reads went on.
+    #[tokio::test]
+    async fn a_write_on_a_full_disk_fails_as_full_and_the_next_one_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let store = Store::open(&path).unwrap();
+        let add = |id: &'static str| {
+            store.write::<(), StoreError, _>(move |tx| {
+                tx.execute("INSERT INTO users (id, name, created_at) VALUES (?1, 'a', 'now')", [id])?;
+                Ok(())
+            })
+        };
+        let count = || async {
+            store
+                .read::<i64, StoreError, _>(|tx| Ok(tx.query_row("SELECT count(*) FROM users", [], |r| r.get(0))?))
+                .await
+                .unwrap()
+        };
+        add("usr_before").await.unwrap();
+        crate::wal_writes::full_disk::set(&path, true);
+        let refused = add("usr_full").await;
+        crate::wal_writes::full_disk::set(&path, false);
+        let e = refused.expect_err("a commit on a full disk");
+        assert!(e.is_full(), "{e}");
+        assert!(matches!(e, StoreError::Full(_)), "{e:?}");
+        assert_eq!(count().await, 1, "nothing of the refused write was kept");
+        add("usr_after").await.unwrap();
+        assert_eq!(count().await, 2);
+        // And other failures are not taken for a full disk.
+        let duplicate = add("usr_after").await.expect_err("a duplicate id");
+        assert!(!duplicate.is_full(), "{duplicate}");
     }
 
     #[tokio::test]

@@ -89,6 +89,9 @@ static UNIX: OnceLock<Vfs> = OnceLock::new();
 struct WalFile {
     base: ffi::sqlite3_file,
     gathered: Gathered,
+    /// The file's path, for [`full_disk`].
+    #[cfg(test)]
+    path: String,
 }
 
 struct Gathered {
@@ -115,6 +118,11 @@ impl WalFile {
     unsafe fn write_through(this: *mut ffi::sqlite3_file, data: *const c_void, amount: c_int, offset: i64) -> c_int {
         #[cfg(test)]
         tests::REAL_WRITES.with(|n| n.set(n.get() + 1));
+        #[cfg(test)]
+        // SAFETY: per the contract.
+        if full_disk::is_full(unsafe { &(*(this as *mut WalFile)).path }) {
+            return ffi::SQLITE_FULL;
+        }
         let real = WalFile::real(this);
         // SAFETY: per the contract.
         unsafe { ((*(*real).pMethods).xWrite.expect("unix xWrite"))(real, data, amount, offset) }
@@ -302,9 +310,36 @@ unsafe extern "C" fn open(
                     at: 0,
                     bytes: Vec::new(),
                 },
+                #[cfg(test)]
+                path: CStr::from_ptr(name).to_string_lossy().into_owned(),
             },
         );
         ffi::SQLITE_OK
+    }
+}
+
+/// For tests: a full disk under chosen WAL files, whose every write then
+/// fails as the `unix` VFS fails one on a full disk (`SQLITE_FULL`).
+#[cfg(test)]
+pub(crate) mod full_disk {
+    use std::path::Path;
+    use std::sync::Mutex;
+
+    static FULL: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    /// Fills (or, `full` false, frees) the disk under the WAL of the
+    /// database at `db`.
+    pub fn set(db: &Path, full: bool) {
+        let wal = format!("{}-wal", db.display());
+        let mut paths = FULL.lock().unwrap();
+        paths.retain(|p| *p != wal);
+        if full {
+            paths.push(wal);
+        }
+    }
+
+    pub(super) fn is_full(wal: &str) -> bool {
+        FULL.lock().unwrap().iter().any(|p| p == wal)
     }
 }
 

@@ -81,6 +81,11 @@ impl<B> ApiError<B> {
         e
     }
 
+    /// Details for the log only, beside the message the client gets.
+    pub fn set_internal(&mut self, detail: impl fmt::Display) {
+        self.internal = Some(detail.to_string());
+    }
+
     /// The same error documented under another schema.
     pub fn retype<C>(self) -> ApiError<C> {
         ApiError {
