@@ -129,9 +129,11 @@ impl AppState {
         let user_id = match cached {
             Some(id) => id,
             None => {
+                // A first sign-in makes the user: a write, refused as every
+                // write is when the disk is full.
                 let id = users::ensure_for_identity(&self.store, identity.clone())
                     .await
-                    .map_err(|e| HttpError::for_internal_error(e.to_string()))?;
+                    .map_err(crate::http::store_http_error)?;
                 self.oidc_users.lock().unwrap_or_else(|p| p.into_inner()).insert(cache_key, id.clone());
                 id
             }

@@ -49,16 +49,22 @@ fn failure<B>(f: Failure) -> ApiError<B> {
     }
 }
 
+/// A store's failure where dropshot's error is wanted (authentication):
+/// as [`store_failure`] answers it.
+pub(crate) fn store_http_error(e: StoreError) -> HttpError {
+    store_failure::<()>(e).into()
+}
+
+/// What a client is told of a write the disk had no room for.
+const STORAGE_FULL: &str =
+    "the server's disk is full: the change was not made; try again once its operator has freed space";
+
 /// A store's failure: 503 `storage_full` when the disk is full (nothing of
 /// the write was kept; writes work again once there is room, and reads go
 /// on meanwhile), else a 500 whose details go to the log only.
 fn store_failure<B>(e: StoreError) -> ApiError<B> {
     if e.is_full() {
-        let mut error = ApiError::new(
-            ErrorStatusCode::SERVICE_UNAVAILABLE,
-            "storage_full",
-            "the server's disk is full: the change was not made; try again once its operator has freed space",
-        );
+        let mut error = ApiError::new(ErrorStatusCode::SERVICE_UNAVAILABLE, "storage_full", STORAGE_FULL);
         error.set_internal(e);
         return error;
     }
@@ -672,7 +678,7 @@ impl SparringApi for ServerImpl {
 mod tests {
     use dropshot::ErrorStatusCode;
 
-    use super::{api_key_error, failure};
+    use super::{api_key_error, failure, store_http_error};
     use crate::api_keys::ApiKeyError;
     use crate::failure::Failure;
     use crate::store::StoreError;
@@ -690,5 +696,18 @@ mod tests {
         let other = failure::<()>(Failure::Store(StoreError::Task("the database writer has stopped".into())));
         assert_eq!((other.status(), other.error_code()), (ErrorStatusCode::INTERNAL_SERVER_ERROR, "internal_error"));
         assert_eq!(other.message(), "internal error");
+        // The same, as dropshot's error (a first sign-in's write).
+        let full = store_http_error(full());
+        assert_eq!(
+            (full.status_code, full.error_code.as_deref()),
+            (ErrorStatusCode::SERVICE_UNAVAILABLE, Some("storage_full"))
+        );
+        assert!(full.external_message.contains("disk is full"), "{}", full.external_message);
+        let other = store_http_error(StoreError::Task("x".into()));
+        assert_eq!(
+            (other.status_code, other.error_code.as_deref()),
+            (ErrorStatusCode::INTERNAL_SERVER_ERROR, Some("internal_error"))
+        );
+        assert_eq!(other.external_message, "internal error");
     }
 }
