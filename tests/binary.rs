@@ -288,6 +288,35 @@ async fn admin_create_key_beside_a_running_server_goes_through_it() {
     assert!(status.success(), "{status}: {stderr}");
 }
 
+/// A `sparring admin` connection the server accepted before it was told
+/// to stop is answered before it exits: a key it makes is shown, not made
+/// and lost with the process.
+#[tokio::test]
+async fn an_admin_request_accepted_before_a_stop_is_answered() {
+    use std::io::{BufRead as _, Write as _};
+    let dir = tempfile::tempdir().unwrap();
+    data_dir_at(dir.path());
+    let mut server = serve(dir.path());
+    let mut conn = std::os::unix::net::UnixStream::connect(dir.path().join(sparring_impl::admin::SOCKET_FILE)).unwrap();
+    // Accepted by now (an idle server), then the stop; the request comes
+    // while the server is stopping.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    server.proc.signal("TERM");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    conn.write_all(b"{\"create_key\":{\"email\":\"late@example.com\",\"label\":\"late\"}}\n").unwrap();
+    let mut answer = String::new();
+    std::io::BufReader::new(&conn).read_line(&mut answer).unwrap();
+    let answer: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer:?}"));
+    let key = answer["key"].as_str().unwrap_or_else(|| panic!("no key: {answer}")).to_string();
+    let status = server.proc.wait_exit();
+    assert!(status.success(), "{status}\n{}", server.proc.stderr());
+
+    // The key shown is the one made.
+    let server = serve(dir.path());
+    let resp = http().get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+}
+
 #[tokio::test]
 async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
     let dir = tempfile::tempdir().unwrap();

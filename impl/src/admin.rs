@@ -22,6 +22,7 @@ use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+use tokio_util::task::TaskTracker;
 
 use crate::api_keys::ApiKeyLabel;
 use crate::AppState;
@@ -75,8 +76,9 @@ pub fn bind(data_dir: &Path) -> anyhow::Result<(UnixListener, PathBuf)> {
 /// Answers admin requests until the task is aborted, from processes of the
 /// user the server runs as (or root) only: the socket's mode 0600 is set
 /// just after it is bound, and a connection made in between would wait in
-/// its backlog.
-pub async fn serve(listener: UnixListener, state: Arc<AppState>) {
+/// its backlog. Each connection is answered on a task of `answering`, which
+/// the server's shutdown waits for (see [`drain`]).
+pub async fn serve(listener: UnixListener, state: Arc<AppState>, answering: TaskTracker) {
     use std::os::unix::fs::MetadataExt as _;
     // The socket is this process's file: its owner is the user it runs as.
     let owner = listener
@@ -102,13 +104,26 @@ pub async fn serve(listener: UnixListener, state: Arc<AppState>) {
             continue;
         }
         let state = state.clone();
-        tokio::spawn(async move {
+        answering.spawn(async move {
             if let Err(e) = answer(stream, &state).await {
                 slog::warn!(state.log, "admin request failed"; "error" => %e);
             }
         });
     }
 }
+
+/// Waits, at the server's shutdown (its socket no longer accepting), for
+/// the connections it accepted to be answered: a key being made is
+/// answered rather than made and never shown. Bounded, as a connection is
+/// (its request within [`REQUEST_WAIT`], its write within the store's own
+/// bounds), so that a stuck one cannot keep the server from stopping.
+pub async fn drain(answering: TaskTracker) {
+    answering.close();
+    let _ = tokio::time::timeout(REQUEST_WAIT + DRAIN_MORE, answering.wait()).await;
+}
+
+/// How long [`drain`] waits beyond a request's own wait.
+const DRAIN_MORE: Duration = Duration::from_secs(5);
 
 async fn answer(stream: UnixStream, state: &AppState) -> anyhow::Result<()> {
     let (read, mut write) = stream.into_split();

@@ -270,7 +270,7 @@ pub struct RunningServer {
     flusher: tokio::task::JoinHandle<()>,
     /// Answers `sparring admin` commands run beside the server (see
     /// `admin`), and its socket's path.
-    admin: Option<(tokio::task::JoinHandle<()>, PathBuf)>,
+    admin: Option<(tokio::task::JoinHandle<()>, tokio_util::task::TaskTracker, PathBuf)>,
     /// On the first start of a fresh database: the admin's API key, to show
     /// once.
     pub first_start_key: Option<String>,
@@ -288,9 +288,10 @@ impl RunningServer {
         self.server.close().await.map_err(|e| anyhow::anyhow!(e))?;
         Engine::shutdown(&self.state).await?;
         self.flusher.abort();
-        if let Some((task, path)) = self.admin {
+        if let Some((task, answering, path)) = self.admin {
             task.abort();
             let _ = std::fs::remove_file(path);
+            admin::drain(answering).await;
         }
         self.state.last_used.flush(&self.state.store).await?;
         let store = self.state.store.clone();
@@ -402,7 +403,10 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     // Without the socket the server still serves; `sparring admin
     // create-key` beside it then says it cannot reach it.
     let admin = match admin::bind(&config.data_dir) {
-        Ok((listener, path)) => Some((tokio::spawn(admin::serve(listener, state.clone())), path)),
+        Ok((listener, path)) => {
+            let answering = tokio_util::task::TaskTracker::new();
+            Some((tokio::spawn(admin::serve(listener, state.clone(), answering.clone())), answering, path))
+        }
         Err(e) => {
             slog::warn!(log, "no admin socket: `sparring admin create-key` cannot reach this server"; "error" => format!("{e:#}"));
             None
