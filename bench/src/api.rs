@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use crate::process::{free_port, Log, Server};
+use crate::process::{self, free_port, Log, Server};
 use crate::report::{Report, Row, RunPair};
 use crate::scenarios::{self, Scenario};
 use crate::seed::{self, Scale, Seeded};
@@ -194,12 +194,23 @@ async fn check(base: &str, s: &Scenario) -> anyhow::Result<()> {
     (c.expect)(&serde_json::from_str(&text)?).with_context(|| format!("{}: {} {}", s.title, c.method, c.path))
 }
 
-/// Runs `load` against `server`, noting the server's CPU time per request.
+/// Runs `load` against `server`, noting the server's CPU time per request
+/// (in all and by thread) and how idle the machine was.
 fn measured(server: &Server, load: impl FnOnce() -> anyhow::Result<wrk::Outcome>) -> anyhow::Result<wrk::Outcome> {
-    let before = server.cpu_seconds()?;
+    let (before, threads_before, machine_before) =
+        (server.cpu_seconds()?, server.cpu_seconds_by_thread()?, process::machine_ticks()?);
     let mut outcome = load()?;
-    let used = server.cpu_seconds()? - before;
-    outcome.server_cpu_us = used * 1e6 / outcome.requests.max(1) as f64;
+    let (after, threads_after, machine_after) =
+        (server.cpu_seconds()?, server.cpu_seconds_by_thread()?, process::machine_ticks()?);
+    let per_request = |seconds: f64| seconds * 1e6 / outcome.requests.max(1) as f64;
+    outcome.server_cpu_us = per_request(after - before);
+    outcome.server_cpu_us_by_thread = threads_after
+        .iter()
+        .map(|(name, s)| (name.clone(), per_request(s - threads_before.get(name).copied().unwrap_or(0.0))))
+        .filter(|(_, us)| *us > 0.0)
+        .collect();
+    let (idle, all) = (machine_after.0 - machine_before.0, machine_after.1 - machine_before.1);
+    outcome.machine_idle = idle as f64 / all.max(1) as f64;
     Ok(outcome)
 }
 
@@ -295,7 +306,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
             let peak_kib = sparring.peak_rss_kib()?;
             println!(
                 "  round {round} {:<40} {:>6.0} req/s (baseline {:>6.0}, ratio {:.2})  p50 {:.2} ms  p99 {:.2} ms  \
-                 CPU {:.0} µs/req (baseline {:.0})  peak RSS {:.0} MB",
+                 CPU {:.0} µs/req (baseline {:.0})  peak RSS {:.0} MB  idle {:.1} % (baseline {:.1} %)  [{}]",
                 s.title,
                 r.rps(),
                 b.rps(),
@@ -304,7 +315,10 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
                 r.p99_us as f64 / 1e3,
                 r.server_cpu_us,
                 b.server_cpu_us,
-                peak_kib as f64 / 1024.0
+                peak_kib as f64 / 1024.0,
+                r.machine_idle * 100.0,
+                b.machine_idle * 100.0,
+                report::by_thread(&r.server_cpu_us_by_thread)
             );
             pairs[i].push(RunPair { baseline: b, scenario: r, peak_rss_kib: peak_kib });
         }

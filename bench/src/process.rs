@@ -89,15 +89,22 @@ impl Server {
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
         let path = format!("/proc/{}/stat", self.pid());
         let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        // Fields after the command name (which is in parentheses and may
-        // hold spaces): state is field 3, utime 14, stime 15.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).context("no command name in /proc/PID/stat")?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks =
-            |i: usize| -> anyhow::Result<f64> { Ok(fields.get(i).context("short /proc/PID/stat")?.parse::<f64>()?) };
-        // Linux reports in clock ticks of 1/100 s (USER_HZ) on every
-        // architecture it runs this on.
-        Ok((ticks(11)? + ticks(12)?) / 100.0)
+        name_and_cpu_seconds(&stat).map(|(_, s)| s).with_context(|| format!("{path} is not as expected"))
+    }
+
+    /// CPU time each of the process's threads has used so far, in seconds,
+    /// summed by thread name (`tokio-rt-worker`, `sparring-writer`, …). A
+    /// thread that ends between the listing and its read is left out.
+    pub fn cpu_seconds_by_thread(&self) -> anyhow::Result<std::collections::BTreeMap<String, f64>> {
+        let dir = format!("/proc/{}/task", self.pid());
+        let mut out = std::collections::BTreeMap::new();
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+            let Ok(stat) = std::fs::read_to_string(entry?.path().join("stat")) else { continue };
+            if let Some((name, seconds)) = name_and_cpu_seconds(&stat) {
+                *out.entry(name).or_insert(0.0) += seconds;
+            }
+        }
+        Ok(out)
     }
 
     /// The most memory the process has held since it started or since the
@@ -137,5 +144,43 @@ impl Drop for Server {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+    }
+}
+
+/// A `/proc/…/stat` line's command name and CPU time (user and system), in
+/// seconds.
+fn name_and_cpu_seconds(stat: &str) -> Option<(String, f64)> {
+    // The command name is in parentheses and may hold spaces; of the fields
+    // after it, state is field 3, utime 14, stime 15.
+    let (head, rest) = stat.rsplit_once(')')?;
+    let name = head.split_once('(')?.1.to_string();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    // Linux reports in clock ticks of 1/100 s (USER_HZ) on every
+    // architecture it runs this on.
+    Some((name, (ticks(11)? + ticks(12)?) / 100.0))
+}
+
+/// The machine's CPU time so far, from `/proc/stat`: (idle and waiting for
+/// I/O, all), in ticks.
+pub fn machine_ticks() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let cpu = stat.lines().next().and_then(|l| l.strip_prefix("cpu ")).context("no `cpu` line in /proc/stat")?;
+    let ticks: Vec<u64> = cpu.split_whitespace().filter_map(|t| t.parse().ok()).collect();
+    anyhow::ensure!(ticks.len() >= 5, "a short `cpu` line in /proc/stat");
+    // user nice system idle iowait irq softirq steal (guest time is counted
+    // in user already).
+    Ok((ticks[3] + ticks[4], ticks.iter().take(8).sum()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_stat_line_gives_its_name_and_cpu_time() {
+        let stat = "4242 (sparring-writer) S 1 2 3 4 5 6 7 8 9 10 250 75 0 0 20 0 1 0 100";
+        assert_eq!(super::name_and_cpu_seconds(stat), Some(("sparring-writer".to_string(), 3.25)));
+        let spaced = "7 (tokio (rt) x) R 1 2 3 4 5 6 7 8 9 10 1 2 0";
+        assert_eq!(super::name_and_cpu_seconds(spaced), Some(("tokio (rt) x".to_string(), 0.03)));
+        assert_eq!(super::name_and_cpu_seconds("7 (short) R 1 2"), None);
     }
 }

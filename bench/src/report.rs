@@ -32,6 +32,13 @@ pub struct Row {
     /// The server's CPU time per request, µs (median over the rounds).
     pub cpu_us: f64,
     pub baseline_cpu_us: f64,
+    /// The same by the server's thread names, dearest first (each the
+    /// median over the rounds).
+    pub cpu_us_by_thread: Vec<(String, f64)>,
+    /// The machine's idle share during the scenario's runs, and during the
+    /// baseline's (medians).
+    pub idle: f64,
+    pub baseline_idle: f64,
     pub peak_rss_mb: f64,
     #[serde(skip)]
     pub target: Option<Target>,
@@ -45,6 +52,34 @@ fn median(mut v: Vec<f64>) -> f64 {
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
+}
+
+/// Per thread name, the median over the rounds of its µs a request (0 in
+/// a round it did not run in), dearest first.
+fn thread_medians(runs: &[RunPair]) -> Vec<(String, f64)> {
+    let names: std::collections::BTreeSet<&String> =
+        runs.iter().flat_map(|r| r.scenario.server_cpu_us_by_thread.keys()).collect();
+    let mut out: Vec<(String, f64)> = names
+        .into_iter()
+        .map(|name| {
+            let each = runs.iter().map(|r| r.scenario.server_cpu_us_by_thread.get(name).copied().unwrap_or(0.0));
+            (name.clone(), median(each.collect()))
+        })
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
+}
+
+/// Threads and their µs a request, dearest first, those under 0.05 left
+/// out: `tokio-rt-worker 24.5, sparring-writer 6.7`.
+pub fn by_thread(threads: &std::collections::BTreeMap<String, f64>) -> String {
+    let mut v: Vec<(&String, &f64)> = threads.iter().collect();
+    v.sort_by(|a, b| b.1.total_cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    listed(v.into_iter().map(|(n, us)| (n.as_str(), *us)))
+}
+
+fn listed<'a>(threads: impl Iterator<Item = (&'a str, f64)>) -> String {
+    threads.filter(|(_, us)| *us >= 0.05).map(|(n, us)| format!("{n} {us:.1}")).collect::<Vec<_>>().join(", ")
 }
 
 impl Row {
@@ -61,6 +96,9 @@ impl Row {
             baseline_p99_ms: of(&|r| r.baseline.p99_us as f64 / 1e3),
             cpu_us: of(&|r| r.scenario.server_cpu_us),
             baseline_cpu_us: of(&|r| r.baseline.server_cpu_us),
+            cpu_us_by_thread: thread_medians(&runs),
+            idle: of(&|r| r.scenario.machine_idle),
+            baseline_idle: of(&|r| r.baseline.machine_idle),
             peak_rss_mb: runs.iter().map(|r| r.peak_rss_kib).max().unwrap_or(0) as f64 / 1024.0,
             target,
             runs,
@@ -133,6 +171,18 @@ pub fn render(r: &Report) -> String {
         }
         out.push('\n');
     }
+    out.push_str(
+        "\nThe server's CPU by thread, µs a request, and the machine's idle share (the baseline's beside it):\n\n",
+    );
+    for row in &r.rows {
+        out.push_str(&format!(
+            "- {}: {}; idle {:.1} % ({:.1} %)\n",
+            row.title,
+            listed(row.cpu_us_by_thread.iter().map(|(n, us)| (n.as_str(), *us))),
+            row.idle * 100.0,
+            row.baseline_idle * 100.0
+        ));
+    }
     out
 }
 
@@ -150,6 +200,11 @@ mod tests {
             status_errors: 0,
             socket_errors: 0,
             server_cpu_us,
+            server_cpu_us_by_thread: [("tokio-rt-worker".to_string(), server_cpu_us * 0.75)]
+                .into_iter()
+                .chain((server_cpu_us > 20.0).then(|| ("sparring-writer".to_string(), server_cpu_us * 0.25)))
+                .collect(),
+            machine_idle: 1000.0 / requests as f64,
         }
     }
 
@@ -189,5 +244,8 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("baseline p99 ms"), "{text}");
+        // Per thread, the medians dearest first; the idle share's median,
+        // the baseline's beside it (1000 / its req/s here).
+        assert!(text.contains("- mix: tokio-rt-worker 30.0, sparring-writer 10.0; idle 2.5 % (1.1 %)"), "{text}");
     }
 }

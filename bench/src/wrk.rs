@@ -42,6 +42,14 @@ pub struct Outcome {
     /// what else the machine is doing. Filled in by the caller.
     #[serde(default)]
     pub server_cpu_us: f64,
+    /// The same by thread name, µs a request. Filled in by the caller.
+    #[serde(default)]
+    pub server_cpu_us_by_thread: std::collections::BTreeMap<String, f64>,
+    /// The machine's CPU time spent idle (or waiting for I/O) during the
+    /// run, as a share: how near both cores were to saturated. Filled in by
+    /// the caller.
+    #[serde(default)]
+    pub machine_idle: f64,
 }
 
 impl Outcome {
