@@ -195,6 +195,19 @@ async fn an_api_key_header_sent_twice_is_refused() {
         assert_eq!(body["error_code"], "unauthenticated", "{body}");
         assert!(body["message"].as_str().unwrap().contains("one `x-api-key` header"), "{body}");
     }
+    // The key decides, but an `Authorization` sent twice beside it is
+    // refused all the same.
+    let resp = s
+        .http
+        .get(s.url("/v1/api-keys"))
+        .header("x-api-key", valid)
+        .header("authorization", "Bearer a")
+        .header("authorization", "Bearer b")
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = error_body(resp).await;
+    assert_eq!((status, body["error_code"].as_str()), (401, Some("unauthenticated")), "{body}");
 }
 
 #[tokio::test]

@@ -65,11 +65,13 @@ impl Authenticator for AppState {
     ) -> Pin<Box<dyn Future<Output = Result<Caller, HttpError>> + Send + 'a>> {
         Box::pin(async move {
             let headers = request.headers();
-            if let Some(key) = only_one(headers, "x-api-key")? {
+            // Either header sent twice is refused, whichever decides.
+            let (key, auth) = (only_one(headers, "x-api-key")?, only_one(headers, "authorization")?);
+            if let Some(key) = key {
                 let key = key.to_str().map_err(|_| unauthorized("invalid API key"))?.trim();
                 return self.authenticate_key(key).await;
             }
-            if let Some(auth) = only_one(headers, "authorization")? {
+            if let Some(auth) = auth {
                 let auth = auth.to_str().map_err(|_| unauthorized("invalid Authorization header"))?;
                 let token = match auth.split_once(' ') {
                     Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),

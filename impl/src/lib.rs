@@ -290,6 +290,9 @@ impl RunningServer {
         self.flusher.abort();
         if let Some((task, answering, path)) = self.admin {
             task.abort();
+            // Ended (not just asked to end) before the drain, so that no
+            // connection is accepted after it began.
+            let _ = task.await;
             let _ = std::fs::remove_file(path);
             admin::drain(answering).await;
         }

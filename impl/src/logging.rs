@@ -125,39 +125,41 @@ impl<W: Write> Lines<W> {
     fn write_out(&self) {
         let mut g = self.gathered();
         let complete = g.complete;
-        // A log that cannot be written is not a reason to stop serving (as
-        // slog's `fuse` would): what could not be written is dropped.
-        let _ = g.write_first(complete);
+        g.write_first(complete);
         let _ = g.out.flush();
     }
 }
 
 impl<W: Write> Gathered<W> {
-    /// Writes `pending[..n]` and forgets it.
-    fn write_first(&mut self, n: usize) -> std::io::Result<()> {
+    /// Writes `pending[..n]` and forgets it. A log that cannot be written
+    /// (a full disk, a closed pipe) is not a reason to stop serving, nor to
+    /// stop logging: what could not be written is dropped, and the next
+    /// records are written as usual. (An error given back to slog would
+    /// make its `fuse` end the log's thread, and every record after it
+    /// would be lost.)
+    fn write_first(&mut self, n: usize) {
         if n == 0 {
-            return Ok(());
+            return;
         }
-        let written = self.out.write_all(&self.pending[..n]);
+        let _ = self.out.write_all(&self.pending[..n]);
         self.pending.drain(..n);
         self.complete -= n;
-        written
     }
 
     /// A record ended at the end of `pending`.
-    fn record_ended(&mut self) -> std::io::Result<()> {
+    fn record_ended(&mut self) {
         if self.pending.len() > WRITE_AT_MOST {
             // With the new record the kept ones would pass the limit: they
             // go first, then the new one alone if it is that long itself.
             let before = self.complete;
-            self.write_first(before)?;
+            self.write_first(before);
             if self.pending.len() >= WRITE_AT_MOST {
                 self.complete = self.pending.len();
-                return self.write_first(self.complete);
+                self.write_first(self.complete);
+                return;
             }
         }
         self.complete = self.pending.len();
-        Ok(())
     }
 }
 
@@ -169,7 +171,8 @@ impl<W: Write> Write for Lines<W> {
 
     /// The end of a record (see [`json_to`]), not a request to write it now.
     fn flush(&mut self) -> std::io::Result<()> {
-        self.gathered().record_ended()
+        self.gathered().record_ended();
+        Ok(())
     }
 }
 
@@ -427,6 +430,59 @@ mod tests {
         );
         drop(resume);
         drop(log);
+    }
+
+    /// Fails its first `failing` writes (a full disk), then keeps them.
+    struct FailsAtFirst {
+        failing: usize,
+        kept: Writes,
+    }
+
+    impl std::io::Write for FailsAtFirst {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.failing > 0 {
+                self.failing -= 1;
+                return Err(std::io::Error::from_raw_os_error(28));
+            }
+            self.kept.write(buf)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Writes that fail (in the middle of a batch and at its end) lose
+    /// their records only: the log's thread goes on, and what is logged
+    /// once writes work again is written.
+    #[test]
+    fn a_log_that_cannot_be_written_for_a_while_loses_only_those_records() {
+        let kept = Writes::default();
+        let (paused, pauses) = mpsc::channel::<()>();
+        let (resume, resumed) = mpsc::channel::<()>();
+        let pause = move || {
+            let _ = paused.send(());
+            let _ = resumed.recv_timeout(Duration::from_secs(30));
+        };
+        let log = super::json_to(FailsAtFirst { failing: 3, kept: kept.clone() }, pause);
+        let resume = resume;
+        let wait_for_pause = || pauses.recv_timeout(Duration::from_secs(30)).expect("the thread pauses");
+        slog::info!(log, "first");
+        wait_for_pause();
+        // ~12 KB while the thread pauses: writes in the middle of the batch
+        // and at its end, the first of them failing.
+        for i in 0..40 {
+            slog::info!(log, "while full"; "n" => i);
+        }
+        resume.send(()).unwrap();
+        wait_for_pause();
+        resume.send(()).unwrap();
+        slog::info!(log, "after"; "n" => 1000);
+        drop(resume);
+        drop(log);
+        let written = kept.0.lock().unwrap().concat();
+        let lines: Vec<serde_json::Value> = written.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert!(lines.iter().any(|l| l["n"] == 1000), "the record after the failures was not written:\n{written}");
+        assert!(lines.len() < 42, "the failed writes' records were written after all: {}", lines.len());
     }
 
     /// Sends each record's message.
