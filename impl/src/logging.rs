@@ -372,25 +372,53 @@ mod tests {
         }
     }
 
+    /// A JSON log whose thread, between two batches, pauses until the test
+    /// resumes it.
+    struct Paused {
+        pauses: Receiver<()>,
+        /// Before `log`, so dropped first (also when an assertion fails):
+        /// the pause then ends and dropping `log` does not wait for it.
+        resumes: Option<Sender<()>>,
+        log: slog::Logger,
+    }
+
+    impl Paused {
+        fn json_to(out: impl std::io::Write + Send + 'static) -> Paused {
+            let (paused, pauses) = mpsc::channel::<()>();
+            let (resumes, resumed) = mpsc::channel::<()>();
+            let pause = move || {
+                let _ = paused.send(());
+                let _ = resumed.recv_timeout(Duration::from_secs(30));
+            };
+            Paused { pauses, resumes: Some(resumes), log: super::json_to(out, pause) }
+        }
+
+        /// Until the thread pauses.
+        fn wait(&self) {
+            self.pauses.recv_timeout(Duration::from_secs(30)).expect("the thread pauses");
+        }
+
+        fn resume(&self) {
+            self.resumes.as_ref().expect("not finished").send(()).unwrap();
+        }
+
+        /// Pauses end at once from here on; the log is dropped, its thread
+        /// writing what is queued.
+        fn finish(mut self) {
+            self.resumes = None;
+        }
+    }
+
     /// The JSON log writes a batch's records together, in writes of whole
     /// records of at most `WRITE_AT_MOST` bytes (unless one record is
     /// longer), in order, and writes each batch before its pause.
     #[test]
     fn a_batch_of_json_records_goes_out_in_few_writes_of_whole_records() {
         let writes = Writes::default();
-        let (paused, pauses) = mpsc::channel::<()>();
-        let (resume, resumed) = mpsc::channel::<()>();
-        let pause = move || {
-            let _ = paused.send(());
-            let _ = resumed.recv_timeout(Duration::from_secs(30));
-        };
-        let log = super::json_to(writes.clone(), pause);
-        // Bound after `log`, so dropped before it if an assertion fails:
-        // the pause then ends and dropping `log` does not wait for it.
-        let resume = resume;
-        let wait_for_pause = || pauses.recv_timeout(Duration::from_secs(30)).expect("the thread pauses");
+        let paused = Paused::json_to(writes.clone());
+        let log = &paused.log;
         slog::info!(log, "first");
-        wait_for_pause();
+        paused.wait();
         // Written before the pause, alone.
         assert_eq!(writes.0.lock().unwrap().len(), 1);
         // These come while the thread pauses: one batch once it resumes.
@@ -402,8 +430,8 @@ mod tests {
         for i in 40..80 {
             slog::info!(log, "request completed"; "n" => i);
         }
-        resume.send(()).unwrap();
-        wait_for_pause();
+        paused.resume();
+        paused.wait();
         let batch: Vec<String> = writes.0.lock().unwrap()[1..].to_vec();
         let lines: Vec<serde_json::Value> =
             batch.concat().lines().map(|l| serde_json::from_str(l).expect("a whole JSON record")).collect();
@@ -428,8 +456,7 @@ mod tests {
             batch.len(),
             lines.len()
         );
-        drop(resume);
-        drop(log);
+        paused.finish();
     }
 
     /// Fails its first `failing` writes (a full disk), then keeps them.
@@ -457,28 +484,20 @@ mod tests {
     #[test]
     fn a_log_that_cannot_be_written_for_a_while_loses_only_those_records() {
         let kept = Writes::default();
-        let (paused, pauses) = mpsc::channel::<()>();
-        let (resume, resumed) = mpsc::channel::<()>();
-        let pause = move || {
-            let _ = paused.send(());
-            let _ = resumed.recv_timeout(Duration::from_secs(30));
-        };
-        let log = super::json_to(FailsAtFirst { failing: 3, kept: kept.clone() }, pause);
-        let resume = resume;
-        let wait_for_pause = || pauses.recv_timeout(Duration::from_secs(30)).expect("the thread pauses");
+        let paused = Paused::json_to(FailsAtFirst { failing: 3, kept: kept.clone() });
+        let log = &paused.log;
         slog::info!(log, "first");
-        wait_for_pause();
+        paused.wait();
         // ~12 KB while the thread pauses: writes in the middle of the batch
         // and at its end, the first of them failing.
         for i in 0..40 {
             slog::info!(log, "while full"; "n" => i);
         }
-        resume.send(()).unwrap();
-        wait_for_pause();
-        resume.send(()).unwrap();
+        paused.resume();
+        paused.wait();
+        paused.resume();
         slog::info!(log, "after"; "n" => 1000);
-        drop(resume);
-        drop(log);
+        paused.finish();
         let written = kept.0.lock().unwrap().concat();
         let lines: Vec<serde_json::Value> = written.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert!(lines.iter().any(|l| l["n"] == 1000), "the record after the failures was not written:\n{written}");
