@@ -1234,11 +1234,7 @@ mod tests {
             .await;
         assert!(failed.is_err());
         assert_eq!(std::fs::metadata(&wal).unwrap().len(), before, "frames of a failed write reached the WAL");
-        let rows: i64 = store
-            .read::<_, StoreError, _>(|c| Ok(c.query_row("SELECT count(*) FROM filler", [], |r| r.get(0))?))
-            .await
-            .unwrap();
-        assert_eq!(rows, 0);
+        assert_eq!(rows(&store, "filler").await, 0);
     }
 
     /// Another process's long read (a backup, a `sqlite3` shell) holds its
@@ -1270,6 +1266,16 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "the WAL never started over once the reader left");
             write_filler(&store).await;
         }
+    }
+
+    /// The rows of `table`, read through `store`.
+    async fn rows(store: &Store, table: &'static str) -> i64 {
+        store
+            .read::<i64, StoreError, _>(move |c| {
+                Ok(c.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))?)
+            })
+            .await
+            .unwrap()
     }
 
     /// A store on a new file in `dir` with a table `filler`, and the file.
@@ -1371,11 +1377,7 @@ mod tests {
         drop(store);
         // Reopening applies nothing twice and keeps the data.
         let store = Store::open(&path).unwrap();
-        let n: i64 = store
-            .read::<_, StoreError, _>(|tx| Ok(tx.query_row("SELECT count(*) FROM users", [], |r| r.get(0))?))
-            .await
-            .unwrap();
-        assert_eq!(n, 1);
+        assert_eq!(rows(&store, "users").await, 1);
     }
 
     /// A write whose commit finds the disk full fails as `Full` (the API's
@@ -1392,12 +1394,6 @@ mod tests {
                 Ok(())
             })
         };
-        let count = || async {
-            store
-                .read::<i64, StoreError, _>(|tx| Ok(tx.query_row("SELECT count(*) FROM users", [], |r| r.get(0))?))
-                .await
-                .unwrap()
-        };
         add("usr_before").await.unwrap();
         crate::wal_writes::full_disk::set(&path, true);
         let refused = add("usr_full").await;
@@ -1405,9 +1401,9 @@ mod tests {
         let e = refused.expect_err("a commit on a full disk");
         assert!(e.is_full(), "{e}");
         assert!(matches!(e, StoreError::Full(_)), "{e:?}");
-        assert_eq!(count().await, 1, "nothing of the refused write was kept");
+        assert_eq!(rows(&store, "users").await, 1, "nothing of the refused write was kept");
         add("usr_after").await.unwrap();
-        assert_eq!(count().await, 2);
+        assert_eq!(rows(&store, "users").await, 2);
         // And other failures are not taken for a full disk.
         let duplicate = add("usr_after").await.expect_err("a duplicate id");
         assert!(!duplicate.is_full(), "{duplicate}");
@@ -1425,11 +1421,7 @@ mod tests {
             })
             .await;
         assert!(r.is_err());
-        let n: i64 = store
-            .read::<_, StoreError, _>(|tx| Ok(tx.query_row("SELECT count(*) FROM users", [], |r| r.get(0))?))
-            .await
-            .unwrap();
-        assert_eq!(n, 0);
+        assert_eq!(rows(&store, "users").await, 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
