@@ -298,11 +298,13 @@ async fn an_admin_request_accepted_before_a_stop_is_answered() {
     data_dir_at(dir.path());
     let mut server = serve(dir.path());
     let mut conn = std::os::unix::net::UnixStream::connect(dir.path().join(sparring_impl::admin::SOCKET_FILE)).unwrap();
-    // Accepted by now (an idle server), then the stop; the request comes
-    // while the server is stopping.
+    // Accepted by now (an idle server; nothing says so), then the stop; the
+    // request comes once the stopping server waits for it.
     std::thread::sleep(std::time::Duration::from_millis(300));
     server.proc.signal("TERM");
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    server.proc.expect("the stop to wait for the admin request", |o| {
+        o.stderr.contains("stopping: answering the admin requests accepted")
+    });
     conn.write_all(b"{\"create_key\":{\"email\":\"late@example.com\",\"label\":\"late\"}}\n").unwrap();
     let mut answer = String::new();
     std::io::BufReader::new(&conn).read_line(&mut answer).unwrap();

@@ -117,8 +117,11 @@ pub async fn serve(listener: UnixListener, state: Arc<AppState>, answering: Task
 /// answered rather than made and never shown. Bounded, as a connection is
 /// (its request within [`REQUEST_WAIT`], its write within the store's own
 /// bounds), so that a stuck one cannot keep the server from stopping.
-pub async fn drain(answering: TaskTracker) {
+pub async fn drain(answering: TaskTracker, log: &slog::Logger) {
     answering.close();
+    if !answering.is_empty() {
+        slog::info!(log, "stopping: answering the admin requests accepted"; "requests" => answering.len());
+    }
     let _ = tokio::time::timeout(REQUEST_WAIT + DRAIN_MORE, answering.wait()).await;
 }
 

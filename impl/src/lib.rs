@@ -294,7 +294,7 @@ impl RunningServer {
             // connection is accepted after it began.
             let _ = task.await;
             let _ = std::fs::remove_file(path);
-            admin::drain(answering).await;
+            admin::drain(answering, &self.state.log).await;
         }
         self.state.last_used.flush(&self.state.store).await?;
         let store = self.state.store.clone();
