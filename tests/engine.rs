@@ -633,6 +633,49 @@ async fn a_run_claimed_as_its_batch_run_is_cancelled_holds_no_call() {
     assert_eq!(charged, 1, "the first call only: {done:#} {ledger:#?}");
 }
 
+/// A run is paid by the project's payer, whoever starts it: its creator,
+/// then the owner who took billing over, from the next run on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_are_paid_by_the_owner_who_took_billing_over() {
+    let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 5).await;
+    let t = s.team("billing").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    // Every conversation ends at once in an agent error, charged 1 credit.
+    let failing = Recorder::start(|_, _| (500, "down".to_string())).await;
+    let ch = channel(&s, &t.editor, p, "http", &format!("{}/http", failing.base)).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "paid", &ch, &scenario, 1)).await;
+    async fn run(s: &TestServer, test: &str, key: &str, viewer: &str) -> String {
+        let started = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), key, Some(json!({})), 200).await;
+        let id = started["id"].as_str().unwrap().to_string();
+        assert_eq!(wait_for_end(s, viewer, &id).await["credits_charged"], 1);
+        id
+    }
+    let first = run(&s, &test, &t.editor, &t.viewer).await;
+    let members = s.expect(Method::GET, &format!("/v1/projects/{p}/members"), &t.owner, None, 200).await;
+    let editor_id = members["members"].as_array().unwrap().iter().find(|m| m["role"] == "editor").unwrap()["user_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let member = format!("/v1/projects/{p}/members/{editor_id}");
+    s.expect(Method::PATCH, &member, &t.owner, Some(json!({"role": "owner"})), 200).await;
+    s.expect(Method::POST, &format!("/v1/projects/{p}/billing"), &t.editor, None, 200).await;
+    let second = run(&s, &test, &t.owner, &t.viewer).await;
+    let paid = |ledger: &[Value]| -> Vec<String> {
+        ledger
+            .iter()
+            .filter_map(|e| e["batch_run_id"].as_str().map(str::to_string))
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect()
+    };
+    let owners = all_pages(&s, &t.owner, "/v1/transactions", "transactions").await;
+    let editors = all_pages(&s, &t.editor, "/v1/transactions", "transactions").await;
+    assert_eq!(paid(&owners), vec![first], "the creator paid the first run only: {owners:#?}");
+    assert_eq!(paid(&editors), vec![second], "the new payer paid the second: {editors:#?}");
+    assert_eq!((ledger_balances(&owners), ledger_balances(&editors)), (4, 4));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credits_are_reserved_once_and_never_go_below_zero() {
     let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 5).await;

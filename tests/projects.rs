@@ -85,6 +85,16 @@ async fn a_project_keeps_an_owner() {
         .unwrap()
         .to_string();
     s.expect(Method::PATCH, &format!("{members}/{editor_id}"), &t.owner, Some(json!({"role": "owner"})), 200).await;
+    // The first owner pays for the project's runs, and stays an owner (and a
+    // member) until another owner takes billing over.
+    let project = format!("/v1/projects/{}", t.project_id);
+    assert_eq!(s.expect(Method::GET, &project, &t.editor, None, 200).await["billing_user_id"], owner_id.as_str());
+    for (method, body) in [(Method::PATCH, Some(json!({"role": "viewer"}))), (Method::DELETE, None)] {
+        let (status, e) = error_body(s.send_json(method, &format!("{members}/{owner_id}"), &t.owner, body).await).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "billing_owner"), "{e}");
+    }
+    let taken = s.expect(Method::POST, &format!("{project}/billing"), &t.editor, None, 200).await;
+    assert_eq!(taken["billing_user_id"], editor_id.as_str(), "{taken}");
     s.expect(Method::PATCH, &format!("{members}/{owner_id}"), &t.owner, Some(json!({"role": "viewer"})), 200).await;
     // Each change is one record; giving someone the role they have changes
     // nothing and records nothing.
@@ -286,4 +296,62 @@ async fn a_webhook_secret_does_not_follow_its_url_to_another_origin() {
     assert_eq!(s.expect(Method::PUT, &p, &t.owner, Some(again), 200).await["webhook_secret_configured"], true);
     let back = json!({"name": "moved hook", "webhook_url": "https://hooks.example.com/a", "webhook_secret": ""});
     assert_eq!(s.expect(Method::PUT, &p, &t.owner, Some(back), 200).await["webhook_secret_configured"], false);
+}
+
+/// Credits are charged to the project's owner, but only to an owner who
+/// chose to pay: adding someone as an owner and stepping down does not
+/// make them the payer. Only an owner takes billing over, for themselves.
+#[tokio::test]
+async fn no_one_is_made_to_pay_for_a_project_by_someone_else() {
+    let s = TestServer::start().await;
+    let mallory = s.key_for_user("mallory@example.com").await;
+    let victim = s.key_for_user("victim@example.com").await;
+    let project_id = s.create_project(&mallory, "on someone else's tab").await;
+    let project = format!("/v1/projects/{project_id}");
+    let members = format!("{project}/members");
+    // The creator pays.
+    let listed = s.expect(Method::GET, &members, &mallory, None, 200).await;
+    let mallory_id = listed["members"][0]["user_id"].as_str().unwrap().to_string();
+    assert_eq!(s.expect(Method::GET, &project, &mallory, None, 200).await["billing_user_id"], mallory_id.as_str());
+    let added = s
+        .expect(Method::POST, &members, &mallory, Some(json!({"email": "victim@example.com", "role": "owner"})), 200)
+        .await;
+    let victim_id = added["user_id"].as_str().unwrap().to_string();
+    // The victim is an owner now, but the payer is still the one who chose
+    // to be, who cannot step down or leave.
+    assert_eq!(s.expect(Method::GET, &project, &victim, None, 200).await["billing_user_id"], mallory_id.as_str());
+    for (method, body) in [(Method::PATCH, Some(json!({"role": "editor"}))), (Method::DELETE, None)] {
+        for (by, who) in [(&mallory, "herself"), (&victim, "the other owner")] {
+            let (status, e) =
+                error_body(s.send_json(method.clone(), &format!("{members}/{mallory_id}"), by, body.clone()).await)
+                    .await;
+            assert_eq!((status, e["error_code"].as_str()), (409, Some("billing_owner")), "by {who}: {e}");
+        }
+    }
+    // Nobody takes billing over for another: the call makes the caller pay.
+    // Members below owner cannot, outsiders do not see the project.
+    let editor = s.key_for_user("editor-of-tab@example.com").await;
+    s.expect(
+        Method::POST,
+        &members,
+        &mallory,
+        Some(json!({"email": "editor-of-tab@example.com", "role": "editor"})),
+        200,
+    )
+    .await;
+    let outsider = s.key_for_user("outsider-of-tab@example.com").await;
+    let billing = format!("{project}/billing");
+    assert_eq!(s.send_json(Method::POST, &billing, &editor, None).await.status().as_u16(), 403);
+    assert_eq!(s.send_json(Method::POST, &billing, &outsider, None).await.status().as_u16(), 404);
+    // Taking over what one pays for already changes nothing.
+    let history = format!("/v1/activity?project_id={project_id}&action=project.billing");
+    let same = s.expect(Method::POST, &billing, &mallory, None, 200).await;
+    assert_eq!(same["billing_user_id"], mallory_id.as_str());
+    assert_eq!(s.expect(Method::GET, &history, &mallory, None, 200).await["activity"], json!([]));
+    // The victim's own choice moves it, recorded, and frees the first payer.
+    let taken = s.expect(Method::POST, &billing, &victim, None, 200).await;
+    assert_eq!(taken["billing_user_id"], victim_id.as_str(), "{taken}");
+    let records = s.expect(Method::GET, &history, &mallory, None, 200).await["activity"].clone();
+    assert_eq!(records[0]["changes"], json!({"billing_user_id": {"from": mallory_id, "to": victim_id}}), "{records}");
+    s.expect(Method::DELETE, &format!("{members}/{mallory_id}"), &mallory, None, 200).await;
 }

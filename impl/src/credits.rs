@@ -40,15 +40,12 @@ pub fn balance(tx: &rusqlite::Connection, user_id: &str) -> rusqlite::Result<i64
         .unwrap_or(0))
 }
 
-/// Who pays for a project's batch runs (DESIGN §3: the owner): of its
-/// owners, the one who has been a member longest (a project keeps at least
-/// one owner).
+/// Who pays for a project's batch runs (DESIGN §3: the owner): the owner
+/// who chose to, its creator until another owner took billing over
+/// (`projects::take_over_billing`); the payer stays an owner meanwhile.
 pub fn payer_of(tx: &rusqlite::Connection, project_id: &str) -> rusqlite::Result<String> {
-    tx.prepare_cached(
-        "SELECT user_id FROM project_members WHERE project_id = ?1 AND role = 'owner'
-         ORDER BY added_at, user_id LIMIT 1",
-    )?
-    .query_row(params![project_id], |r| r.get(0))
+    tx.prepare_cached("SELECT billing_user_id FROM projects WHERE id = ?1")?
+        .query_row(params![project_id], |r| r.get(0))
 }
 
 /// Appends an entry; fails (and so rolls the transaction back) if it would

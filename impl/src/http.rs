@@ -407,6 +407,13 @@ impl SparringApi for ServerImpl {
     ) -> Result<Json<types::Deleted>, ApiError<types::Error>> {
         crate::projects::remove_member(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
     }
+    async fn take_over_project_billing(
+        rqctx: RequestContext<ApiContext>,
+        caller: Caller,
+        path: params::TakeOverProjectBillingPath,
+    ) -> Result<Json<types::Project>, ApiError<types::Error>> {
+        crate::projects::take_over_billing(state(&rqctx), caller, path).await.map(Json::from).map_err(failure)
+    }
     async fn update_project_member(
         rqctx: RequestContext<ApiContext>,
         caller: Caller,

@@ -131,7 +131,8 @@ pub(crate) fn webhook_secret_context(project_id: &str) -> String {
 }
 
 const COLUMNS: &str = "p.id, p.name, p.description, p.webhook_url, p.webhook_secret IS NOT NULL, \
-                       p.max_call_duration_s, p.default_concurrency, p.created_at, p.updated_at, m.role";
+                       p.max_call_duration_s, p.default_concurrency, p.created_at, p.updated_at, m.role, \
+                       p.billing_user_id";
 
 fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Project> {
     let time = |i: usize| row.get::<_, String>(i).map(|s| ids::parse_time(&s).unwrap_or_default());
@@ -150,6 +151,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Project> {
         created_at: time(7)?,
         updated_at: time(8)?,
         role: wire_role(Role::parse(&role).unwrap_or(Role::Viewer)),
+        billing_user_id: row.get(10)?,
     })
 }
 
@@ -230,8 +232,8 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateProject
             let now = ids::format_time(&ids::now());
             tx.execute(
                 "INSERT INTO projects (id, name, description, webhook_url, webhook_secret, max_call_duration_s,
-                                       default_concurrency, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)",
+                                       default_concurrency, created_at, updated_at, billing_user_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?9)",
                 params![
                     id,
                     input.name,
@@ -240,7 +242,8 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateProject
                     sealed,
                     input.max_call_duration_s,
                     input.default_concurrency,
-                    now
+                    now,
+                    caller.user_id
                 ],
             )?;
             tx.execute(
@@ -438,6 +441,57 @@ fn owners(tx: &rusqlite::Transaction<'_>, project_id: &str) -> Result<i64> {
     )?)
 }
 
+/// The project's payer stays an owner and a member until another owner
+/// takes billing over: no one is made to pay by someone stepping down.
+fn stays_for_billing(tx: &rusqlite::Transaction<'_>, project_id: &str, user_id: &str) -> Result<()> {
+    if crate::credits::payer_of(tx, project_id)? == user_id {
+        return Err(Failure::Conflict {
+            code: "billing_owner",
+            message: format!(
+                "`{user_id}` pays for this project's runs (`billing_user_id`) and stays an owner until another \
+                 owner takes billing over (`POST /v1/projects/{project_id}/billing`)"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `POST /projects/{id}/billing`: the calling owner becomes the payer.
+/// Runs already started stay with the payer they reserved from.
+pub async fn take_over_billing(
+    state: &AppState,
+    caller: Caller,
+    path: p::TakeOverProjectBillingPath,
+) -> Result<types::Project> {
+    state
+        .store
+        .write(move |tx| {
+            access::require(tx, &caller.user_id, &path.id, Need::Own)?;
+            let before = crate::credits::payer_of(tx, &path.id)?;
+            if before == caller.user_id {
+                return load(tx, &caller.user_id, &path.id);
+            }
+            tx.execute(
+                "UPDATE projects SET billing_user_id = ?2, updated_at = ?3 WHERE id = ?1",
+                params![path.id, caller.user_id, ids::format_time(&ids::now())],
+            )?;
+            activity::record(
+                tx,
+                &Actor::Caller(caller.clone()),
+                Record {
+                    action: "project.billing",
+                    resource_type: "project",
+                    resource_id: &path.id,
+                    project_id: Some(&path.id),
+                    summary: format!("took over billing from `{before}`"),
+                    changes: json!({"billing_user_id": {"from": before, "to": caller.user_id}}).into(),
+                },
+            )?;
+            load(tx, &caller.user_id, &path.id)
+        })
+        .await
+}
+
 pub async fn list_members(
     state: &AppState,
     caller: Caller,
@@ -552,6 +606,9 @@ pub async fn update_member(
                     message: "a project keeps at least one owner; make someone else owner first".into(),
                 });
             }
+            if role != Role::Owner {
+                stays_for_billing(tx, &path.id, &path.user_id)?;
+            }
             tx.execute(
                 "UPDATE project_members SET role = ?3 WHERE project_id = ?1 AND user_id = ?2",
                 params![path.id, path.user_id, role.as_str()],
@@ -597,6 +654,7 @@ pub async fn remove_member(
                     message: "a project keeps at least one owner; make someone else owner first".into(),
                 });
             }
+            stays_for_billing(tx, &path.id, &path.user_id)?;
             tx.execute(
                 "DELETE FROM project_members WHERE project_id = ?1 AND user_id = ?2",
                 params![path.id, path.user_id],

@@ -72,6 +72,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0014_phone_number_rows", include_str!("../migrations/0014_phone_number_rows.sql"), None),
     ("0015_tests_by_project", include_str!("../migrations/0015_tests_by_project.sql"), None),
     ("0016_former_members", include_str!("../migrations/0016_former_members.sql"), None),
+    ("0017_billing_owner", include_str!("../migrations/0017_billing_owner.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -1184,6 +1185,39 @@ mod tests {
         assert_eq!(newest_first, in_order);
         assert_eq!(shown.phone_numbers.iter().map(|n| n.number.as_str()).collect::<Vec<_>>(), in_order);
         assert_eq!(shown.phone_numbers[0].label.as_str(), "a");
+    }
+
+    /// Migration 0017 keeps the payer every project had: of its owners, the
+    /// one who had been a member longest (an earlier owner who became an
+    /// editor no longer counts).
+    #[test]
+    fn projects_made_before_0017_keep_their_payer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            assert!(MIGRATIONS[16].0.starts_with("0017"));
+            migrate_to(&mut conn, &path, 16).unwrap();
+            conn.execute_batch(
+                r#"INSERT INTO users (id, email, name, created_at) VALUES ('usr_a', 'a@x', 'a', 't'),
+                       ('usr_b', 'b@x', 'b', 't'), ('usr_c', 'c@x', 'c', 't');
+                   INSERT INTO projects (id, name, description, max_call_duration_s, default_concurrency, created_at,
+                                         updated_at) VALUES ('prj_1', 'p', '', 600, 10, 't', 't'),
+                                                            ('prj_2', 'q', '', 600, 10, 't', 't');
+                   INSERT INTO project_members VALUES ('prj_1', 'usr_a', 'editor', '2026-01-01T00:00:00Z'),
+                       ('prj_1', 'usr_c', 'owner', '2026-03-01T00:00:00Z'),
+                       ('prj_1', 'usr_b', 'owner', '2026-02-01T00:00:00Z'),
+                       ('prj_2', 'usr_a', 'owner', '2026-01-01T00:00:00Z');"#,
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let payers = store
+            .read_blocking::<_, StoreError, _>(|tx| {
+                Ok(["prj_1", "prj_2"].map(|p| crate::credits::payer_of(tx, p).unwrap()))
+            })
+            .unwrap();
+        assert_eq!(payers, ["usr_b", "usr_a"]);
     }
 
     /// Under writes that never pause (each its own group, as `write` sends
