@@ -296,6 +296,22 @@ async fn a_webhook_secret_does_not_follow_its_url_to_another_origin() {
     assert_eq!(s.expect(Method::PUT, &p, &t.owner, Some(again), 200).await["webhook_secret_configured"], true);
     let back = json!({"name": "moved hook", "webhook_url": "https://hooks.example.com/a", "webhook_secret": ""});
     assert_eq!(s.expect(Method::PUT, &p, &t.owner, Some(back), 200).await["webhook_secret_configured"], false);
+
+    // A secret kept while the URL was cleared was set for no origin: a URL
+    // set again, wherever it points, needs it given again too.
+    let set = json!({"name": "moved hook", "webhook_url": "https://hooks.example.com/a", "webhook_secret": "s3cret"});
+    s.expect(Method::PUT, &p, &t.owner, Some(set), 200).await;
+    let cleared = s.expect(Method::PUT, &p, &t.owner, Some(json!({"name": "moved hook"})), 200).await;
+    assert_eq!((&cleared["webhook_url"], &cleared["webhook_secret_configured"]), (&Value::Null, &json!(true)));
+    for url in ["https://elsewhere.example.net/a", "https://hooks.example.com/a"] {
+        let set_again = json!({"name": "moved hook", "webhook_url": url});
+        let (status, body) = error_body(s.send_json(Method::PUT, &p, &t.owner, Some(set_again)).await).await;
+        assert_eq!((status, body["error_code"].as_str().unwrap()), (400, "invalid_webhook_secret"), "{url}: {body}");
+    }
+    let with_secret =
+        json!({"name": "moved hook", "webhook_url": "https://elsewhere.example.net/a", "webhook_secret": "n3w"});
+    let project = s.expect(Method::PUT, &p, &t.owner, Some(with_secret), 200).await;
+    assert_eq!(project["webhook_url"], "https://elsewhere.example.net/a");
 }
 
 /// Credits are charged to the project's owner, but only to an owner who

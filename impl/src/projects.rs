@@ -311,13 +311,22 @@ pub async fn replace(
             if changes.is_empty() {
                 return Ok(before);
             }
-            if let (Some(was), Some(url), None) = (&before.webhook_url, &input.webhook_url, &input.webhook_secret) {
-                if before.webhook_secret_configured && !validate::same_destination(was, url) {
+            // A secret stored with no URL, or with the URL cleared since,
+            // was set for no origin: a URL set now needs it given again too.
+            if let (Some(url), None, true) =
+                (&input.webhook_url, &input.webhook_secret, before.webhook_secret_configured)
+            {
+                let from = match &before.webhook_url {
+                    Some(was) if validate::same_destination(was, url) => None,
+                    Some(was) => Some(format!("moves from `{was}` to `{url}`, another origin")),
+                    None => Some(format!("is set to `{url}` where there was none")),
+                };
+                if let Some(from) = from {
                     return Err(Failure::invalid(
                         "webhook_secret",
                         format_args!(
-                            "the webhook moves from `{was}` to `{url}`, another origin: give `webhook_secret` again \
-                             (or an empty string for none), since a stored secret only signs for where it was set"
+                            "the webhook {from}: give `webhook_secret` again (or an empty string for none), \
+                             since a stored secret only signs for where it was set"
                         ),
                     ));
                 }
