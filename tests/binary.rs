@@ -708,6 +708,44 @@ async fn a_backup_made_beside_a_running_server_starts_a_server_that_reads_its_se
     }
 }
 
+/// `admin backup` with a key that opens none of the data dir's sealed
+/// secrets (another data dir's, a wrong `--secret-key-file`) refuses: it
+/// says which key file, and leaves nothing that looks like a backup.
+#[tokio::test]
+async fn a_backup_with_a_key_that_opens_nothing_sealed_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let (mut server, key) = first_start(dir.path());
+    seal_a_secret(&server, &key).await;
+    server.stop();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let wrong = elsewhere.path().join("other.key");
+    sparring_impl::secrets::Secrets::load_or_create(&wrong).unwrap();
+    let to = elsewhere.path().join("backup");
+
+    let (status, stdout, stderr) = run(&[
+        "admin",
+        "backup",
+        "--data-dir",
+        data_dir,
+        "--secret-key-file",
+        wrong.to_str().unwrap(),
+        "--to",
+        to.to_str().unwrap(),
+    ]);
+    assert!(!status.success(), "{stdout}{stderr}");
+    assert!(!stdout.contains("backed up"), "{stdout}");
+    let error = stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(error.contains(wrong.to_str().unwrap()), "the error does not name the key file: {error}");
+    assert!(error.contains("SPARRING_SECRET_KEY_FILE"), "the error does not say what to do: {error}");
+    assert!(!to.join("sparring.db").exists() && !to.join("secret.key").exists(), "a backup that looks made");
+
+    // With the data dir's own key, into the same directory: made.
+    let (status, stdout, stderr) = run(&["admin", "backup", "--data-dir", data_dir, "--to", to.to_str().unwrap()]);
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("1 sealed secrets, with the secret key"), "{stdout}");
+}
+
 /// `sparring demo`'s data dir is its owner's alone, as every data dir.
 #[cfg(unix)]
 #[test]

@@ -7,7 +7,10 @@
 //! with no write-ahead log beside it. The secret key goes with it, or the
 //! stored secrets (credentials, header values, webhook secrets) could never be
 //! read again; and the previous keys of a rotation that did not finish, which
-//! some secrets may still be sealed with.
+//! some secrets may still be sealed with. Those keys must open the copy's
+//! sealed secrets, as a server started on it checks; a key that does not
+//! (another data dir's, a wrong `--secret-key-file`) is refused before the
+//! copy is named as a database.
 //!
 //! A key rotation (`admin rotate-secret-key`, with the server stopped) could
 //! change the key files while the copy is made, so that the copied database
@@ -118,7 +121,6 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
         anyhow::bail!("the copy does not check out ({check}); it is left at {}", partial.display());
     }
     let sealed = crate::reseal::count_sealed(&conn)?;
-    drop(conn);
     if sealed > 0 && keys.current.is_none() {
         anyhow::bail!(
             "the database holds {sealed} sealed secrets but there is no secret key at {}: give the key file the \
@@ -127,6 +129,23 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
             partial.display()
         );
     }
+    // The keys that go with the copy must open it, as a server started on
+    // it requires (`start`): another data dir's key, or a wrong
+    // --secret-key-file, would make a backup whose secrets are lost.
+    if let Some(current) = &keys.current {
+        let secrets = secrets::Secrets::from_contents(&key_path, current, keys.previous.as_deref())
+            .with_context(|| format!("the backup is not made (the copy is left at {})", partial.display()))?;
+        if let Some(context) = crate::reseal::key_opens(&conn, &secrets)? {
+            anyhow::bail!(
+                "the secret key at {} does not open what the database holds sealed ({context}, and the first value \
+                 of each sealed column): is it this data dir's key? Give the key file the server uses with \
+                 --secret-key-file (or SPARRING_SECRET_KEY_FILE); the backup is not made (the copy is left at {})",
+                key_path.display(),
+                partial.display()
+            );
+        }
+    }
+    drop(conn);
     let to_key = to.join(secrets::KEY_FILE);
     for (bytes, path) in [(&keys.current, to_key.clone()), (&keys.previous, secrets::previous_path(&to_key))] {
         if let Some(bytes) = bytes {
