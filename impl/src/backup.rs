@@ -83,6 +83,7 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
     }
     // Readable by its owner only, like the data dir: it holds the same. An
     // empty directory given keeps the mode it was made with otherwise.
+    let parents = parents_to_sync(to);
     crate::create_data_dir(to)?;
     #[cfg(unix)]
     {
@@ -154,13 +155,35 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
     }
     std::fs::rename(&partial, &copy)
         .with_context(|| format!("renaming {} to {}", partial.display(), copy.display()))?;
+    // The backup is durable once the directories naming its files are:
+    // `to`, then its parent and those of the directories made for it.
     std::fs::File::open(to)?.sync_all()?;
+    for dir in &parents {
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing {}", dir.display()))?;
+    }
     Ok(Backup {
         database_bytes: std::fs::metadata(&copy)?.len(),
         schema_version: found,
         sealed,
         with_key: keys.current.is_some(),
     })
+}
+
+/// The directories whose entries name `to` or a directory that creating
+/// `to` makes, nearest first: `to`'s parent, and up to the first directory
+/// that exists. Read before `to` is created.
+fn parents_to_sync(to: &Path) -> Vec<PathBuf> {
+    let mut parents = Vec::new();
+    let mut dir = to;
+    while let Some(parent) = dir.parent() {
+        let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+        parents.push(parent.to_path_buf());
+        if parent.exists() {
+            break;
+        }
+        dir = parent;
+    }
+    parents
 }
 
 /// Writes `bytes` to a new file at `path` readable by its owner only, and
@@ -178,4 +201,25 @@ fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     f.write_all(bytes)?;
     f.sync_all()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `to`'s parent always (its entry for `to`), and each directory made
+    /// for `to` has its parent synced too, up to one that was there.
+    #[test]
+    fn the_directories_naming_a_new_backup_are_synced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        let nested = t.join("a/b/c");
+        assert_eq!(parents_to_sync(&nested), [t.join("a/b"), t.join("a"), t.to_path_buf()]);
+        std::fs::create_dir(t.join("a")).unwrap();
+        assert_eq!(parents_to_sync(&nested), [t.join("a/b"), t.join("a")]);
+        std::fs::create_dir_all(&nested).unwrap();
+        assert_eq!(parents_to_sync(&nested), [t.join("a/b")]);
+        assert_eq!(parents_to_sync(Path::new("nightly")), [Path::new(".")]);
+        assert_eq!(parents_to_sync(Path::new("/")), Vec::<PathBuf>::new());
+    }
 }
