@@ -53,8 +53,15 @@ impl Keys {
 }
 
 /// Copies `data_dir` (its key at `key_file`, or the data dir's own) to
-/// `to`, a directory that must not exist or be empty.
-pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::Result<Backup> {
+/// `to`, a directory that must not exist or be empty. `copying` is told the
+/// bytes of data the copy is about to read (what the database holds, its
+/// free pages left out), once, before it starts.
+pub fn backup(
+    data_dir: &Path,
+    key_file: Option<PathBuf>,
+    to: &Path,
+    copying: impl FnOnce(u64),
+) -> anyhow::Result<Backup> {
     crate::require_data_dir(data_dir)?;
     let source = data_dir.join(DATABASE_FILE);
     let found = store::schema_version(&source).with_context(|| format!("reading {}", source.display()))?;
@@ -94,6 +101,7 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
     let key_path = key_file.unwrap_or_else(|| data_dir.join(secrets::KEY_FILE));
     let copy = to.join(DATABASE_FILE);
     let mut keys = None;
+    let mut copying = Some(copying);
     for _ in 0..3 {
         let before = Keys::read(&key_path)?;
         let _ = std::fs::remove_file(&partial);
@@ -104,6 +112,11 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
         let conn = rusqlite::Connection::open_with_flags(&source, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .with_context(|| format!("opening {}", source.display()))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))?;
+        if let Some(say) = copying.take() {
+            let pages = |pragma: &str| conn.query_row(&format!("PRAGMA {pragma}"), [], |r| r.get::<_, i64>(0));
+            let used = (pages("page_count")? - pages("freelist_count")?) * pages("page_size")?;
+            say(u64::try_from(used).unwrap_or(0));
+        }
         let target = partial.to_str().with_context(|| format!("{} is not UTF-8", partial.display()))?;
         conn.execute("VACUUM INTO ?1", [target]).with_context(|| format!("copying {}", source.display()))?;
         drop(conn);
