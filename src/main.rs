@@ -334,9 +334,13 @@ async fn admin(command: AdminCommand) -> anyhow::Result<()> {
         }
         AdminCommand::Backup { data_dir, secret_key_file, to } => {
             let (from, into) = (data_dir.clone(), to.clone());
-            let made =
-                tokio::task::spawn_blocking(move || sparring_impl::backup::backup(&from, secret_key_file, &into))
-                    .await??;
+            // A large database takes a while to copy: said before it starts.
+            let backing_up = format!("backing up {} to {}", data_dir.display(), to.display());
+            let copying = move |bytes: u64| eprintln!("{backing_up} (copying {:.1} MB) …", bytes as f64 / 1e6);
+            let made = tokio::task::spawn_blocking(move || {
+                sparring_impl::backup::backup(&from, secret_key_file, &into, copying)
+            })
+            .await??;
             println!(
                 "backed up {} to {}: {:.1} MB of database at schema version {}, {} sealed secrets, {}",
                 data_dir.display(),

@@ -617,6 +617,9 @@ async fn a_backup_made_beside_a_running_server_starts_a_server_that_reads_its_se
     let (status, stdout, stderr) = run(&["admin", "backup", "--data-dir", data_dir, "--to", to_str]);
     assert!(status.success(), "{stderr}");
     assert!(stdout.contains("1 sealed secrets, with the secret key"), "{stdout}");
+    // Said before the copy starts, with how much it copies.
+    assert!(stderr.contains(&format!("backing up {data_dir} to {to_str} (copying ")), "{stderr}");
+    assert!(stderr.contains(" MB) …"), "{stderr}");
     // Written after the backup: not in it.
     let later = http()
         .post(server.url("/v1/projects"))
@@ -706,6 +709,72 @@ async fn a_backup_made_beside_a_running_server_starts_a_server_that_reads_its_se
         assert!(status.success(), "{stderr}");
         assert_eq!(std::fs::metadata(&open).unwrap().permissions().mode() & 0o777, 0o700);
     }
+}
+
+/// `admin backup` with a key that opens none of the data dir's sealed
+/// secrets (another data dir's, a wrong `--secret-key-file`) refuses: it
+/// says which key file, and leaves nothing that looks like a backup.
+#[tokio::test]
+async fn a_backup_with_a_key_that_opens_nothing_sealed_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let (mut server, key) = first_start(dir.path());
+    seal_a_secret(&server, &key).await;
+    server.stop();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let wrong = elsewhere.path().join("other.key");
+    sparring_impl::secrets::Secrets::load_or_create(&wrong).unwrap();
+    let to = elsewhere.path().join("backup");
+
+    let (status, stdout, stderr) = run(&[
+        "admin",
+        "backup",
+        "--data-dir",
+        data_dir,
+        "--secret-key-file",
+        wrong.to_str().unwrap(),
+        "--to",
+        to.to_str().unwrap(),
+    ]);
+    assert!(!status.success(), "{stdout}{stderr}");
+    assert!(!stdout.contains("backed up"), "{stdout}");
+    let error = stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(error.contains(wrong.to_str().unwrap()), "the error does not name the key file: {error}");
+    assert!(error.contains("SPARRING_SECRET_KEY_FILE"), "the error does not say what to do: {error}");
+    assert!(!to.join("sparring.db").exists() && !to.join("secret.key").exists(), "a backup that looks made");
+
+    // With the data dir's own key, into the same directory: made.
+    let (status, stdout, stderr) = run(&["admin", "backup", "--data-dir", data_dir, "--to", to.to_str().unwrap()]);
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("1 sealed secrets, with the secret key"), "{stdout}");
+}
+
+/// A start that migrates the database says so before it does, and only
+/// then: not on a new data dir, not on one already at this build's schema.
+#[test]
+fn a_start_that_migrates_the_database_says_so_first() {
+    let dir = tempfile::tempdir().unwrap();
+    // A database as the first release left it: its first migration alone.
+    let conn = rusqlite::Connection::open(dir.path().join(sparring_impl::DATABASE_FILE)).unwrap();
+    conn.execute_batch(include_str!("../impl/migrations/0001_foundation.sql")).unwrap();
+    conn.pragma_update(None, "user_version", 1).unwrap();
+    drop(conn);
+
+    let mut server = serve(dir.path());
+    let stderr = server.proc.stderr();
+    let said =
+        format!(r#""msg":"migrating the database from schema version 1 to {}""#, sparring_impl::store::SCHEMA_VERSION);
+    let at = stderr.find(&said).unwrap_or_else(|| panic!("no {said} in: {stderr}"));
+    assert!(at < stderr.find(common::process::SERVING).unwrap(), "{stderr}");
+    server.stop();
+    // At this build's schema now: nothing to say.
+    let mut again = serve(dir.path());
+    assert!(!again.proc.stderr().contains("migrating"), "{}", again.proc.stderr());
+    again.stop();
+    let fresh = tempfile::tempdir().unwrap();
+    let (mut new, _) = first_start(fresh.path());
+    assert!(!new.proc.stderr().contains("migrating"), "{}", new.proc.stderr());
+    new.stop();
 }
 
 /// `sparring demo`'s data dir is its owner's alone, as every data dir.

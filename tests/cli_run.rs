@@ -991,3 +991,44 @@ async fn a_report_that_cannot_be_written_at_the_end_leaves_the_verdict() {
     assert!(p.stdout().contains(": PASSED;"), "{}", p.stdout());
     assert!(p.stderr().contains("only the report"), "{}", p.stderr());
 }
+
+/// The report is replaced whole, never rewritten in place: a command killed
+/// while it writes its report (here by the file size limit, SIGXFSZ, as
+/// the report it replaces the "unfinished" one with grows past it) leaves
+/// the report that was there, whole, not a cut-off XML file.
+#[cfg(unix)]
+#[test]
+fn a_kill_while_the_report_is_written_leaves_the_one_before_whole() {
+    use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let j = junit.to_str().unwrap();
+    // No key: the "unfinished" report, then the longer "not started" one.
+    let args = ["run", "--url", "http://127.0.0.1:1", "--test", "tst_x", "--junit", j];
+    let run = |limit: Option<u64>| {
+        let mut cmd = std::process::Command::new(common::process::BIN);
+        cmd.args(args).env("SPARRING_API_KEY", "").env_remove("SPARRING_URL");
+        if let Some(limit) = limit {
+            // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    rlimit::setrlimit(rlimit::Resource::CORE, 0, 0)?;
+                    rlimit::setrlimit(rlimit::Resource::FSIZE, limit, limit)
+                });
+            }
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(None);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let whole = std::fs::read_to_string(&junit).unwrap();
+    assert!(whole.contains(r#"type="not_started""#), "{whole}");
+
+    // Files may grow to one byte short of that report: the "unfinished"
+    // one is written, the one after it is cut off.
+    std::fs::remove_file(&junit).unwrap();
+    let out = run(Some(whole.len() as u64 - 1));
+    assert_eq!(out.status.signal(), Some(25), "not killed by SIGXFSZ: {}", String::from_utf8_lossy(&out.stderr));
+    let left = std::fs::read_to_string(&junit).unwrap();
+    assert!(left.contains(r#"type="unfinished""#) && left.trim_end().ends_with("</testsuites>"), "{left}");
+}

@@ -403,19 +403,36 @@ async fn a_path_no_bridged_operation_has_is_a_404_or_405_whatever_its_query_and_
         assert_eq!(allow, allowed, "{method} {path}: {e}");
     }
     // Before the credential, as dropshot's router answers: without a key,
-    // the same 404 or 405, not a 401.
-    for (method, path, status) in [
-        (Method::GET, "/v1/test-results/other/call_1", 404),
-        (Method::POST, "/v1/reviews/other/cal_1/close", 404),
-        (Method::POST, "/v1/reviews/foo", 405),
-        (Method::GET, "/v1/tests/tst_1/foo", 404),
+    // the same 404 or 405 (with the same `Allow`), not a 401. Every route
+    // the bridge checks literals on, with each method it serves there.
+    for (method, path, status, allowed) in [
+        (Method::GET, "/v1/activity/resourcex/a/b", 404, Vec::<&str>::new()),
+        (Method::GET, "/v1/test-results/other/call_1", 404, vec![]),
+        (Method::GET, "/v1/reviews/other/cal_1", 404, vec![]),
+        (Method::POST, "/v1/reviews/other/cal_1/close", 404, vec![]),
+        (Method::POST, "/v1/reviews/foo", 405, vec!["DELETE"]),
+        (Method::POST, "/v1/reviews/reviewers", 405, vec!["DELETE", "GET"]),
+        (Method::GET, "/v1/reviews/foo", 405, vec!["DELETE"]),
+        (Method::GET, "/v1/reviews/rev_123?limit=abc", 405, vec!["DELETE"]),
+        (Method::GET, "/v1/tests/tst_1/foo", 404, vec![]),
     ] {
         let resp = s.http.request(method.clone(), s.url(path)).send().await.unwrap();
+        let allow: Vec<String> =
+            resp.headers().get_all("allow").iter().map(|v| v.to_str().unwrap().to_string()).collect();
         assert_eq!(resp.status().as_u16(), status, "{method} {path} without a key");
+        assert_eq!(allow, allowed, "{method} {path} without a key");
     }
-    // A documented path without a key: 401.
-    let resp = s.http.get(s.url("/v1/test-results/by-call/call_1")).send().await.unwrap();
-    assert_eq!(resp.status().as_u16(), 401);
+    // A documented path without a key: 401, shared routes' included.
+    for (method, path) in [
+        (Method::GET, "/v1/test-results/by-call/call_1"),
+        (Method::GET, "/v1/reviews/calibration"),
+        (Method::GET, "/v1/reviews/reviewers"),
+        (Method::POST, "/v1/reviews/calibration"),
+        (Method::DELETE, "/v1/reviews/foo"),
+    ] {
+        let resp = s.http.request(method.clone(), s.url(path)).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 401, "{method} {path} without a key");
+    }
     // As dropshot's router does for a route it holds: one `Allow` per method.
     let (status, allow, e) = send(Method::GET, "/v1/api-keys/key_1", json, "").await;
     assert_eq!((status, allow), (405, vec!["DELETE".to_string()]), "{e}");

@@ -7,7 +7,10 @@
 //! with no write-ahead log beside it. The secret key goes with it, or the
 //! stored secrets (credentials, header values, webhook secrets) could never be
 //! read again; and the previous keys of a rotation that did not finish, which
-//! some secrets may still be sealed with.
+//! some secrets may still be sealed with. Those keys must open the copy's
+//! sealed secrets, as a server started on it checks; a key that does not
+//! (another data dir's, a wrong `--secret-key-file`) is refused before the
+//! copy is named as a database.
 //!
 //! A key rotation (`admin rotate-secret-key`, with the server stopped) could
 //! change the key files while the copy is made, so that the copied database
@@ -50,8 +53,15 @@ impl Keys {
 }
 
 /// Copies `data_dir` (its key at `key_file`, or the data dir's own) to
-/// `to`, a directory that must not exist or be empty.
-pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::Result<Backup> {
+/// `to`, a directory that must not exist or be empty. `copying` is told the
+/// bytes of data the copy is about to read (what the database holds, its
+/// free pages left out), once, before it starts.
+pub fn backup(
+    data_dir: &Path,
+    key_file: Option<PathBuf>,
+    to: &Path,
+    copying: impl FnOnce(u64),
+) -> anyhow::Result<Backup> {
     crate::require_data_dir(data_dir)?;
     let source = data_dir.join(DATABASE_FILE);
     let found = store::schema_version(&source).with_context(|| format!("reading {}", source.display()))?;
@@ -80,6 +90,7 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
     }
     // Readable by its owner only, like the data dir: it holds the same. An
     // empty directory given keeps the mode it was made with otherwise.
+    let parents = parents_to_sync(to);
     crate::create_data_dir(to)?;
     #[cfg(unix)]
     {
@@ -90,6 +101,7 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
     let key_path = key_file.unwrap_or_else(|| data_dir.join(secrets::KEY_FILE));
     let copy = to.join(DATABASE_FILE);
     let mut keys = None;
+    let mut copying = Some(copying);
     for _ in 0..3 {
         let before = Keys::read(&key_path)?;
         let _ = std::fs::remove_file(&partial);
@@ -100,6 +112,11 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
         let conn = rusqlite::Connection::open_with_flags(&source, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .with_context(|| format!("opening {}", source.display()))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))?;
+        if let Some(say) = copying.take() {
+            let pages = |pragma: &str| conn.query_row(&format!("PRAGMA {pragma}"), [], |r| r.get::<_, i64>(0));
+            let used = (pages("page_count")? - pages("freelist_count")?) * pages("page_size")?;
+            say(u64::try_from(used).unwrap_or(0));
+        }
         let target = partial.to_str().with_context(|| format!("{} is not UTF-8", partial.display()))?;
         conn.execute("VACUUM INTO ?1", [target]).with_context(|| format!("copying {}", source.display()))?;
         drop(conn);
@@ -118,7 +135,6 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
         anyhow::bail!("the copy does not check out ({check}); it is left at {}", partial.display());
     }
     let sealed = crate::reseal::count_sealed(&conn)?;
-    drop(conn);
     if sealed > 0 && keys.current.is_none() {
         anyhow::bail!(
             "the database holds {sealed} sealed secrets but there is no secret key at {}: give the key file the \
@@ -127,6 +143,23 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
             partial.display()
         );
     }
+    // The keys that go with the copy must open it, as a server started on
+    // it requires (`start`): another data dir's key, or a wrong
+    // --secret-key-file, would make a backup whose secrets are lost.
+    if let Some(current) = &keys.current {
+        let secrets = secrets::Secrets::from_contents(&key_path, current, keys.previous.as_deref())
+            .with_context(|| format!("the backup is not made (the copy is left at {})", partial.display()))?;
+        if let Some(context) = crate::reseal::key_opens(&conn, &secrets)? {
+            anyhow::bail!(
+                "the secret key at {} does not open what the database holds sealed ({context}, and the first value \
+                 of each sealed column): is it this data dir's key? Give the key file the server uses with \
+                 --secret-key-file (or SPARRING_SECRET_KEY_FILE); the backup is not made (the copy is left at {})",
+                key_path.display(),
+                partial.display()
+            );
+        }
+    }
+    drop(conn);
     let to_key = to.join(secrets::KEY_FILE);
     for (bytes, path) in [(&keys.current, to_key.clone()), (&keys.previous, secrets::previous_path(&to_key))] {
         if let Some(bytes) = bytes {
@@ -135,13 +168,35 @@ pub fn backup(data_dir: &Path, key_file: Option<PathBuf>, to: &Path) -> anyhow::
     }
     std::fs::rename(&partial, &copy)
         .with_context(|| format!("renaming {} to {}", partial.display(), copy.display()))?;
+    // The backup is durable once the directories naming its files are:
+    // `to`, then its parent and those of the directories made for it.
     std::fs::File::open(to)?.sync_all()?;
+    for dir in &parents {
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing {}", dir.display()))?;
+    }
     Ok(Backup {
         database_bytes: std::fs::metadata(&copy)?.len(),
         schema_version: found,
         sealed,
         with_key: keys.current.is_some(),
     })
+}
+
+/// The directories whose entries name `to` or a directory that creating
+/// `to` makes, nearest first: `to`'s parent, and up to the first directory
+/// that exists. Read before `to` is created.
+fn parents_to_sync(to: &Path) -> Vec<PathBuf> {
+    let mut parents = Vec::new();
+    let mut dir = to;
+    while let Some(parent) = dir.parent() {
+        let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+        parents.push(parent.to_path_buf());
+        if parent.exists() {
+            break;
+        }
+        dir = parent;
+    }
+    parents
 }
 
 /// Writes `bytes` to a new file at `path` readable by its owner only, and
@@ -159,4 +214,25 @@ fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     f.write_all(bytes)?;
     f.sync_all()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `to`'s parent always (its entry for `to`), and each directory made
+    /// for `to` has its parent synced too, up to one that was there.
+    #[test]
+    fn the_directories_naming_a_new_backup_are_synced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        let nested = t.join("a/b/c");
+        assert_eq!(parents_to_sync(&nested), [t.join("a/b"), t.join("a"), t.to_path_buf()]);
+        std::fs::create_dir(t.join("a")).unwrap();
+        assert_eq!(parents_to_sync(&nested), [t.join("a/b"), t.join("a")]);
+        std::fs::create_dir_all(&nested).unwrap();
+        assert_eq!(parents_to_sync(&nested), [t.join("a/b")]);
+        assert_eq!(parents_to_sync(Path::new("nightly")), [Path::new(".")]);
+        assert_eq!(parents_to_sync(Path::new("/")), Vec::<PathBuf>::new());
+    }
 }

@@ -321,6 +321,17 @@ pub fn dropshot_config(bind: SocketAddr) -> ConfigDropshot {
 
 pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningServer> {
     let lock = lock_data_dir(&config.data_dir)?;
+    // Migrations run as the store opens, before anything else is logged: a
+    // long one is said first, so that a start that seems to hang does not.
+    // A new database (version 0) is made at once; what the version cannot
+    // be read for, opening the store says.
+    let database = config.data_dir.join(DATABASE_FILE);
+    if let Ok(found) = store::schema_version(&database) {
+        if found > 0 && found < store::SCHEMA_VERSION {
+            slog::info!(log, "migrating the database from schema version {} to {}", found, store::SCHEMA_VERSION;
+                "database" => %database.display());
+        }
+    }
     let store = open_store(&config.data_dir)?;
     let key_path = config.secret_key_path();
     if !key_path.exists() {

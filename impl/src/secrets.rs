@@ -65,6 +65,22 @@ impl Secrets {
         Ok(Secrets { current: Key::new(&current), others })
     }
 
+    /// The keys that the key file at `path` and its `.previous` held when
+    /// they were read as `current` and `previous` (their contents); nothing
+    /// is read or created. An error names the file whose content is not a
+    /// key.
+    pub fn from_contents(path: &Path, current: &[u8], previous: Option<&[u8]>) -> Result<Secrets, SecretError> {
+        let current =
+            parse_key_text(current).map_err(|problem| SecretError::KeyFile { path: path.to_path_buf(), problem })?;
+        let others = match previous {
+            None => Vec::new(),
+            Some(text) => {
+                parse_previous(text).map_err(|problem| SecretError::KeyFile { path: previous_path(path), problem })?
+            }
+        };
+        Ok(Secrets { current: Key::new(&current), others: others.iter().map(Key::new).collect() })
+    }
+
     #[cfg(test)]
     fn from_bytes(current: [u8; 32], others: &[[u8; 32]]) -> Secrets {
         Secrets { current: Key::new(&current), others: others.iter().map(Key::new).collect() }
@@ -113,8 +129,19 @@ pub fn previous_path(path: &Path) -> PathBuf {
 }
 
 fn read_key_file(path: &Path) -> Result<[u8; 32], String> {
-    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    parse_key_text(&std::fs::read(path).map_err(|e| e.to_string())?)
+}
+
+/// A key file's content: one key.
+fn parse_key_text(bytes: &[u8]) -> Result<[u8; 32], String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| e.to_string())?;
     parse_key(text.trim())
+}
+
+/// A `.previous` file's content: one key per line.
+fn parse_previous(bytes: &[u8]) -> Result<Vec<[u8; 32]>, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| e.to_string())?;
+    text.lines().filter(|l| !l.trim().is_empty()).map(|l| parse_key(l.trim())).collect()
 }
 
 fn parse_key(hex: &str) -> Result<[u8; 32], String> {
@@ -126,8 +153,8 @@ fn parse_key(hex: &str) -> Result<[u8; 32], String> {
 /// the file they are in (`<key file>.previous`), not the key file.
 fn read_previous(path: &Path) -> Result<Vec<[u8; 32]>, SecretError> {
     let previous = previous_path(path);
-    let read = match std::fs::read_to_string(&previous) {
-        Ok(text) => text.lines().filter(|l| !l.trim().is_empty()).map(|l| parse_key(l.trim())).collect(),
+    let read = match std::fs::read(&previous) {
+        Ok(bytes) => parse_previous(&bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(e.to_string()),
     };

@@ -6784,6 +6784,19 @@ pub mod params {
     pub struct SharedGetReviewsIdRoute {
         pub id: String,
     }
+    impl crate::RouteLiterals for SharedGetReviewsIdRoute {
+        fn check(&self) -> Result<(), dropshot::HttpError> {
+            if self.id == "calibration" || self.id == "reviewers" {
+                return Ok(());
+            }
+            let mut allow = Vec::new();
+            allow.push("DELETE");
+            if self.id == "calibration" {
+                allow.push("POST");
+            }
+            Err(crate::no_route(&allow))
+        }
+    }
 }
 /// Operations whose documented path dropshot cannot route as written.
 pub const BRIDGED_ROUTES: &[BridgedRoute] = &[
@@ -8877,7 +8890,7 @@ pub trait SparringApi {
     unpublished = true}]
     async fn shared_get_reviews_id_endpoint(
         rqctx: dropshot::RequestContext<Self::Context>,
-        input: Input<dropshot::Path<params::SharedGetReviewsIdRoute>, Nothing, Nothing>,
+        input: Input<RoutePath<params::SharedGetReviewsIdRoute>, Nothing, Nothing>,
     ) -> Result<http::Response<dropshot::Body>, dropshot::HttpError> {
         let route = input.path.into_inner();
         if route.id == "calibration" {

@@ -72,7 +72,33 @@ pub fn junit(
 /// Writes the report `xml` (or says why it could not be made) at `path`.
 pub fn write(path: &std::path::Path, xml: anyhow::Result<String>) -> anyhow::Result<()> {
     let xml = xml.context("writing the JUnit report")?;
-    std::fs::write(path, xml).with_context(|| format!("writing the JUnit report to {}", path.display()))
+    replace(path, xml.as_bytes()).with_context(|| format!("writing the JUnit report to {}", path.display()))
+}
+
+/// Writes `bytes` whole to a new file beside `path`, then renames it over
+/// `path`: the file at `path` is always a whole report (the one before,
+/// until the new one is complete), even if the command is killed while it
+/// writes.
+fn replace(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let name = path.file_name().context("the path names no file")?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let mut tmp = std::ffi::OsString::from(".");
+    tmp.push(name);
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = dir.join(tmp);
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        // On disk before it is named as the report, so that a power loss
+        // does not leave an empty report either.
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    Ok(written?)
 }
 
 /// The report of one suite, as XML.

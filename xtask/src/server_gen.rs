@@ -228,6 +228,8 @@ pub struct ServerItems {
 struct SharedMember {
     /// `route.<var> == "<literal>"` for each literal of the documented path.
     matches: TokenStream,
+    /// The same, of `self` (in the route's `RouteLiterals::check`).
+    check: TokenStream,
     /// Builds `path` and `query`, then answers with the operation's method.
     serve: TokenStream,
 }
@@ -645,6 +647,7 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
             };
             shared_members.entry(key.clone()).or_default().push(SharedMember {
                 matches: literals_match(route, &quote!(route)),
+                check: literals_match(route, &quote!(self)),
                 serve: quote! {
                     #build_path
                     #build_query
@@ -687,7 +690,9 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
     }
 
     // One endpoint per shared route: the first operation whose literals
-    // match answers; none is a 404 (or 405) like any unknown path.
+    // match answers; none is a 404 (or 405) like any unknown path, answered
+    // by the route's `RouteLiterals` as the path is extracted (the endpoint's
+    // own answer for it is never reached).
     for ((method, route_path), members) in shared_members {
         let name = format!("shared_{}_{}", method.to_lowercase(), route_path.to_snake_case());
         let endpoint_ident = format_ident!("{name}_endpoint");
@@ -714,6 +719,21 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
             "Serves every operation routed to {method} {route_path}, told apart by their literal segments \
              (unpublished: each is documented by `SharedRouteDocs`)."
         ));
+        // The route's path is checked as it is extracted (`RoutePath`, before
+        // the credential, the query and the body): a path none of the
+        // members take is answered as dropshot's router answers it.
+        let any_member = members.iter().map(|m| &m.check);
+        let miss_self = no_route(&ops, method, &route_path, &quote!(self));
+        params.push(quote! {
+            impl crate::RouteLiterals for #route_ty {
+                fn check(&self) -> Result<(), dropshot::HttpError> {
+                    if #(#any_member)||* {
+                        return Ok(());
+                    }
+                    #miss_self
+                }
+            }
+        });
         let miss = no_route(&ops, method, &route_path, &quote!(route));
         let arms = members.iter().map(|m| {
             let (matches, serve) = (&m.matches, &m.serve);
@@ -726,7 +746,7 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
             #[endpoint { method = #method_tok, path = #full_path, operation_id = #name, unpublished = true }]
             async fn #endpoint_ident(
                 rqctx: dropshot::RequestContext<Self::Context>,
-                input: Input<dropshot::Path<params::#route_ty>, Nothing, Nothing>,
+                input: Input<RoutePath<params::#route_ty>, Nothing, Nothing>,
             ) -> Result<http::Response<dropshot::Body>, dropshot::HttpError> {
                 let route = input.path.into_inner();
                 #(#arms)*
