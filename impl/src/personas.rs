@@ -493,7 +493,7 @@ pub(crate) mod tests {
         store
             .write_blocking::<_, Failure, _>(|tx| {
                 tx.execute_batch(
-                    "INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't');
+                    "INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', NULL);
                      INSERT INTO personas VALUES ('per_1', 'prj_1', 'caller', '{}', 't', 't');
                      INSERT INTO channels VALUES ('chn_1', 'prj_1', 'web', 'http', 'https://a.example', NULL, '[]',
                                                   NULL, 1000, 600, 't', 't');

@@ -1267,7 +1267,7 @@ mod tests {
             .write_blocking::<_, Failure, _>(|tx| {
                 tx.execute_batch(
                     "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
-                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't');
+                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', NULL);
                      INSERT INTO batch_runs (id, project_id, user_id, source, status, concurrency, metadata,
                                              created_at, updated_at)
                      VALUES ('brn_1', 'prj_1', 'usr_1', 'batch', 'running', 10, '{}', 't', 't');",
@@ -1316,7 +1316,7 @@ mod tests {
             .write_blocking::<_, Failure, _>(|tx| {
                 tx.execute_batch(
                     "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
-                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't');
+                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', NULL);
                      INSERT INTO batch_runs (id, project_id, user_id, source, status, concurrency, total, passed,
                                              errored, metadata, created_at, updated_at)
                      VALUES ('brn_1', 'prj_1', 'usr_1', 'test', 'completed', 10, 2, 1, 1, '{}', 't', 't');
