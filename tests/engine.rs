@@ -384,6 +384,59 @@ async fn every_agent_failure_is_an_error_with_a_reason() {
     }
 }
 
+/// A call to an agent that never takes the connection (its address does
+/// not answer) reached no one and costs nothing, over http and websocket,
+/// though the turn timeout ended it; an agent that takes the connection and
+/// never answers costs its started minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_connection_is_never_made_costs_nothing() {
+    let unanswered = common::UnansweredPort::new().await;
+    let taker = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = taker.local_addr().unwrap();
+    let taking = tokio::spawn(async move {
+        let mut taken = Vec::new();
+        while let Ok((stream, _)) = taker.accept().await {
+            taken.push(stream);
+        }
+    });
+    let s = TestServer::start().await;
+    let t = s.team("never connected").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let port = unanswered.port;
+    let cases = [
+        ("http", format!("http://127.0.0.1:{port}/http"), "could not connect to the agent", 0),
+        ("websocket", format!("ws://127.0.0.1:{port}/ws"), "could not connect to the agent", 0),
+        ("http", format!("http://{silent}/http"), "did not answer turn 0 within 500 ms", 1),
+        (
+            "websocket",
+            format!("ws://{silent}/ws"),
+            "did not accept the websocket connection for turn 0 within 500 ms",
+            1,
+        ),
+    ];
+    let mut tests = Vec::new();
+    for (i, (kind, target, _, _)) in cases.iter().enumerate() {
+        let body = json!({"project_id": p, "name": format!("case {i}"), "kind": kind, "target": target,
+                          "turn_timeout_ms": 500});
+        let ch = create(&s, &t.editor, "/v1/channels", body).await;
+        tests.push(create(&s, &t.editor, "/v1/tests", test_body(p, &format!("case {i}"), &ch, &scenario, 1)).await);
+    }
+    let batch =
+        create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "unreached", "test_ids": tests})).await;
+    let run = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, Some(json!({})), 200).await;
+    let done = wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    taking.abort();
+    assert_eq!((done["counts"]["errored"].as_i64(), done["credits_charged"].as_i64()), (Some(4), Some(2)), "{done:#}");
+    for (test, (kind, target, words, credits)) in tests.iter().zip(&cases) {
+        let r = &results_of(&s, &t.viewer, test).await[0];
+        assert_eq!((r["status"].as_str(), r["ended_reason"].as_str()), (Some("error"), Some("agent_error")), "{r:#}");
+        let reason = r["failure_reason"].as_str().unwrap();
+        assert!(reason.contains(words), "{kind} {target}: {reason:?} should say {words:?}");
+        assert_eq!(r["credits"], *credits, "{kind} {target}: {r:#}");
+    }
+}
+
 /// A channel pointed at the reference agent's address rather than its
 /// `/http` path: the agent answers 404 with a pretty-printed JSON body. The
 /// failure reason quotes that body on one line, so a one-line view of it

@@ -572,6 +572,83 @@ async fn bad_test_fields_are_refused_naming_the_field_and_leave_no_trace() {
     assert_eq!(activity_count(&s, &t.owner, &x.project_id).await, before);
 }
 
+/// A result is judged by its scenario's evaluators (a step's named
+/// `step N: <name>`, then the success criteria) and its test's, and reviews
+/// find each evaluation by its name: no two may share one, whichever of
+/// the scenario or the test is changed to make them.
+#[tokio::test]
+async fn a_result_s_evaluations_never_share_a_name() {
+    let s = TestServer::start().await;
+    let t = s.team("evaluation names").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    let p = &x.project_id;
+    let ended = |name: &str| json!({"type": "agent_ended_call", "name": name});
+    let scenario = |name: &str, criteria: Value| {
+        json!({"project_id": p, "name": name, "mode": "scripted", "default_persona_id": x.personas[0],
+               "steps": [{"say": "hi", "expect": [ended("confirms")]}], "success_criteria": criteria})
+    };
+    // A success criterion named as a step's evaluation is in results.
+    let clash = scenario("clash", json!([ended("step 1: confirms")]));
+    refused(&s, Method::POST, "/v1/scenarios", &t.editor, clash, "invalid_name", "success_criteria[0].name").await;
+
+    let booking = id(&create(&s, "/v1/scenarios", &t.editor, scenario("booking", json!([ended("books")]))).await);
+    let other = id(&create(&s, "/v1/scenarios", &t.editor, scenario("other", json!([ended("polite")]))).await);
+    let test = |evaluators: Value| with(x.test("judged"), json!({"scenario_id": booking, "evaluators": evaluators}));
+    let before = activity_count(&s, &t.owner, p).await;
+    for (evaluators, taken) in [
+        (json!([ended("books")]), "success_criteria[0]"),
+        (json!([ended("fine"), ended("step 1: confirms")]), "steps[0].expect[0]"),
+    ] {
+        let (status, e) =
+            error_body(s.send_json(Method::POST, "/v1/tests", &t.editor, Some(test(evaluators))).await).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_name"), "{e}");
+        let message = e["message"].as_str().unwrap();
+        assert!(message.starts_with("evaluators[") && message.contains(&booking) && message.contains(taken), "{e}");
+    }
+    assert_eq!(activity_count(&s, &t.owner, p).await, before, "nothing was created");
+    // A step's `confirms` is `step 1: confirms` in results: a test may have `confirms`.
+    let tst = create(&s, "/v1/tests", &t.editor, test(json!([ended("confirms"), ended("polite")]))).await;
+    let path = format!("/v1/tests/{}", id(&tst));
+
+    // PATCH: the evaluators given, or the scenario moved to.
+    refused(
+        &s,
+        Method::PATCH,
+        &path,
+        &t.editor,
+        json!({"evaluators": [ended("books")]}),
+        "invalid_name",
+        "evaluators[0].name",
+    )
+    .await;
+    let moved = json!({"scenario_id": other});
+    refused(&s, Method::PATCH, &path, &t.editor, moved, "invalid_scenario_id", "evaluators[1]").await;
+    assert_eq!(s.expect(Method::GET, &path, &t.owner, None, 200).await, tst, "unchanged");
+
+    // PUT of the scenario: a criterion named as the test's evaluator is.
+    let scenario_path = format!("/v1/scenarios/{booking}");
+    let hi = json!({"say": "hi", "expect": [ended("confirms")]});
+    let put = |criteria: Value, steps: Value| {
+        with(scenario("booking", criteria), json!({"project_id": null, "steps": steps}))
+    };
+    let taking = put(json!([ended("books"), ended("polite")]), json!([hi]));
+    let (status, e) = error_body(s.send_json(Method::PUT, &scenario_path, &t.editor, Some(taking)).await).await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "in_use"), "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains(&format!("test {} \"judged\"", id(&tst))) && message.contains("`polite`"), "{e}");
+    assert_eq!(s.expect(Method::GET, &scenario_path, &t.viewer, None, 200).await["version"], 1, "unchanged");
+    // So is a step whose evaluation is named as it in results.
+    let evaluators = json!({"evaluators": [ended("confirms"), ended("step 2: fine")]});
+    s.expect(Method::PATCH, &path, &t.editor, Some(evaluators), 200).await;
+    let taking = put(json!([ended("books")]), json!([hi, {"say": "bye", "expect": [ended("fine")]}]));
+    let (status, e) = error_body(s.send_json(Method::PUT, &scenario_path, &t.editor, Some(taking)).await).await;
+    assert_eq!((status, e["error_code"].as_str().unwrap()), (409, "in_use"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("`step 2: fine`"), "{e}");
+    // Names of their own are fine.
+    let apart = put(json!([ended("books"), ended("fine")]), json!([hi, {"say": "bye", "expect": [ended("done")]}]));
+    assert_eq!(s.expect(Method::PUT, &scenario_path, &t.editor, Some(apart), 200).await["version"], 2);
+}
+
 #[tokio::test]
 async fn tests_refer_only_to_their_own_projects_resources() {
     let s = TestServer::start().await;

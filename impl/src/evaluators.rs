@@ -2,11 +2,12 @@
 //! saved so that a bad one is a 400 now rather than a failure mid-run.
 //!
 //! The wire type (a tagged union) already guarantees each `type` has its
-//! fields; this adds what a type cannot say: names unique within a list and
+//! fields; this adds what a type cannot say: names unique within a list
+//! (and among all a result is judged by: see [`scenario_evaluations`]) and
 //! not blank, texts not blank, a `regex` that compiles, `tool_called`
-//! arguments small and shallow, latency and turn
-//! bounds that make sense, an `llm_judge` integration in the same project
-//! that can judge (`openai_compatible`).
+//! arguments small and shallow, latency and turn bounds that make sense,
+//! an `llm_judge` integration in the same project that can judge
+//! (`openai_compatible`).
 
 use std::collections::BTreeSet;
 
@@ -83,7 +84,7 @@ impl std::fmt::Display for At<'_> {
     }
 }
 
-fn name_of(e: &Evaluator) -> &str {
+pub fn name_of(e: &Evaluator) -> &str {
     match e {
         Evaluator::Contains { name, .. }
         | Evaluator::NotContains { name, .. }
@@ -94,6 +95,41 @@ fn name_of(e: &Evaluator) -> &str {
         | Evaluator::ToolCalled { name, .. }
         | Evaluator::LlmJudge { name, .. } => name,
     }
+}
+
+/// The name a result gives the evaluation of an evaluator named `name` of
+/// scripted step `index` (from 0): `step N: <name>`. The evaluators of the
+/// whole call (a scenario's success criteria, a test's evaluators) keep
+/// their own name.
+pub fn step_evaluation_name(index: usize, name: &str) -> String {
+    format!("step {}: {name}", index + 1)
+}
+
+/// Said when a name is taken: reviews and calibration find an evaluation
+/// of a result by its name.
+pub const NAMES_APART: &str = "a result's evaluations each need a name of their own";
+
+/// The names a scenario gives the evaluations of each of its results, in
+/// result order, each with the field of its evaluator (`steps[0].expect[1]`,
+/// `success_criteria[2]`): the evaluators of its steps (`steps`, the names
+/// of each step's `expect`), then its success criteria (`criteria`). A
+/// result holds these, then its test's evaluators; no two of all of them
+/// may share a name.
+pub fn scenario_evaluations(steps: &[Vec<&str>], criteria: &[&str]) -> Vec<(String, String)> {
+    let of_steps = steps.iter().enumerate().flat_map(|(i, names)| {
+        names
+            .iter()
+            .enumerate()
+            .map(move |(j, name)| (step_evaluation_name(i, name), format!("steps[{i}].expect[{j}]")))
+    });
+    let of_criteria = criteria.iter().enumerate().map(|(j, name)| (name.to_string(), format!("success_criteria[{j}]")));
+    of_steps.chain(of_criteria).collect()
+}
+
+/// An evaluator as stored, read for its name only.
+#[derive(serde::Deserialize)]
+pub struct Named {
+    pub name: String,
 }
 
 /// Each judge must be an `openai_compatible` integration of `project_id`

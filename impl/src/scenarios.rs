@@ -13,6 +13,12 @@
 //! replaces the whole editable part (absent optional fields reset to their
 //! defaults) and adds 1 to `version`; results keep the version they ran.
 //!
+//! A result is judged by the scenario's evaluators (a step's named `step N:
+//! <name>`, then the success criteria) and its test's, and no two may
+//! share a name: a success criterion named as a step's evaluation is a 400,
+//! and a `PUT` that names an evaluation as an evaluator of a test playing
+//! the scenario a 409 `in_use` naming the test.
+//!
 //! Viewers and reviewers read; editors and owners create, replace and
 //! delete. Deleting a scenario a test still uses is a 409 `in_use`.
 
@@ -191,6 +197,7 @@ impl ScenarioInput {
         }
         evaluators::check_list("success_criteria", g.success_criteria)?;
         judges.extend(judges_of("success_criteria", g.success_criteria));
+        check_names_apart(g.steps, g.success_criteria)?;
         let max_turns = validate::range("max_turns", g.max_turns.unwrap_or(DEFAULT_MAX_TURNS), 1, MAX_TURNS)?;
         let max_duration_s =
             g.max_duration_s.map(|d| validate::range("max_duration_s", d, 1, MAX_DURATION_S)).transpose()?;
@@ -233,6 +240,12 @@ impl ScenarioInput {
         Ok(())
     }
 
+    /// The names of the evaluations it gives each result (see
+    /// [`evaluators::scenario_evaluations`]).
+    fn evaluations(&self) -> Vec<(String, String)> {
+        evaluations_of(&self.doc.steps, &self.doc.success_criteria)
+    }
+
     fn judge_ids(&self) -> BTreeSet<&str> {
         self.judges.iter().map(|(_, id)| id.as_str()).collect()
     }
@@ -248,6 +261,93 @@ impl ScenarioInput {
         v.insert("default_persona_id".into(), json!(self.default_persona_id));
         v
     }
+}
+
+fn evaluations_of(steps: &[types::ScenarioStep], criteria: &[types::Evaluator]) -> Vec<(String, String)> {
+    let steps: Vec<Vec<&str>> = steps.iter().map(|s| s.expect.iter().map(evaluators::name_of).collect()).collect();
+    let criteria: Vec<&str> = criteria.iter().map(evaluators::name_of).collect();
+    evaluators::scenario_evaluations(&steps, &criteria)
+}
+
+/// Each list's names differ (`evaluators::check_list`), and so do those of
+/// different steps (numbered): a success criterion can still be named as a
+/// step's evaluation is in results (`step 1: confirms`). 400 naming it.
+fn check_names_apart(steps: &[types::ScenarioStep], criteria: &[types::Evaluator]) -> Result<()> {
+    let evaluations = evaluations_of(steps, criteria);
+    let mut seen = std::collections::HashMap::with_capacity(evaluations.len());
+    for (name, at) in &evaluations {
+        if let Some(first) = seen.insert(name.as_str(), at.as_str()) {
+            return Err(Failure::invalid(
+                &format!("{at}.name"),
+                format_args!("`{name}` is also the name results give {first}; {}", evaluators::NAMES_APART),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The names of the evaluations scenario `id` gives each result (see
+/// [`evaluators::scenario_evaluations`]), read from its stored document for
+/// its evaluators' names only.
+pub fn evaluation_names(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<Vec<(String, String)>> {
+    #[derive(Deserialize)]
+    struct Names {
+        steps: Vec<StepNames>,
+        success_criteria: Vec<evaluators::Named>,
+    }
+    #[derive(Deserialize)]
+    struct StepNames {
+        expect: Vec<evaluators::Named>,
+    }
+    let document: String =
+        tx.prepare_cached("SELECT document FROM scenarios WHERE id = ?1")?.query_row(params![id], |r| r.get(0))?;
+    let names: Names = serde_json::from_str(&document).map_err(|e| Failure::from(conversion(0, e)))?;
+    let steps: Vec<Vec<&str>> =
+        names.steps.iter().map(|s| s.expect.iter().map(|e| e.name.as_str()).collect()).collect();
+    let criteria: Vec<&str> = names.success_criteria.iter().map(|e| e.name.as_str()).collect();
+    Ok(evaluators::scenario_evaluations(&steps, &criteria))
+}
+
+/// A result of a test is judged by its scenario's evaluators and the
+/// test's: a change that gives one of the scenario's evaluations the name
+/// of an evaluator of a test that plays it is a 409 `in_use` naming those
+/// tests (at most 5, then "others").
+fn check_no_test_has_a_name(tx: &rusqlite::Transaction<'_>, scenario_id: &str, input: &ScenarioInput) -> Result<()> {
+    #[derive(Deserialize)]
+    struct TestNames {
+        evaluators: Vec<evaluators::Named>,
+    }
+    let evaluations = input.evaluations();
+    let taken: std::collections::HashMap<&str, &str> =
+        evaluations.iter().map(|(name, at)| (name.as_str(), at.as_str())).collect();
+    let mut named = Vec::new();
+    let mut query = tx.prepare_cached("SELECT id, name, document FROM tests WHERE scenario_id = ?1 ORDER BY id")?;
+    let mut rows = query.query(params![scenario_id])?;
+    while let Some(row) = rows.next()? {
+        let document: String = row.get(2)?;
+        let test: TestNames = serde_json::from_str(&document).map_err(|e| Failure::from(conversion(2, e)))?;
+        let Some((name, at)) = test.evaluators.iter().find_map(|e| taken.get_key_value(e.name.as_str())) else {
+            continue;
+        };
+        if named.len() == 5 {
+            named.push("others".to_string());
+            break;
+        }
+        let (id, test_name): (String, String) = (row.get(0)?, row.get(1)?);
+        named.push(format!("test {id} {test_name:?} (`{name}`, the name results give {at})"));
+    }
+    if named.is_empty() {
+        return Ok(());
+    }
+    Err(Failure::Conflict {
+        code: "in_use",
+        message: format!(
+            "evaluators of tests that play this scenario have the names of its evaluations: {}; {}: rename them \
+             here or in those tests first",
+            named.join(", "),
+            evaluators::NAMES_APART
+        ),
+    })
 }
 
 fn write_judges(tx: &rusqlite::Transaction<'_>, scenario_id: &str, judges: &BTreeSet<&str>) -> Result<()> {
@@ -468,6 +568,7 @@ pub async fn replace(
             if input.default_persona_id.is_none() {
                 check_no_test_needs_the_default(tx, &path.id)?;
             }
+            check_no_test_has_a_name(tx, &path.id, &input)?;
             let version = before.version.get().checked_add(1).ok_or_else(|| Failure::Conflict {
                 code: "version_limit",
                 message: "this scenario cannot take another version; create a new one".into(),

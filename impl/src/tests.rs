@@ -10,6 +10,12 @@
 //! project; those are recorded in `test_judges` so they cannot be deleted
 //! from under the test.
 //!
+//! A result is judged by the scenario's evaluators and the test's, and no
+//! two of them may share a name: a test evaluator with a name that one of
+//! the scenario's evaluations has in results (a success criterion's, `step
+//! N: <name>` of a step's) is a 400 naming it (`scenario_id` when only the
+//! scenario was changed).
+//!
 //! A test keeps `name`, `channel_id` and `scenario_id` in columns, its
 //! personas in order in `test_personas`, the rest in `document`, and the
 //! whole of it as the API shows it in `served`, rewritten by every write
@@ -36,7 +42,7 @@ use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
 use crate::pagination::PageRequest;
-use crate::{evaluators, ids, test_cache, validate, written, AppState};
+use crate::{evaluators, ids, scenarios, test_cache, validate, written, AppState};
 
 pub const DEFAULT_ITERATIONS: u32 = 1;
 pub const MAX_ITERATIONS: u32 = 100;
@@ -138,6 +144,46 @@ fn check_personas(tx: &rusqlite::Transaction<'_>, ids: &[String], project_id: &s
 fn check_judges(tx: &rusqlite::Transaction<'_>, judges: &[(String, String)], project_id: &str) -> Result<()> {
     for (field, id) in judges {
         evaluators::check_judges(tx, field, &BTreeSet::from([id.clone()]), project_id)?;
+    }
+    Ok(())
+}
+
+/// A result is judged by the scenario's evaluators and then the test's
+/// `evaluators`, and no two of them may share a name (see
+/// `evaluators::scenario_evaluations`): 400 naming the test's evaluator
+/// whose name the scenario gives one of its evaluations, or `scenario_id`
+/// when only the scenario was changed (`given_evaluators` false).
+fn check_names_apart(
+    tx: &rusqlite::Transaction<'_>,
+    evaluators: &[types::Evaluator],
+    scenario_id: &str,
+    given_evaluators: bool,
+) -> Result<()> {
+    if evaluators.is_empty() {
+        return Ok(());
+    }
+    let taken = scenarios::evaluation_names(tx, scenario_id)?;
+    for (i, e) in evaluators.iter().enumerate() {
+        let name = evaluators::name_of(e);
+        let Some((_, at)) = taken.iter().find(|(taken, _)| taken == name) else { continue };
+        return Err(if given_evaluators {
+            Failure::invalid(
+                &format!("evaluators[{i}].name"),
+                format_args!(
+                    "`{name}` is also the name results give scenario `{scenario_id}`'s {at}; {}",
+                    evaluators::NAMES_APART
+                ),
+            )
+        } else {
+            Failure::invalid(
+                "scenario_id",
+                format_args!(
+                    "scenario `{scenario_id}` gives its {at} the name `{name}` in results, which this test's \
+                     evaluators[{i}] has; {}",
+                    evaluators::NAMES_APART
+                ),
+            )
+        });
     }
     Ok(())
 }
@@ -553,6 +599,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
                 check_scenario(tx, &t.scenario_id, &t.project_id)?;
                 check_personas(tx, &t.persona_ids, &t.project_id)?;
                 check_someone_calls(tx, &t.persona_ids, &t.scenario_id)?;
+                check_names_apart(tx, &t.evaluators, &t.scenario_id, true)?;
                 check_judges(tx, &judges, &t.project_id)?;
                 tx.prepare_cached(
                 "INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at, updated_at,
@@ -798,6 +845,10 @@ pub async fn update(
             // either is given, the result must still have a caller.
             if patch.persona_ids.is_some() || patch.scenario_id.is_some() {
                 check_someone_calls(tx, &after.persona_ids, &after.scenario_id)?;
+            }
+            // And its results' evaluations must still have names of their own.
+            if patch.evaluators.is_some() || patch.scenario_id.is_some() {
+                check_names_apart(tx, &after.evaluators, &after.scenario_id, patch.evaluators.is_some())?;
             }
             let before_shown = shown(&before)?;
             let changes: Map<String, Value> =

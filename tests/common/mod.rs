@@ -35,6 +35,34 @@ impl ClosedPort {
     }
 }
 
+/// A loopback port where a connection is never made for as long as this
+/// lives, as at an address that does not answer: a listener with a backlog
+/// of 0 whose accept queue is full of connections it never accepts, so
+/// Linux drops the SYN of a new one and the connect hangs.
+pub struct UnansweredPort {
+    _listener: tokio::net::TcpListener,
+    _queued: Vec<tokio::net::TcpStream>,
+    pub port: u16,
+}
+
+impl UnansweredPort {
+    pub async fn new() -> UnansweredPort {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+        let listener = socket.listen(0).unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut queued = Vec::new();
+        loop {
+            let connecting = tokio::net::TcpStream::connect(address);
+            match tokio::time::timeout(std::time::Duration::from_millis(200), connecting).await {
+                Ok(stream) => queued.push(stream.unwrap()),
+                Err(_) => return UnansweredPort { _listener: listener, _queued: queued, port: address.port() },
+            }
+            assert!(queued.len() < 16, "the accept queue of a backlog of 0 never filled");
+        }
+    }
+}
+
 #[derive(Clone, Default)]
 pub struct LogBuffer(Arc<Mutex<Vec<u8>>>);
 

@@ -19,6 +19,7 @@ mod rules;
 mod testing;
 
 use crate::engine::outbound::Outbound;
+use crate::evaluators::{name_of, step_evaluation_name};
 use std::collections::HashMap;
 
 use sparring_server::types::{self, EndedReason, EvaluationSource, Evaluator, EvaluatorType, TestResultStatus};
@@ -127,7 +128,7 @@ fn plan<'a>(scenario: &'a types::Scenario, test_evaluators: &'a [Evaluator], out
             outcome.step_replies.get(index).map(|turns| Scope::Step { index, turns, last: index + 1 == reached });
         for evaluator in &step.expect {
             plan.push(Planned {
-                name: format!("step {}: {}", index + 1, name_of(evaluator)),
+                name: step_evaluation_name(index, name_of(evaluator)),
                 evaluator,
                 scope,
                 step: Some(index),
@@ -246,19 +247,6 @@ pub fn test_passed(passed_runs: u32, total_runs: u32, pass_threshold: f64) -> bo
     let threshold = if pass_threshold.is_nan() { 1.0 } else { pass_threshold.clamp(0.0, 1.0) };
     let needed = (threshold * f64::from(total_runs) - 1e-9).ceil().max(0.0) as u64;
     u64::from(passed_runs.min(total_runs)) >= needed
-}
-
-fn name_of(e: &Evaluator) -> &str {
-    match e {
-        Evaluator::Contains { name, .. }
-        | Evaluator::NotContains { name, .. }
-        | Evaluator::Regex { name, .. }
-        | Evaluator::MaxLatencyMs { name, .. }
-        | Evaluator::MaxTurns { name, .. }
-        | Evaluator::AgentEndedCall { name, .. }
-        | Evaluator::ToolCalled { name, .. }
-        | Evaluator::LlmJudge { name, .. } => name,
-    }
 }
 
 fn critical_of(e: &Evaluator) -> bool {

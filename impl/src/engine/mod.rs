@@ -126,3 +126,25 @@ pub(crate) fn closed_port() -> (tokio::net::TcpSocket, u16) {
     let port = held.local_addr().unwrap().port();
     (held, port)
 }
+
+/// For tests: a loopback port where a connection is never made while the
+/// listener lives (what the returned value holds), and the port: its accept
+/// queue is full (a backlog of 0, taken by connections never accepted), so
+/// Linux drops a new connection's SYN and the connect hangs, as to an
+/// address that does not answer.
+#[cfg(test)]
+pub(crate) async fn unanswered_port() -> (impl Sized, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let address = listener.local_addr().unwrap();
+    let mut queued = Vec::new();
+    loop {
+        let connecting = tokio::net::TcpStream::connect(address);
+        match tokio::time::timeout(std::time::Duration::from_millis(200), connecting).await {
+            Ok(stream) => queued.push(stream.unwrap()),
+            Err(_) => return ((listener, queued), address.port()),
+        }
+        assert!(queued.len() < 16, "the accept queue of a backlog of 0 never filled");
+    }
+}

@@ -15,8 +15,13 @@
 //! `sparring serve --allow-private-targets` lifts this for a server whose
 //! agents live on its own network (local development, a private deployment).
 
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::time::Instant;
 
 /// Said whenever an address is refused.
 const REFUSED: &str =
@@ -35,6 +40,7 @@ impl Outbound {
     pub fn new(allow_private: bool, idle_per_host: usize) -> Outbound {
         let mut builder = reqwest::Client::builder()
             .pool_max_idle_per_host(idle_per_host)
+            .connector_layer(tower_layer::layer_fn(ConnectBy))
             // A channel's header values (and an LLM's key) go only where
             // they were set, and only to an address checked here: a redirect
             // to another origin is not followed (the agent's 3xx answer is
@@ -71,15 +77,25 @@ impl Outbound {
         Ok(self.client.post(url))
     }
 
-    /// `client` as it is, any address allowed: for tests of the engine's
-    /// parts that need a client of their own.
+    /// The client `builder` makes, with the time limit of
+    /// [`Outbound::connecting_by`], any address allowed: for tests of the
+    /// engine's parts that need a client of their own.
     #[cfg(test)]
-    pub fn of(client: reqwest::Client) -> Outbound {
+    pub fn of(builder: reqwest::ClientBuilder) -> Outbound {
+        let client = builder.connector_layer(tower_layer::layer_fn(ConnectBy)).build().unwrap();
         Outbound { client, allow_private: true }
     }
 
-    pub fn allows_private(&self) -> bool {
-        self.allow_private
+    /// Runs `requests` (made with this client) so that a connection one of
+    /// them opens must be made (resolved, connected and, for `https`, its
+    /// TLS set up) by `by`: one that is not fails as a connect error
+    /// ([`reqwest::Error::is_connect`]) that [`connect_too_late`] tells
+    /// apart. So an agent that never took the connection is not mistaken
+    /// for one that took the request and is slow to answer: a time limit
+    /// around the whole request cannot say which of the two ran out. A
+    /// request sent over a pooled connection opens none.
+    pub async fn connecting_by<F: Future>(&self, by: Instant, requests: F) -> F::Output {
+        CONNECT_BY.scope(by, requests).await
     }
 
     /// The addresses a connection to `host:port` may go to (a websocket
@@ -97,6 +113,74 @@ impl Outbound {
             return Ok(found);
         }
         public_only(host, found)
+    }
+}
+
+tokio::task_local! {
+    /// The time limit of [`Outbound::connecting_by`] for the connections
+    /// of the requests it runs.
+    static CONNECT_BY: Instant;
+}
+
+/// Whether `e` is a request's failure because its connection was not made
+/// by the time [`Outbound::connecting_by`] gave it.
+pub fn connect_too_late(e: &reqwest::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(next) = source {
+        if next.is::<ConnectTooLate>() {
+            return true;
+        }
+        source = next.source();
+    }
+    false
+}
+
+/// The error of a connection not made in time (see [`connect_too_late`]).
+#[derive(Debug)]
+struct ConnectTooLate;
+
+impl std::fmt::Display for ConnectTooLate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("no connection was made in time")
+    }
+}
+
+impl std::error::Error for ConnectTooLate {}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The layer on reqwest's connector that holds a connection to the time
+/// limit of the [`Outbound::connecting_by`] it is opened in, read when the
+/// connection starts: the pool starts it within the request's own task.
+/// Outside one (an LLM's or a webhook's request, the `end` of a call), a
+/// connection has no limit of its own here.
+#[derive(Clone)]
+struct ConnectBy<S>(S);
+
+impl<S, R> tower_service::Service<R> for ConnectBy<S>
+where
+    S: tower_service::Service<R, Error = BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, destination: R) -> Self::Future {
+        let by = CONNECT_BY.try_with(|by| *by).ok();
+        let connecting = self.0.call(destination);
+        Box::pin(async move {
+            match by {
+                None => connecting.await,
+                Some(by) => tokio::time::timeout_at(by, connecting)
+                    .await
+                    .unwrap_or_else(|_| Err(Box::new(ConnectTooLate) as BoxError)),
+            }
+        })
     }
 }
 

@@ -2,7 +2,7 @@
 //! (`{"call_id", "turn", "event": "start"|"message"|"end", "message"}`),
 //! answered with `{"messages": [...], "end_call", "tool_calls"}`.
 
-use crate::engine::outbound::Outbound;
+use crate::engine::outbound::{connect_too_late, Outbound};
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
@@ -82,8 +82,28 @@ impl<'a> HttpAgent<'a> {
         let body = json!({"call_id": self.call_id, "turn": turn, "event": event, "message": message});
         let (limit, deadline_binds) = turn_limit(self.turn_timeout, deadline);
         let sent_at = Instant::now();
-        let text = match tokio::time::timeout_at(limit, self.post(turn, &body)).await {
-            Ok(result) => result?,
+        // A connection the request opens must be made a little before the
+        // turn's limit: one that is not, the agent never took (nothing
+        // reached it). So when the limit itself passes, the agent has the
+        // request and is slow to answer.
+        let connect_by = limit.checked_sub(connect_margin(limit.saturating_duration_since(sent_at))).unwrap_or(limit);
+        let posting = self.http.connecting_by(connect_by, self.post(turn, &body));
+        let text = match tokio::time::timeout_at(limit, posting).await {
+            Ok(Ok(text)) => text,
+            Ok(Err(Failed::Turn(failure))) => return Err(failure),
+            Ok(Err(Failed::ConnectTooLate)) if deadline_binds => {
+                // The call lasts until its `max_duration`, as it would have
+                // had the connection been made.
+                tokio::time::sleep_until(limit).await;
+                return Err(TurnFailure::DeadlineUnreached);
+            }
+            Ok(Err(Failed::ConnectTooLate)) => {
+                return Err(TurnFailure::Unreached(format!(
+                    "could not connect to the agent at {} for turn {turn} within {} ms",
+                    self.target,
+                    connect_by.saturating_duration_since(sent_at).as_millis()
+                )))
+            }
             Err(_) if deadline_binds => return Err(TurnFailure::Deadline(None)),
             Err(_) => {
                 return Err(TurnFailure::Agent(format!(
@@ -116,23 +136,26 @@ impl<'a> HttpAgent<'a> {
     }
 
     /// One POST; the body of a 2xx answer, or why there is none.
-    async fn post(&self, turn: u32, body: &Value) -> Result<String, TurnFailure> {
+    async fn post(&self, turn: u32, body: &Value) -> Result<String, Failed> {
         let request = self.http.post(self.target).map_err(|refused| {
             TurnFailure::Unreached(format!("the agent at {} was not called for turn {turn}: {refused}", self.target))
         })?;
-        let mut response = request.headers(self.headers.clone()).body(body.to_string()).send().await.map_err(|e| {
-            if e.is_connect() {
-                TurnFailure::Unreached(format!(
+        let sent = request.headers(self.headers.clone()).body(body.to_string()).send().await;
+        let mut response = sent.map_err(|e| {
+            if connect_too_late(&e) {
+                Failed::ConnectTooLate
+            } else if e.is_connect() {
+                Failed::Turn(TurnFailure::Unreached(format!(
                     "could not reach the agent at {} for turn {turn}: {}",
                     self.target,
                     innermost(&e)
-                ))
+                )))
             } else {
-                TurnFailure::Agent(format!(
+                Failed::Turn(TurnFailure::Agent(format!(
                     "the request for turn {turn} to the agent at {} failed: {}",
                     self.target,
                     innermost(&e)
-                ))
+                )))
             }
         })?;
         let status = response.status();
@@ -148,10 +171,33 @@ impl<'a> HttpAgent<'a> {
                 "the agent answered turn {turn} with HTTP {}: {}",
                 status.as_u16(),
                 excerpt(&text, 300)
-            )));
+            ))
+            .into());
         }
         Ok(text)
     }
+}
+
+/// Why [`HttpAgent::post`] has no answer.
+enum Failed {
+    /// Its connection was not made by the time it was given (see
+    /// [`HttpAgent::exchange`]).
+    ConnectTooLate,
+    Turn(TurnFailure),
+}
+
+impl From<TurnFailure> for Failed {
+    fn from(failure: TurnFailure) -> Self {
+        Failed::Turn(failure)
+    }
+}
+
+/// How long before a turn's limit, `allowed` from now, the connection of
+/// its request must be made: a small part of the time, so that the
+/// connection's own limit surely ends the request before the turn's limit
+/// does (two timers of the request's task, fired in their order).
+fn connect_margin(allowed: Duration) -> Duration {
+    (allowed / 10).min(Duration::from_secs(1))
 }
 
 fn parse_reply(turn: u32, text: &str) -> Result<WireReply, String> {

@@ -126,12 +126,17 @@ enum TurnFailure {
     /// The agent failed; the reason names the turn.
     Agent(String),
     /// Nothing reached the agent: its address was refused by the outbound
-    /// rule, or no connection to it could be made. Ends the call as an
-    /// agent error, but no call took place.
+    /// rule, or no connection to it could be made (also one that was not
+    /// made within the turn timeout). Ends the call as an agent error, but
+    /// no call took place.
     Unreached(String),
     /// The call's `max_duration` passed; what the agent had sent of its
     /// turn so far, if anything.
     Deadline(Option<Reply>),
+    /// The call's `max_duration` passed while the connection to the agent
+    /// was being made: the call ends as `max_duration`, and nothing reached
+    /// the agent.
+    DeadlineUnreached,
 }
 
 /// How the call ended, decided by [`drive`].
@@ -267,14 +272,23 @@ async fn drive(http: &Outbound, plan: &CallPlan, cancel: &CancellationToken, rec
             return Ending::agent_error(reason);
         }
         Err(TurnFailure::Unreached(reason)) => return Ending::agent_error(reason),
-        Err(TurnFailure::Deadline(_)) => return Ending::now(EndedReason::MaxDuration),
+        Err(TurnFailure::Deadline(_)) => {
+            // Past its connection, in its handshake: reached.
+            rec.reached();
+            return Ending::now(EndedReason::MaxDuration);
+        }
+        Err(TurnFailure::DeadlineUnreached) => return Ending::now(EndedReason::MaxDuration),
     };
     if matches!(channel, Channel::Websocket(_)) {
         rec.reached();
     }
     let mut call = Call { channel, rec, turn: 0, deadline, step: None, max_turns: plan.max_turns };
     let ending = call.talk(&mut caller, opening, cancel).await;
-    call.channel.close(call.turn, &ending).await;
+    // An agent never reached is not hung up on: an http `end` would wait
+    // for the connection that was never made.
+    if call.rec.has_reached() {
+        call.channel.close(call.turn, &ending).await;
+    }
     ending
 }
 
@@ -373,7 +387,9 @@ impl Call<'_, '_> {
                 Ok(())
             }
             Err(TurnFailure::Agent(reason) | TurnFailure::Unreached(reason)) => Err(Ending::agent_error(reason)),
-            Err(TurnFailure::Deadline(_)) => Err(Ending::now(EndedReason::MaxDuration)),
+            Err(TurnFailure::Deadline(_) | TurnFailure::DeadlineUnreached) => {
+                Err(Ending::now(EndedReason::MaxDuration))
+            }
         }
     }
 
@@ -397,7 +413,7 @@ impl Call<'_, '_> {
         }
         let result = self.channel.exchange(self.turn, line, self.deadline).await;
         self.turn += 1;
-        if !matches!(result, Err(TurnFailure::Unreached(_))) {
+        if !matches!(result, Err(TurnFailure::Unreached(_) | TurnFailure::DeadlineUnreached)) {
             self.rec.reached();
         }
         let (reply, failure) = match result {
@@ -407,6 +423,7 @@ impl Call<'_, '_> {
             }
             // What the agent had said when the time ran out is kept.
             Err(TurnFailure::Deadline(partial)) => (partial, Some(Ending::now(EndedReason::MaxDuration))),
+            Err(TurnFailure::DeadlineUnreached) => (None, Some(Ending::now(EndedReason::MaxDuration))),
         };
         if let (Some(index), Some(step)) = (reply.and_then(|reply| self.rec.agent(reply)), step) {
             self.rec.step_reply(step, index);

@@ -58,6 +58,11 @@ impl Recorder {
         self.reached = true;
     }
 
+    /// Whether something reached the agent (see [`Recorder::reached`]).
+    pub(super) fn has_reached(&self) -> bool {
+        self.reached
+    }
+
     pub(super) fn call_start(&self) -> Instant {
         self.t0
     }

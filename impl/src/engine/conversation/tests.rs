@@ -305,7 +305,7 @@ async fn run(plan: &CallPlan) -> Outcome {
 }
 
 async fn run_with(plan: &CallPlan, cancel: &CancellationToken) -> Outcome {
-    let http = Outbound::of(reqwest::Client::builder().no_proxy().build().unwrap());
+    let http = Outbound::of(reqwest::Client::builder().no_proxy());
     // A safety net so a bug shows as a failure, not a stuck test run.
     tokio::time::timeout(Duration::from_secs(120), converse(&http, plan, cancel)).await.expect("converse hung")
 }
@@ -668,6 +668,34 @@ async fn http_long_error_bodies_are_clipped() {
 async fn http_hanging_agent_times_out() {
     let (outcome, _) = http_failure(|_| Act::Hang, Duration::from_millis(300)).await;
     assert_eq!(outcome.error.as_deref(), Some("the agent did not answer turn 0 within 300 ms"));
+    assert!(outcome.reached_agent, "it took the request: the call costs");
+}
+
+/// A connection the agent never takes (its address does not answer) is
+/// not an agent slow to answer: nothing reached it, so the call costs
+/// nothing, whether the turn timeout or the call's `max_duration` ends it.
+#[tokio::test]
+async fn http_connection_never_made_is_unreached() {
+    let (_held, port) = crate::engine::unanswered_port().await;
+    let target = format!("http://127.0.0.1:{port}/http");
+    let mut plan = plan(ChannelKind::Http, target.clone(), scripted(Some("Hi"), &[]));
+    plan.agent.turn_timeout = Duration::from_millis(300);
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::AgentError);
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with(&format!("could not connect to the agent at {target} for turn 0 within ")), "{error}");
+    assert!(!outcome.reached_agent, "nothing reached the agent: {outcome:?}");
+    assert_consistent(&outcome);
+
+    plan.agent.turn_timeout = Duration::from_secs(60);
+    plan.max_duration = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let outcome = run(&plan).await;
+    assert_eq!((outcome.ended_reason, outcome.error.as_deref()), (EndedReason::MaxDuration, None));
+    assert!(outcome.duration_ms >= 300, "{outcome:?}");
+    assert!(!outcome.reached_agent, "nothing reached the agent: {outcome:?}");
+    // And no `end` waits for the connection that was never made.
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 }
 
 #[tokio::test]
@@ -990,6 +1018,45 @@ async fn websocket_refused_connection() {
     assert!(error.to_lowercase().contains("refused"), "{error}");
     assert!(outcome.transcript.is_empty());
     assert!(!outcome.reached_agent);
+}
+
+/// As over http: a connection the agent never takes reaches no one, and a
+/// connection it takes but whose handshake it never answers reached it.
+#[tokio::test]
+async fn websocket_connection_never_made_is_unreached() {
+    let (_held, port) = crate::engine::unanswered_port().await;
+    let url = format!("ws://127.0.0.1:{port}/ws");
+    let mut plan = plan(ChannelKind::Websocket, url.clone(), scripted(Some("Hi"), &[]));
+    plan.agent.turn_timeout = Duration::from_millis(300);
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::AgentError);
+    assert_eq!(outcome.error, Some(format!("could not connect to the agent at {url} for turn 0 within 300 ms")));
+    assert!(!outcome.reached_agent, "nothing reached the agent: {outcome:?}");
+
+    plan.agent.turn_timeout = Duration::from_secs(60);
+    plan.max_duration = Duration::from_millis(300);
+    let outcome = run(&plan).await;
+    assert_eq!((outcome.ended_reason, outcome.error.as_deref()), (EndedReason::MaxDuration, None));
+    assert!(!outcome.reached_agent, "nothing reached the agent: {outcome:?}");
+
+    // Taken, never answered.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}/ws", listener.local_addr().unwrap());
+    let silent = tokio::spawn(async move {
+        let mut taken = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            taken.push(stream);
+        }
+    });
+    let mut plan = self::plan(ChannelKind::Websocket, url.clone(), scripted(Some("Hi"), &[]));
+    plan.agent.turn_timeout = Duration::from_millis(300);
+    let outcome = run(&plan).await;
+    silent.abort();
+    assert_eq!(
+        outcome.error,
+        Some(format!("the agent at {url} did not accept the websocket connection for turn 0 within 300 ms"))
+    );
+    assert!(outcome.reached_agent, "it took the connection: the call costs");
 }
 
 #[tokio::test]

@@ -76,40 +76,46 @@ impl WsAgent {
         // refused from its header, never buffered.
         let config =
             WebSocketConfig::default().max_message_size(Some(MAX_REPLY_BYTES)).max_frame_size(Some(MAX_REPLY_BYTES));
-        // No Nagle: our frames are small and their send time is when latency
-        // starts.
-        let connecting = async {
-            if outbound.allows_private() {
-                // Resolving and connecting are tungstenite's here: an I/O
-                // error or an unusable URL reached no one.
-                return tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector)
-                    .await
-                    .map_err(|e| match e {
-                        tungstenite::Error::Io(_) | tungstenite::Error::Url(_) => {
-                            TurnFailure::Unreached(connect_error(target, e))
-                        }
-                        e => TurnFailure::Agent(connect_error(target, e)),
-                    });
+        // A URL that names no one reaches no one.
+        let uri = request.uri();
+        let host = match (tungstenite::client::uri_mode(uri), uri.host()) {
+            (Err(e), _) => return Err(TurnFailure::Unreached(connect_error(target, e))),
+            (Ok(_), None) => {
+                let e = tungstenite::Error::Url(tungstenite::error::UrlError::NoHostName);
+                return Err(TurnFailure::Unreached(connect_error(target, e)));
             }
-            // Only to an address the server may call (see `outbound`),
-            // resolved here rather than by tungstenite.
-            let uri = request.uri();
-            let host = uri.host().unwrap_or_default().to_string();
-            let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("wss") { 443 } else { 80 });
+            (Ok(_), Some(host)) => host.to_string(),
+        };
+        let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("wss") { 443 } else { 80 });
+        // The connection is made here, not by tungstenite, so that one the
+        // agent never took (nothing reached it) is told apart from a
+        // handshake it does not finish: only to an address the server may
+        // call (see `outbound`).
+        let connecting = async {
             let addresses = outbound.addresses(&host, port).await.map_err(|refused| {
                 TurnFailure::Unreached(format!("the agent at {target} was not called for turn 0: {refused}"))
             })?;
-            let stream = tokio::net::TcpStream::connect(&addresses[..]).await.map_err(|e| {
-                TurnFailure::Unreached(format!("could not reach the agent at {target} for turn 0: {e}"))
-            })?;
-            let _ = stream.set_nodelay(true);
-            tokio_tungstenite::client_async_tls_with_config(request, stream, Some(config), connector)
-                .await
-                .map_err(|e| TurnFailure::Agent(connect_error(target, e)))
+            tokio::net::TcpStream::connect(&addresses[..]).await.map_err(|e| {
+                TurnFailure::Unreached(format!("could not connect to the agent at {target} for turn 0: {e}"))
+            })
         };
-        match tokio::time::timeout_at(limit, connecting).await {
+        let stream = match tokio::time::timeout_at(limit, connecting).await {
+            Ok(stream) => stream?,
+            Err(_) if deadline_binds => return Err(TurnFailure::DeadlineUnreached),
+            Err(_) => {
+                return Err(TurnFailure::Unreached(format!(
+                    "could not connect to the agent at {target} for turn 0 within {} ms",
+                    turn_timeout.as_millis()
+                )))
+            }
+        };
+        // No Nagle: our frames are small and their send time is when latency
+        // starts.
+        let _ = stream.set_nodelay(true);
+        let handshake = tokio_tungstenite::client_async_tls_with_config(request, stream, Some(config), connector);
+        match tokio::time::timeout_at(limit, handshake).await {
             Ok(Ok((ws, _))) => Ok(WsAgent { ws, call_id: plan.call_id.clone(), turn_timeout, ended: None }),
-            Ok(Err(e)) => Err(e),
+            Ok(Err(e)) => Err(TurnFailure::Agent(connect_error(target, e))),
             Err(_) if deadline_binds => Err(TurnFailure::Deadline(None)),
             Err(_) => Err(TurnFailure::Agent(format!(
                 "the agent at {target} did not accept the websocket connection for turn 0 within {} ms",
