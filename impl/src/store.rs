@@ -267,7 +267,7 @@ impl Store {
             let restart = restart.clone();
             let watches = watches.clone();
             thread("sparring-writer")
-                .spawn(move || write_groups(&writer, &queue, &wrote, &restart, &watches))
+                .spawn(move || essential("writer", || write_groups(&writer, &queue, &wrote, &restart, &watches)))
                 .map_err(started)?;
         }
         let checkpointing = Arc::new(Mutex::new(()));
@@ -275,7 +275,7 @@ impl Store {
             let path = path.to_path_buf();
             let checkpointing = checkpointing.clone();
             thread("sparring-checkpoint")
-                .spawn(move || checkpoints(&path, &written, &restart, &checkpointing))
+                .spawn(move || essential("checkpointer", || checkpoints(&path, &written, &restart, &checkpointing)))
                 .map_err(started)?;
         }
         Ok(Store {
@@ -490,6 +490,22 @@ impl Store {
             self.inner.readers.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
         }
         value
+    }
+}
+
+/// Runs the body of a thread the store cannot do without, and ends the
+/// process should it panic. A write's own panic is caught and rolled back
+/// (`commit_group`); one after it, in a cache's callback as a write is
+/// answered (`Store::write_then`, `Store::watch`), would end the writer
+/// thread, leaving a server that answers every later write with an error
+/// and a cache that may no longer match the database, and one on the
+/// checkpointer would let the WAL grow without bound. Stopped instead, the
+/// next start recovers from what is on disk, every write answered as done
+/// among it.
+fn essential(name: &str, body: impl FnOnce()) {
+    if std::panic::catch_unwind(AssertUnwindSafe(body)).is_err() {
+        eprintln!("sparring: the database {name} thread panicked; stopping so that the next start recovers");
+        std::process::abort();
     }
 }
 
@@ -1185,6 +1201,42 @@ mod tests {
         assert_eq!(newest_first, in_order);
         assert_eq!(shown.phone_numbers.iter().map(|n| n.number.as_str()).collect::<Vec<_>>(), in_order);
         assert_eq!(shown.phone_numbers[0].label.as_str(), "a");
+    }
+
+    /// A panic on the writer thread after a commit (here in the callback
+    /// that runs as the write is answered) ends the process, rather than
+    /// leave it unable to write; the committed write is kept. Run in a child
+    /// process: this test's binary again, told by an environment variable.
+    #[test]
+    fn a_panic_on_the_writer_after_a_commit_ends_the_process_and_keeps_the_write() {
+        const CHILD: &str = "SPARRING_TEST_WRITER_PANIC_DB";
+        if let Some(path) = std::env::var_os(CHILD) {
+            let store = Store::open(Path::new(&path)).unwrap();
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let written = runtime.block_on(store.write_then(
+                |tx| tx.execute_batch("CREATE TABLE kept (x); INSERT INTO kept VALUES (1);").map_err(StoreError::from),
+                |_| panic!("a cache's callback failed"),
+            ));
+            // Stopped before the answer is read, the process never gets
+            // here; should it, it does not end as aborted.
+            std::thread::sleep(Duration::from_secs(5));
+            eprintln!("the write was answered: {written:?}");
+            std::process::exit(0);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let test = "store::tests::a_panic_on_the_writer_after_a_commit_ends_the_process_and_keeps_the_write";
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+            .env(CHILD, &path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&child.stderr);
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(child.status.signal(), Some(6), "aborted (SIGABRT): {:?}\n{stderr}", child.status);
+        assert!(stderr.contains("the database writer thread panicked"), "{stderr}");
+        let kept: i64 = Connection::open(&path).unwrap().query_row("SELECT x FROM kept", [], |r| r.get(0)).unwrap();
+        assert_eq!(kept, 1);
     }
 
     /// Migration 0017 keeps the payer every project had: of its owners, the
