@@ -122,6 +122,20 @@ async fn a_project_keeps_an_owner() {
     let unknown_id = json!({"user_id": "usr_00000000000000000000000000", "role": "viewer"});
     let (status, e2) = error_body(s.send_json(Method::POST, &members, &t.editor, Some(unknown_id)).await).await;
     assert_eq!((status, e2["error_code"].as_str().unwrap()), (404, "not_found"), "{e2}");
+    // By id, a user one shares no project with is not found either, as an
+    // id no one has: an id would tell their email back.
+    let theirs = s.create_project(&t.outsider, "a stranger's").await;
+    let listed = s.expect(Method::GET, &format!("/v1/projects/{theirs}/members"), &t.outsider, None, 200).await;
+    let stranger = listed["members"][0]["user_id"].as_str().unwrap().to_string();
+    let by_id = json!({"user_id": stranger, "role": "viewer"});
+    let (status, e3) = error_body(s.send_json(Method::POST, &members, &t.editor, Some(by_id)).await).await;
+    assert_eq!((status, e3["error_code"].as_str().unwrap()), (404, "not_found"), "{e3}");
+    let unknown = e2["message"].as_str().unwrap().replace("usr_00000000000000000000000000", &stranger);
+    assert_eq!(e3["message"], unknown.as_str(), "told apart from an id no one has");
+    // By email, as anyone is added.
+    let outsider_email = listed["members"][0]["email"].as_str().unwrap();
+    let by_email = json!({"email": outsider_email, "role": "viewer"});
+    assert_eq!(s.expect(Method::POST, &members, &t.editor, Some(by_email), 200).await["user_id"], stranger.as_str());
     // And how such a user comes to be: a server with API keys only has no
     // sign-in, and its users are made by the admin command.
     let message = e["message"].as_str().unwrap();

@@ -548,17 +548,37 @@ pub async fn add_member(
         .store
         .write(move |tx| {
             access::require(tx, &caller.user_id, &path.id, Need::Own)?;
-            let (lookup, value) = match &who {
-                Who::Email(e) => ("SELECT id FROM users WHERE email = ?1 COLLATE NOCASE", e),
-                Who::Id(i) => ("SELECT id FROM users WHERE id = ?1", i),
+            // The spec's 404: the request is well formed, the user is not
+            // there. By id, only someone the caller shares a project with:
+            // an id is no address, and a stranger's would answer with their
+            // email.
+            let found = match &who {
+                Who::Email(email) => tx
+                    .query_row("SELECT id FROM users WHERE email = ?1 COLLATE NOCASE", params![email], |r| r.get(0))
+                    .optional()?
+                    .ok_or_else(|| {
+                        Failure::NotFound(format!(
+                            "no user `{email}`; a user is made by their first sign-in with an ID token, \
+                             or by `sparring admin create-key --user EMAIL`"
+                        ))
+                    }),
+                Who::Id(id) => tx
+                    .query_row(
+                        "SELECT u.id FROM users u WHERE u.id = ?1 AND EXISTS (
+                             SELECT 1 FROM project_members mine
+                             JOIN project_members theirs ON theirs.project_id = mine.project_id
+                             WHERE mine.user_id = ?2 AND theirs.user_id = u.id)",
+                        params![id, caller.user_id],
+                        |r| r.get(0),
+                    )
+                    .optional()?
+                    .ok_or_else(|| {
+                        Failure::NotFound(format!(
+                            "no user `{id}` who shares a project with you; add anyone else by their `email`"
+                        ))
+                    }),
             };
-            // The spec's 404: the request is well formed, the user is not there.
-            let user_id: String = tx.query_row(lookup, params![value], |r| r.get(0)).optional()?.ok_or_else(|| {
-                Failure::NotFound(format!(
-                    "no user `{value}`; a user is made by their first sign-in with an ID token, \
-                     or by `sparring admin create-key --user EMAIL`"
-                ))
-            })?;
+            let user_id: String = found?;
             if access::role_in(tx, &user_id, &path.id)?.is_some() {
                 return Err(Failure::Conflict {
                     code: "already_member",
