@@ -199,6 +199,8 @@ async fn a_test_read_before_a_change_is_read_after_it_as_changed() {
             .to_string()
     };
     let (viewer_id, editor_id) = (user_id("viewer"), user_id("editor"));
+    let viewer = listed["members"].as_array().unwrap().iter().find(|m| m["role"] == "viewer").unwrap();
+    let viewer_email = viewer["email"].as_str().unwrap().to_string();
 
     // Read twice by each: what the members read is not the outsider's.
     for (role, key) in t.all() {
@@ -216,7 +218,7 @@ async fn a_test_read_before_a_change_is_read_after_it_as_changed() {
     s.expect(Method::DELETE, &format!("{members}/{viewer_id}"), &t.owner, None, 200).await;
     s.expect(Method::GET, &path, &t.viewer, None, 404).await;
     s.expect(Method::GET, &path, &t.owner, None, 200).await;
-    s.expect(Method::POST, &members, &t.owner, Some(json!({"user_id": viewer_id, "role": "viewer"})), 200).await;
+    s.expect(Method::POST, &members, &t.owner, Some(json!({"email": viewer_email, "role": "viewer"})), 200).await;
     s.expect(Method::GET, &path, &t.viewer, None, 200).await;
     // A member whose role changed keeps reading (every role reads).
     s.expect(Method::PATCH, &format!("{members}/{editor_id}"), &t.owner, Some(json!({"role": "viewer"})), 200).await;
@@ -250,10 +252,9 @@ async fn a_first_page_of_tests_read_before_a_change_is_read_after_it_as_changed(
     let first = format!("/v1/tests?project_id={p}");
     let members = format!("/v1/projects/{p}/members");
     let listed = s.expect(Method::GET, &members, &t.owner, None, 200).await;
-    let viewer_id = listed["members"].as_array().unwrap().iter().find(|m| m["role"] == "viewer").unwrap()["user_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let viewer = listed["members"].as_array().unwrap().iter().find(|m| m["role"] == "viewer").unwrap();
+    let (viewer_id, viewer_email) =
+        (viewer["user_id"].as_str().unwrap().to_string(), viewer["email"].as_str().unwrap().to_string());
     let read = |key: &str| {
         let (s, first, key) = (&s, first.clone(), key.to_string());
         async move { s.expect(Method::GET, &first, &key, None, 200).await }
@@ -303,7 +304,7 @@ async fn a_first_page_of_tests_read_before_a_change_is_read_after_it_as_changed(
     s.expect(Method::DELETE, &format!("{members}/{viewer_id}"), &t.owner, None, 200).await;
     s.expect(Method::GET, &first, &t.viewer, None, 404).await;
     assert_eq!(ids_of(&read(&t.owner).await), made);
-    s.expect(Method::POST, &members, &t.owner, Some(json!({"user_id": viewer_id, "role": "viewer"})), 200).await;
+    s.expect(Method::POST, &members, &t.owner, Some(json!({"email": viewer_email, "role": "viewer"})), 200).await;
     assert_eq!(ids_of(&read(&t.viewer).await), made);
     // The project deleted: its page is gone for everyone.
     s.expect(Method::DELETE, &format!("/v1/projects/{p}"), &t.owner, None, 200).await;
