@@ -1046,6 +1046,12 @@ async fn a_channel_run_refuses_a_test_named_twice() {
         assert_eq!((status, e["error_code"].as_str()), (400, Some("invalid_test_ids")), "{twice}: {e}");
         assert!(e["message"].as_str().unwrap().contains("listed twice"), "{e}");
     }
+    // At most as many as a batch holds; the count is checked before any id.
+    let too_many: Vec<String> = (0..1001).map(|i| format!("tst_{i:026}")).collect();
+    let resp = s.send_json(Method::POST, &path, &t.editor, Some(json!({"test_ids": too_many}))).await;
+    let (status, e) = error_body(resp).await;
+    assert_eq!((status, e["error_code"].as_str()), (400, Some("invalid_test_ids")), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("at most 1000 tests, got 1001"), "{e}");
     let once = s.expect(Method::POST, &path, &t.editor, Some(json!({"test_ids": [b, a]})), 200).await;
     assert_eq!((&once["counts"]["total"], &once["credits_reserved"]), (&json!(2), &json!(2)));
     wait_for_end(&s, &t.viewer, once["id"].as_str().unwrap()).await;

@@ -428,6 +428,13 @@ pub async fn run_channel(
     let idempotency = Idempotency::of(headers.idempotency_key, "run_channel", &path.id, &body)?;
     let metadata = metadata(body.metadata)?;
     let named = body.test_ids;
+    // As many as a batch holds.
+    if named.len() > crate::batches::MAX_TESTS {
+        return Err(Failure::invalid(
+            "test_ids",
+            format_args!("at most {} tests, got {}", crate::batches::MAX_TESTS, named.len()),
+        ));
+    }
     start(
         state,
         caller,
@@ -439,11 +446,12 @@ pub async fn run_channel(
                     .query_map(params![path.id], |r| r.get(0))?
                     .collect::<rusqlite::Result<_>>()?
             } else {
+                let mut seen = std::collections::HashSet::with_capacity(named.len());
                 for (i, test_id) in named.iter().enumerate() {
                     let field = format!("test_ids[{i}]");
                     // As in a batch: each test once (a repeat would run, and
                     // be paid for, twice).
-                    if named[..i].contains(test_id) {
+                    if !seen.insert(test_id.as_str()) {
                         return Err(Failure::invalid(&field, format_args!("`{test_id}` is listed twice")));
                     }
                     access::require_reference(tx, "tests", &field, test_id, &project_id)?;
