@@ -21,6 +21,7 @@ use crate::key_cache::KeyCache;
 use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::store::{Action, Store, StoreError, Watched};
 use crate::{ids, written};
+use sparring_server::{Caller, Credential};
 
 pub const MAX_ACTIVE_KEYS: i64 = 25;
 pub const KEY_PREFIX: &str = "spk_";
@@ -38,6 +39,8 @@ pub enum ApiKeyError {
     NotFound(String),
     #[error("API key `{0}` is revoked; a revoked key cannot be rotated")]
     Revoked(String),
+    #[error("the API key this request was made with was revoked before it was done; nothing was changed")]
+    CredentialRevoked,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -154,12 +157,34 @@ fn get_own(tx: &rusqlite::Transaction<'_>, user_id: &str, key_id: &str) -> Resul
 
 /// Inserts a key for `user_id` inside `tx` (shared with the admin CLI and
 /// the first-start bootstrap).
+/// A request made with an API key that is revoked by the time its write
+/// runs changes no key: checked in the write's transaction, since the key
+/// was checked as the request came in, and a key revoked meanwhile (a
+/// stolen one, revoked in a hurry) must not leave a new key or secret
+/// behind it.
+fn credential_still_active(tx: &rusqlite::Transaction<'_>, actor: &Actor) -> Result<(), ApiKeyError> {
+    let Actor::Caller(Caller { credential: Credential::ApiKey { key_id }, .. }) = actor else {
+        return Ok(());
+    };
+    let active: bool = tx
+        .prepare_cached("SELECT revoked_at IS NULL FROM api_keys WHERE id = ?1")?
+        .query_row(params![key_id], |r| r.get(0))
+        .optional()?
+        .unwrap_or(false);
+    if active {
+        Ok(())
+    } else {
+        Err(ApiKeyError::CredentialRevoked)
+    }
+}
+
 pub fn insert(
     tx: &rusqlite::Transaction<'_>,
     actor: &Actor,
     user_id: &str,
     label: &ApiKeyLabel,
 ) -> Result<(ApiKey, RawKey), ApiKeyError> {
+    credential_still_active(tx, actor)?;
     let active: i64 = tx.query_row(
         "SELECT count(*) FROM api_keys WHERE user_id = ?1 AND revoked_at IS NULL",
         params![user_id],
@@ -437,6 +462,7 @@ pub async fn rotate(
 ) -> Result<(ApiKey, RawKey), ApiKeyError> {
     let rotated = store
         .write::<_, ApiKeyError, _>(move |tx| {
+            credential_still_active(tx, &actor)?;
             let mut key = get_own(tx, &user_id, &key_id)?;
             if key.revoked_at.is_some() {
                 return Err(ApiKeyError::Revoked(key.id));
@@ -521,6 +547,46 @@ mod tests {
         let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&a[KEY_PREFIX.len()..]).unwrap();
         assert_eq!(decoded.len(), 32);
         assert!(!looks_like_key("spk_short"));
+    }
+
+    /// A key created or rotated by a request whose own key was revoked
+    /// after it came in is refused in the write (the revoke committed
+    /// first); made with the server's own authority, or with an ID token,
+    /// there is no key to check.
+    #[tokio::test]
+    async fn a_request_whose_key_was_revoked_meanwhile_changes_no_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).unwrap();
+        let ci = ApiKeyLabel::parse("ci").unwrap();
+        let (user_id, first, second) = store
+            .write::<_, ApiKeyError, _>(move |tx| {
+                let user_id = crate::users::ensure_by_email(tx, "revoked@example.com")?;
+                let (first, _) = insert(tx, &Actor::System, &user_id, &ci)?;
+                let (second, _) = insert(tx, &Actor::System, &user_id, &ci)?;
+                Ok((user_id, first.id, second.id))
+            })
+            .await
+            .unwrap();
+        let with = |key_id: &str| {
+            Actor::Caller(Caller { user_id: user_id.clone(), credential: Credential::ApiKey { key_id: key_id.into() } })
+        };
+        let cache = KeyCache::default();
+        revoke(&store, &cache, Actor::System, user_id.clone(), first.clone()).await.unwrap();
+        let label = ApiKeyLabel::parse("after").unwrap();
+        let created = create(&store, with(&first), user_id.clone(), label.clone()).await.err();
+        assert!(matches!(created, Some(ApiKeyError::CredentialRevoked)), "{created:?}");
+        let rotated = rotate(&store, &cache, with(&first), user_id.clone(), second.clone()).await.err();
+        assert!(matches!(rotated, Some(ApiKeyError::CredentialRevoked)), "{rotated:?}");
+        let count = |store: &Store| {
+            store.read_blocking::<i64, StoreError, _>(|tx| {
+                Ok(tx.query_row("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL", [], |r| r.get(0))?)
+            })
+        };
+        assert_eq!(count(&store).unwrap(), 1, "nothing created");
+        // With a key still active, both go through.
+        create(&store, with(&second), user_id.clone(), label).await.unwrap();
+        rotate(&store, &cache, with(&second), user_id.clone(), second.clone()).await.unwrap();
+        assert_eq!(count(&store).unwrap(), 2);
     }
 
     /// A kept page holds `last_used_at` as stored and adds the uses not yet

@@ -31,6 +31,7 @@ fn api_key_error<B>(e: ApiKeyError) -> ApiError<B> {
         ApiKeyError::LimitReached => ApiError::conflict("key_limit_reached", message),
         ApiKeyError::NotFound(_) => ApiError::not_found(message),
         ApiKeyError::Revoked(_) => ApiError::conflict("key_revoked", message),
+        ApiKeyError::CredentialRevoked => ApiError::new(ErrorStatusCode::UNAUTHORIZED, "unauthenticated", message),
         ApiKeyError::Store(e) => store_failure(e),
     }
 }
