@@ -1301,6 +1301,191 @@ async fn retries_follow_the_project_s_webhook_url() {
     assert_eq!(old_removed.received().len(), sent_removed, "sent after the URL was removed");
 }
 
+/// A webhook receiver that takes each request whole and answers it only
+/// with a status the test then gives: its URL, each request's arrival (its
+/// path), and where the answers go.
+async fn held_receiver(
+) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>, tokio::sync::mpsc::UnboundedSender<u16>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (arrived, arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let (answer, answers) = tokio::sync::mpsc::unbounded_channel::<u16>();
+    let answers = std::sync::Arc::new(tokio::sync::Mutex::new(answers));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (arrived, answers) = (arrived.clone(), answers.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let (arrived, answers) = (arrived.clone(), answers.clone());
+                    async move {
+                        use http_body_util::BodyExt as _;
+                        let path = req.uri().path().to_string();
+                        let _ = req.into_body().collect().await;
+                        let _ = arrived.send(path);
+                        let status = answers.lock().await.recv().await.unwrap_or(500);
+                        Ok::<_, std::convert::Infallible>(
+                            hyper::Response::builder()
+                                .status(status)
+                                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, arrivals, answer)
+}
+
+/// An attempt under way when the project's webhook URL is removed is
+/// recorded as made: the write that removed the URL ended the delivery
+/// `failed`, "not sent", but it was sent. Answered 2xx, it was delivered;
+/// otherwise it failed with what it got, no other attempt following.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_under_way_as_the_url_is_removed_is_recorded_as_made() {
+    let s = TestServer::start().await;
+    let closed = common::ClosedPort::new();
+    for (answer, status, error) in [
+        (200, "delivered", Value::Null),
+        (
+            500,
+            "failed",
+            json!(format!(
+                "the receiver answered HTTP 500 Internal Server Error; {}",
+                sparring_impl::engine::webhooks::REMOVED_DURING
+            )),
+        ),
+    ] {
+        let (url, mut arrivals, answers) = held_receiver().await;
+        let (t, test) = hooked_project(&s, &closed, &format!("answers {answer}"), &url).await;
+        run_to_end(&s, &t, &test).await;
+        let arrived = tokio::time::timeout(Duration::from_secs(30), arrivals.recv()).await;
+        assert_eq!(arrived.expect("the webhook was never sent").as_deref(), Some("/hook"));
+        // The receiver has the request, and has not answered.
+        let p = &t.project_id;
+        let body = json!({"name": "removed", "webhook_url": null});
+        s.expect(Method::PUT, &format!("/v1/projects/{p}"), &t.owner, Some(body), 200).await;
+        let d = delivery_when(&s, &t, "ended by the removal", |d| d["status"] == "failed").await;
+        assert_eq!(d["last_error"], json!(sparring_impl::engine::webhooks::REMOVED), "{d:#}");
+        answers.send(answer).unwrap();
+
+        let d = delivery_when(&s, &t, "the attempt recorded", |d| d["attempts"] != 0).await;
+        assert_eq!((&d["status"], &d["attempts"]), (&json!(status), &json!(1)), "{d:#}");
+        assert_eq!((&d["last_response_status"], &d["last_error"]), (&json!(answer), &error), "{d:#}");
+        assert_eq!((&d["url"], &d["next_attempt_at"]), (&json!(url), &Value::Null), "{d:#}");
+        // A retry would have been due 1 s after the failed attempt.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(arrivals.try_recv().is_err(), "sent again after the URL was removed");
+    }
+}
+
+/// A loopback listener of backlog 0 whose accept queue is full, so that
+/// Linux drops the SYN of a new connection, which the connecting side sends
+/// again 1 s later (then 2 s after that, and so on): a connection to it is
+/// made only once [`FullListener::next`] made room.
+struct FullListener {
+    listener: tokio::net::TcpListener,
+    queued: Vec<tokio::net::TcpStream>,
+    port: u16,
+}
+
+impl FullListener {
+    async fn new() -> FullListener {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+        let listener = socket.listen(0).unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut queued = Vec::new();
+        loop {
+            let connecting = tokio::net::TcpStream::connect(address);
+            match tokio::time::timeout(Duration::from_millis(200), connecting).await {
+                Ok(stream) => queued.push(stream.unwrap()),
+                Err(_) => return FullListener { listener, queued, port: address.port() },
+            }
+            assert!(queued.len() < 16, "the accept queue of a backlog of 0 never filled");
+        }
+    }
+
+    /// Sockets connecting to it now, their SYN sent (and dropped): read
+    /// from the kernel's table of IPv4 TCP sockets.
+    fn connecting(&self) -> usize {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let syn_sent = |line: &&str| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let port = fields.get(2).and_then(|a| a.rsplit(':').next()).and_then(|p| u16::from_str_radix(p, 16).ok());
+            port == Some(self.port) && fields.get(3) == Some(&"02")
+        };
+        table.lines().skip(1).filter(syn_sent).count()
+    }
+
+    /// The next connection not its own: makes room in the accept queue
+    /// (accepting its own queued connections and closing them) for it.
+    async fn next(&mut self) -> tokio::net::TcpStream {
+        let own: HashSet<_> = self.queued.iter().map(|s| s.local_addr().unwrap()).collect();
+        loop {
+            let (stream, peer) = self.listener.accept().await.unwrap();
+            if !own.contains(&peer) {
+                return stream;
+            }
+        }
+    }
+}
+
+/// An attempt reads the project's webhook, then makes its connection, which
+/// can take seconds: the URL removed (or the project deleted) meanwhile,
+/// the connection, once made, carries nothing, and the delivery reads as
+/// the removal left it, not sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_is_not_sent_on_a_connection_made_after_its_url_went() {
+    let s = TestServer::start().await;
+    let closed = common::ClosedPort::new();
+    let went = |deleted: bool| {
+        let (s, closed) = (&s, &closed);
+        async move {
+            let mut receiver = FullListener::new().await;
+            let url = format!("http://127.0.0.1:{}/hook", receiver.port);
+            let (t, test) = hooked_project(s, closed, if deleted { "deleted" } else { "removed" }, &url).await;
+            run_to_end(s, &t, &test).await;
+            // The attempt read the webhook and is connecting.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while receiver.connecting() == 0 {
+                assert!(Instant::now() < deadline, "no connection was begun to the webhook's receiver");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let p = &t.project_id;
+            if deleted {
+                s.expect(Method::DELETE, &format!("/v1/projects/{p}"), &t.owner, None, 200).await;
+            } else {
+                let body = json!({"name": "removed", "webhook_url": null});
+                s.expect(Method::PUT, &format!("/v1/projects/{p}"), &t.owner, Some(body), 200).await;
+            }
+            let made = tokio::time::timeout(Duration::from_secs(15), receiver.next()).await;
+            let mut stream = made.expect("the connection was never made");
+            let mut got = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(15), async {
+                use tokio::io::AsyncReadExt as _;
+                stream.read_to_end(&mut got).await
+            })
+            .await;
+            assert!(
+                got.is_empty(),
+                "sent after the webhook went (deleted: {deleted}): {}",
+                String::from_utf8_lossy(&got)
+            );
+            read.expect("the connection was left open").unwrap();
+            if !deleted {
+                let d = delivery_when(s, &t, "removed", |d| d["status"] != "pending").await;
+                assert_eq!((&d["status"], &d["attempts"]), (&json!("failed"), &json!(0)), "{d:#}");
+                assert_eq!(d["last_error"], json!(sparring_impl::engine::webhooks::REMOVED));
+            }
+        }
+    };
+    tokio::join!(went(false), went(true));
+}
+
 /// A webhook whose project's secret cannot be opened (the server's secret
 /// key was replaced by another) is not sent unsigned, where the receiver
 /// could not tell it from a forgery: the attempt fails, saying why.

@@ -98,6 +98,18 @@ impl Outbound {
         CONNECT_BY.scope(by, requests).await
     }
 
+    /// Runs `requests` (made with this client) so that a connection one of
+    /// them opens carries a request only if `still` says so once it is made
+    /// (resolved, connected and, for `https`, its TLS set up): when it says
+    /// why not, the connection is closed unused and the request fails with
+    /// an error that [`not_sent`] tells apart. For a request that must not
+    /// go where it was meant to go if that changed while its connection was
+    /// being made, which can take seconds; a request sent over a pooled
+    /// connection opens none, and goes at once.
+    pub async fn checking_when_connected<F: Future>(&self, still: Check, requests: F) -> F::Output {
+        ON_CONNECTED.scope(still, requests).await
+    }
+
     /// The addresses a connection to `host:port` may go to (a websocket
     /// channel's target), in the resolver's order.
     pub async fn addresses(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
@@ -116,11 +128,44 @@ impl Outbound {
     }
 }
 
+/// What [`Outbound::checking_when_connected`] asks of a connection once it
+/// is made: nothing (`Ok`), or why it must carry no request.
+pub type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 tokio::task_local! {
     /// The time limit of [`Outbound::connecting_by`] for the connections
     /// of the requests it runs.
     static CONNECT_BY: Instant;
+    /// The check of [`Outbound::checking_when_connected`] for the
+    /// connections of the requests it runs.
+    static ON_CONNECTED: Check;
 }
+
+/// Why `e`'s request was not sent, when its connection was made and then
+/// closed unused because the check of [`Outbound::checking_when_connected`]
+/// said so.
+pub fn not_sent(e: &reqwest::Error) -> Option<String> {
+    let mut source = std::error::Error::source(e);
+    while let Some(next) = source {
+        if let Some(NotSent(why)) = next.downcast_ref::<NotSent>() {
+            return Some(why.clone());
+        }
+        source = next.source();
+    }
+    None
+}
+
+/// The error of a connection closed unused (see [`not_sent`]).
+#[derive(Debug)]
+struct NotSent(String);
+
+impl std::fmt::Display for NotSent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "not sent: {}", self.0)
+    }
+}
+
+impl std::error::Error for NotSent {}
 
 /// Whether `e` is a request's failure because its connection was not made
 /// by the time [`Outbound::connecting_by`] gave it.
@@ -150,10 +195,12 @@ impl std::error::Error for ConnectTooLate {}
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The layer on reqwest's connector that holds a connection to the time
-/// limit of the [`Outbound::connecting_by`] it is opened in, read when the
-/// connection starts: the pool starts it within the request's own task.
-/// Outside one (an LLM's or a webhook's request, the `end` of a call), a
-/// connection has no limit of its own here.
+/// limit of the [`Outbound::connecting_by`] it is opened in, and hands it
+/// over only if the check of the [`Outbound::checking_when_connected`] it
+/// is opened in passes once it is made; both read when the connection
+/// starts: the pool starts it within the request's own task. Outside one
+/// (an LLM's request, the `end` of a call), a connection has no limit, or
+/// no check, of its own here.
 #[derive(Clone)]
 struct ConnectBy<S>(S);
 
@@ -172,14 +219,21 @@ where
 
     fn call(&mut self, destination: R) -> Self::Future {
         let by = CONNECT_BY.try_with(|by| *by).ok();
+        let still = ON_CONNECTED.try_with(Arc::clone).ok();
         let connecting = self.0.call(destination);
         Box::pin(async move {
-            match by {
+            let connection = match by {
                 None => connecting.await,
                 Some(by) => tokio::time::timeout_at(by, connecting)
                     .await
                     .unwrap_or_else(|_| Err(Box::new(ConnectTooLate) as BoxError)),
+            }?;
+            if let Some(still) = still {
+                // Dropped, the connection is closed before a byte of the
+                // request was written to it.
+                still().map_err(|why| Box::new(NotSent(why)) as BoxError)?;
             }
+            Ok(connection)
         })
     }
 }

@@ -16,7 +16,10 @@
 //! current secret. Once the URL is removed, no attempt is made: the write
 //! that removes it ends the project's pending deliveries `failed`, their
 //! `last_error` saying why ([`REMOVED`]) (as would an attempt that found it
-//! gone).
+//! gone). An attempt checks the webhook again once its connection is made,
+//! and sends nothing if it changed or went (or the project did); one whose
+//! request was already on its way is recorded as made (see
+//! `record_attempt`), never as not sent.
 //! Every attempt updates the delivery's record, which owners and editors
 //! read through `GET /projects/{id}/webhook-deliveries`.
 
@@ -177,27 +180,29 @@ async fn start_due(state: &Arc<AppState>, http: &Outbound, in_flight: &mut InFli
 /// its sealed secret.
 type Webhook = (Option<String>, Option<Vec<u8>>);
 
+/// The project's webhook as it is now, if `delivery` is still pending
+/// (`None` when it is not, or is gone with its project).
+fn webhook_of(tx: &rusqlite::Connection, delivery: &str) -> rusqlite::Result<Option<Webhook>> {
+    tx.prepare_cached(
+        "SELECT p.webhook_url, p.webhook_secret FROM webhook_deliveries d JOIN projects p ON p.id = d.project_id
+         WHERE d.id = ?1 AND d.status = 'pending'",
+    )?
+    .query_row(params![delivery], |r| Ok((r.get(0)?, r.get(1)?)))
+    .optional()
+}
+
 async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
-    let project_id = due.project_id.clone();
+    let delivery = due.id.clone();
     // Read at every attempt: a retry follows the project's webhook as it
     // is now, not as it was when the event was queued.
-    let (url, sealed): Webhook = state
-        .store
-        .read(move |tx| {
-            Ok::<_, Failure>(
-                tx.prepare_cached("SELECT webhook_url, webhook_secret FROM projects WHERE id = ?1")?
-                    .query_row(params![project_id], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?
-                    .unwrap_or_default(),
-            )
-        })
-        .await?;
+    let (url, sealed): Webhook =
+        state.store.read(move |tx| Ok::<_, Failure>(webhook_of(tx, &delivery)?.unwrap_or_default())).await?;
     // Removed: the owner no longer wants events there (nor anywhere).
     let Some(url) = url.filter(|u| !u.is_empty()) else { return abandon(state, due.id, REMOVED).await };
     // Changed: sent to the new URL, which the owner put in place of the
     // old one (often to mend it), and which the record then shows.
-    let secret = match sealed {
-        Some(s) => match state.secrets.open(&s, &crate::projects::webhook_secret_context(&due.project_id)) {
+    let secret = match &sealed {
+        Some(s) => match state.secrets.open(s, &crate::projects::webhook_secret_context(&due.project_id)) {
             Ok(secret) => Some(secret),
             Err(e) => {
                 // Sent unsigned, the receiver could not tell it from a forgery:
@@ -205,14 +210,16 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
                 slog::error!(state.log, "cannot open a project's webhook secret"; "project_id" => &due.project_id, "error" => %e);
                 let error = "the project's webhook secret cannot be opened (was the server's secret key replaced?); \
                              not sent unsigned";
-                return record_attempt(state, due, url, None, Some(error.to_string())).await;
+                return record_attempt(state, due, url, None, Some(error.to_string()), Sent::No).await;
             }
         },
         None => None,
     };
     let request = match http.post(&url) {
         Ok(request) => request,
-        Err(refused) => return record_attempt(state, due, url, None, Some(format!("not sent: {refused}"))).await,
+        Err(refused) => {
+            return record_attempt(state, due, url, None, Some(format!("not sent: {refused}")), Sent::No).await
+        }
     };
     let mut request = request
         .timeout(ATTEMPT_TIMEOUT)
@@ -224,26 +231,77 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
         request =
             request.header("x-sparring-signature", signature(secret, chrono::Utc::now().timestamp(), &due.payload));
     }
-    let (status, error) = match request.send().await {
-        Ok(response) if response.status().is_success() => (Some(response.status().as_u16()), None),
-        Ok(response) => {
-            (Some(response.status().as_u16()), Some(format!("the receiver answered HTTP {}", response.status())))
-        }
-        Err(e) if e.is_timeout() => (None, Some(format!("no answer within {} s", ATTEMPT_TIMEOUT.as_secs()))),
+    // The webhook read above may have been changed or removed (or its
+    // project deleted) since, and making the connection can take seconds:
+    // once it is made, the request goes on it only if the delivery is
+    // still pending and the webhook as it was read. A request on a pooled
+    // connection goes at once. What is left is the time between this
+    // check and the request's bytes (and, for the pooled, since the read
+    // above): an attempt made in it is recorded as made (`record_attempt`).
+    let still: super::outbound::Check = {
+        let (store, delivery, read) = (state.store.clone(), due.id.clone(), (Some(url.clone()), sealed.clone()));
+        Arc::new(move || match store.read_blocking(|tx| Ok::<_, Failure>(webhook_of(tx, &delivery)?)) {
+            Ok(Some(now)) if now == read => Ok(()),
+            Ok(_) => Err("the delivery's webhook changed while its connection was being made".into()),
+            Err(e) => Err(format!("the delivery's webhook could not be read again: {e}")),
+        })
+    };
+    let (status, error, sent) = match http.checking_when_connected(still, request.send()).await {
+        Ok(response) if response.status().is_success() => (Some(response.status().as_u16()), None, Sent::Yes),
+        Ok(response) => (
+            Some(response.status().as_u16()),
+            Some(format!("the receiver answered HTTP {}", response.status())),
+            Sent::Yes,
+        ),
         Err(e) => {
-            let mut source: &dyn std::error::Error = &e;
-            while let Some(next) = source.source() {
-                source = next;
+            if let Some(why) = super::outbound::not_sent(&e) {
+                // Not an attempt: the delivery is as the write that
+                // changed its webhook left it (due again, to the new one,
+                // unless it ended or went with its project).
+                slog::info!(state.log, "a webhook was not sent"; "delivery" => &due.id, "why" => why);
+                return Ok(());
             }
-            (None, Some(format!("could not reach the receiver: {source}")))
+            // A connect error: no connection was made, so nothing went
+            // out. Any other (a timeout does not say when it struck), the
+            // receiver may have the request.
+            let sent = if e.is_connect() { Sent::No } else { Sent::Yes };
+            if e.is_timeout() {
+                (None, Some(format!("no answer within {} s", ATTEMPT_TIMEOUT.as_secs())), sent)
+            } else {
+                (None, Some(could_not_reach(&e)), sent)
+            }
         }
     };
-    record_attempt(state, due, url, status, error).await
+    record_attempt(state, due, url, status, error, sent).await
+}
+
+fn could_not_reach(e: &reqwest::Error) -> String {
+    let mut source: &dyn std::error::Error = e;
+    while let Some(next) = source.source() {
+        source = next;
+    }
+    format!("could not reach the receiver: {source}")
+}
+
+/// Whether an attempt's request went to the receiver.
+#[derive(Clone, Copy, PartialEq)]
+enum Sent {
+    /// It did, or may have: answered, or failed once its connection was
+    /// made (or perhaps was: a timeout does not say when it struck).
+    Yes,
+    /// It did not: refused, not signed, or no connection made.
+    No,
 }
 
 /// The `last_error` of a delivery given up because its project's webhook
 /// URL was removed.
 pub const REMOVED: &str = "not sent: the project's webhook URL was removed";
+
+/// Ends the `last_error` of a delivery whose attempt was under way (its
+/// request sent, or perhaps sent) when its project's webhook URL was
+/// removed, and failed.
+pub const REMOVED_DURING: &str =
+    "the project's webhook URL was removed while this attempt was under way; no other follows";
 
 /// Ends a pending delivery as `failed` without an attempt, saying `why`;
 /// what its earlier attempts recorded stays.
@@ -271,16 +329,26 @@ fn end_pending(tx: &rusqlite::Connection, column: &str, value: &str, why: &str) 
 
 /// Records one attempt at `due`, made to `url`: delivered, or retried
 /// later, or failed for good after the last retry.
+///
+/// The URL may have been removed while the attempt was under way: the
+/// write that removed it ended the delivery `failed`, saying it was not
+/// sent ([`REMOVED`]). If the request went out (or may have), that is not
+/// so: the attempt is recorded over it, counted, with what it got, and the
+/// delivery ends `delivered` if the receiver took it, `failed` otherwise
+/// (its `last_error` then saying why, and [`REMOVED_DURING`]). Should its
+/// project have been deleted meanwhile, its record went with it: there is
+/// nothing to record.
 async fn record_attempt(
     state: &AppState,
     due: Due,
     url: String,
     status: Option<u16>,
     error: Option<String>,
+    sent: Sent,
 ) -> Result<()> {
     let attempts = due.attempts + 1;
-    let id = due.id;
-    state
+    let (id, due_id) = (due.id.clone(), due.id);
+    let recorded = state
         .store
         .write(move |tx| {
             let now = ids::now();
@@ -293,25 +361,50 @@ async fn record_attempt(
                 },
             };
             let next_text = next_ms.and_then(chrono::DateTime::from_timestamp_millis).map(|t| ids::format_time(&t));
-            tx.prepare_cached(
-                "UPDATE webhook_deliveries SET status = ?2, attempts = ?3, last_response_status = ?4, last_error = ?5,
-                                               next_attempt_at = ?6, next_attempt_ms = ?7, updated_at = ?8, url = ?9
-                 WHERE id = ?1 AND status = 'pending'",
-            )?
-            .execute(params![
-                id,
-                next_status,
-                attempts,
-                status,
-                error,
-                next_text,
-                next_ms,
-                now_text,
-                url
-            ])?;
-            Ok::<_, Failure>(())
+            // The delivery, if it is as `was` says: (status, last_error
+            // if it matters), made what `next_status` and the rest say.
+            let update = |was: (&str, Option<&str>), next_status: &str, error: Option<&str>, next_text, next_ms| {
+                tx.prepare_cached(
+                    "UPDATE webhook_deliveries SET status = ?2, attempts = ?3, last_response_status = ?4,
+                                                   last_error = ?5, next_attempt_at = ?6, next_attempt_ms = ?7,
+                                                   updated_at = ?8, url = ?9
+                     WHERE id = ?1 AND status = ?10 AND (?11 IS NULL OR last_error = ?11)",
+                )?
+                .execute(params![
+                    id,
+                    next_status,
+                    attempts,
+                    status,
+                    error,
+                    next_text,
+                    next_ms,
+                    now_text,
+                    url,
+                    was.0,
+                    was.1
+                ])
+            };
+            let pending = ("pending", None);
+            if update(pending, next_status, error.as_deref(), next_text.as_deref(), next_ms)? == 1 {
+                return Ok::<_, Failure>(true);
+            }
+            if sent == Sent::No {
+                // Nothing went out: "not sent" is so.
+                return Ok(true);
+            }
+            let (next_status, error) = match &error {
+                None => ("delivered", None),
+                Some(e) => ("failed", Some(format!("{e}; {REMOVED_DURING}"))),
+            };
+            Ok(update(("failed", Some(REMOVED)), next_status, error.as_deref(), None, None)? == 1)
         })
-        .await
+        .await?;
+    if !recorded {
+        // Gone with its project, deleted during the attempt.
+        slog::info!(state.log, "a webhook attempt was made whose delivery is gone; not recorded";
+                    "delivery" => &due_id);
+    }
+    Ok(())
 }
 
 /// The sending loop: every `every`, starts an attempt at each delivery

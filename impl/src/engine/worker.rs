@@ -138,18 +138,62 @@ impl Engine {
     }
 
     /// Stops the tasks and puts the runs in flight back in the queue.
+    ///
+    /// The runtime has several threads, and aborting a task does not stop
+    /// a poll of it under way on another one: the dispatcher may be
+    /// between reading how many slots are free and queuing its claim, or
+    /// between its claim's answer and putting the runs' tokens in
+    /// `running`. So each task is awaited once aborted, which returns only
+    /// when the task is dropped: any write it queued (a claim) is then
+    /// ahead of `release` in the writer's queue, and `release` puts back
+    /// the runs it claimed (it takes every run this owner holds). Nor can
+    /// a token be put in `running` after the loop below went through it:
+    /// the dispatcher is gone by then, and should it not be, its spawn
+    /// path (`hold_claimed`) reads `stopping` under the lock this loop
+    /// holds. (A test cannot stop a poll at those points without a hook in
+    /// the dispatcher, hence the argument here.)
     pub async fn shutdown(state: &AppState) -> anyhow::Result<()> {
         let engine = &state.engine;
-        for task in engine.tasks.lock().expect("not poisoned").drain(..) {
+        let tasks: Vec<_> = engine.tasks.lock().expect("not poisoned").drain(..).collect();
+        for task in &tasks {
             task.abort();
         }
-        engine.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
-        for (_, token) in engine.running.lock().expect("not poisoned").values() {
-            token.cancel();
+        for task in tasks {
+            // Cancelled (or ended by a panic, already logged): either way,
+            // dropped.
+            let _ = task.await;
+        }
+        {
+            let running = engine.running.lock().expect("not poisoned");
+            engine.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+            for (_, token) in running.values() {
+                token.cancel();
+            }
         }
         let owner = engine.owner.clone();
         state.store.write(move |tx| queue::release(tx, &owner)).await?;
         Ok(())
+    }
+}
+
+impl Engine {
+    /// The stop signal of `run`, just claimed, now in `running`; `None`
+    /// once [`Engine::shutdown`] is stopping the runs in flight (then the
+    /// run is not held: it would never be stopped). `stopping` is read
+    /// under the lock that shutdown holds as it sets it and goes through
+    /// `running`, so a token is either put in before (and cancelled there)
+    /// or not at all.
+    fn hold_claimed(&self, run: &Claimed) -> Option<CancellationToken> {
+        let mut running = self.running.lock().expect("not poisoned");
+        if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
+        let token = CancellationToken::new();
+        if let Some((_, earlier)) = running.insert(run.run_id.clone(), (run.call_id.clone(), token.clone())) {
+            // Its lease ran out and its end will not be recorded.
+            earlier.cancel();
+        }
+        Some(token)
     }
 }
 
@@ -176,16 +220,10 @@ async fn dispatch(state: Arc<AppState>) {
         };
         let full = !claimed.is_empty() && claimed.len() == free;
         for run in claimed {
-            let token = CancellationToken::new();
-            let earlier = engine
-                .running
-                .lock()
-                .expect("not poisoned")
-                .insert(run.run_id.clone(), (run.call_id.clone(), token.clone()));
-            if let Some((_, earlier)) = earlier {
-                // Its lease ran out and its end will not be recorded.
-                earlier.cancel();
-            }
+            let Some(token) = engine.hold_claimed(&run) else {
+                // Stopping: `release` puts it back in the queue.
+                break;
+            };
             let state = state.clone();
             tokio::spawn(async move {
                 let (run_id, call_id) = (run.run_id.clone(), run.call_id.clone());
