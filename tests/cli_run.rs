@@ -356,6 +356,8 @@ enum Answer {
     /// The request passed on and answered by the server, the answer held
     /// back this long: a slow network.
     Late(std::time::Duration),
+    /// This redirect status, to this `Location`.
+    Redirect(u16, String),
 }
 
 /// A loopback stand-in for a load balancer in front of the real server: it
@@ -400,6 +402,13 @@ impl Front {
                             let (status, content_type, body) = match answer {
                                 Some(Answer::With(status, content_type, body)) => {
                                     (status, content_type.to_string(), bytes::Bytes::from_static(body.as_bytes()))
+                                }
+                                Some(Answer::Redirect(status, location)) => {
+                                    return Ok(hyper::Response::builder()
+                                        .status(status)
+                                        .header("location", location)
+                                        .body(http_body_util::Full::new(bytes::Bytes::new()))
+                                        .unwrap());
                                 }
                                 Some(Answer::Hang) => std::future::pending().await,
                                 None | Some(Answer::Lost(_)) | Some(Answer::Late(_)) => {
@@ -446,6 +455,58 @@ impl Front {
             }
         });
         Front { base, task }
+    }
+}
+
+/// A loopback HTTP server standing for another host: it answers every
+/// request 404 (the API's error shape) and records, per request, its path
+/// and whether it carried an `x-api-key`.
+struct Recorder {
+    base: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, bool)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Recorder {
+    async fn start() -> Recorder {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        log.lock()
+                            .unwrap()
+                            .push((req.uri().path().to_string(), req.headers().contains_key("x-api-key")));
+                        let body = r#"{"error_code": "not_found", "message": "elsewhere", "request_id": "req_x"}"#;
+                        let answer = hyper::Response::builder()
+                            .status(404)
+                            .header("content-type", "application/json")
+                            .body(http_body_util::Full::new(bytes::Bytes::from_static(body.as_bytes())))
+                            .unwrap();
+                        async move { Ok::<_, std::convert::Infallible>(answer) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Recorder { base, seen, task }
+    }
+
+    fn seen(&self) -> Vec<(String, bool)> {
+        self.seen.lock().unwrap().clone()
     }
 }
 
@@ -1031,4 +1092,31 @@ fn a_kill_while_the_report_is_written_leaves_the_one_before_whole() {
     assert_eq!(out.status.signal(), Some(25), "not killed by SIGXFSZ: {}", String::from_utf8_lossy(&out.stderr));
     let left = std::fs::read_to_string(&junit).unwrap();
     assert!(left.contains(r#"type="unfinished""#) && left.trim_end().ends_with("</testsuites>"), "{left}");
+}
+
+/// The API key goes to `--url` only: a redirect (here to another port, as
+/// to another host, or from `https://` to `http://`) is not followed, and
+/// the command says what answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_is_never_sent_where_a_redirect_points() {
+    let elsewhere = Recorder::start().await;
+    let to = elsewhere.base.clone();
+    let front =
+        Front::start("http://127.0.0.1:9", move |_, path| Some(Answer::Redirect(307, format!("{to}{path}")))).await;
+    let key = "spk_not_for_elsewhere";
+
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let (code, stdout, stderr) = run_at(&front.base, key, &["--test", "tst_x", "--junit", junit.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
+    let said =
+        format!("307 Temporary Redirect, a redirect to `{}/v1/tests/tst_x/run`, which is not followed", elsewhere.base);
+    assert!(stderr.contains(&said), "{stderr}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("no batch run started: starting the batch run: the server answered 307"), "{xml}");
+    let (code, _, stderr) = command_at("result", &front.base, key, &["trs_x"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("which is not followed"), "{stderr}");
+
+    assert_eq!(elsewhere.seen().iter().filter(|(_, keyed)| *keyed).count(), 0, "{:?}", elsewhere.seen());
 }
