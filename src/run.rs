@@ -167,12 +167,12 @@ enum Verdict {
 /// Whether a failed read of the batch run is worth another try.
 fn transient(e: &sparring_client::Error<types::Error>) -> bool {
     match e {
-        sparring_client::Error::ErrorResponse(r) => r.status().is_server_error(),
+        sparring_client::Error::ErrorResponse(r) => passes(r.status()),
         // A request that could not even be made (a URL reqwest refuses) fails
         // the same way every time.
         sparring_client::Error::CommunicationError(e) => !e.is_builder(),
         sparring_client::Error::ResponseBodyError(_) => true,
-        sparring_client::Error::UnexpectedResponse(r) => r.status().is_server_error(),
+        sparring_client::Error::UnexpectedResponse(r) => passes(r.status()),
         // Not JSON at all: a page of a proxy or load balancer in front of a
         // server that is away (JSON of another shape is not tried again).
         sparring_client::Error::InvalidResponsePayload(_, e) => {
@@ -180,6 +180,36 @@ fn transient(e: &sparring_client::Error<types::Error>) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether an answer of this status may be different later: a server
+/// error, or a gateway's or proxy's "not now" (408 Request Timeout, 429
+/// Too Many Requests), which the API itself never answers.
+fn passes(status: http::StatusCode) -> bool {
+    status.is_server_error() || matches!(status.as_u16(), 408 | 429)
+}
+
+/// The longest wait a `Retry-After` is followed for: a gateway asking for
+/// more is still asked every this often.
+const RETRY_AFTER_AT_MOST: Duration = Duration::from_secs(30);
+
+/// How long the answer that failed `e` asks to wait before the next try
+/// (its `Retry-After`, in seconds or as a date), at most
+/// `RETRY_AFTER_AT_MOST`.
+fn retry_after(e: &sparring_client::Error<types::Error>) -> Option<Duration> {
+    let headers = match e {
+        sparring_client::Error::ErrorResponse(r) => r.headers(),
+        sparring_client::Error::UnexpectedResponse(r) => r.headers(),
+        _ => return None,
+    };
+    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let wait = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => {
+            httpdate::parse_http_date(value).ok()?.duration_since(std::time::SystemTime::now()).unwrap_or_default()
+        }
+    };
+    Some(wait.min(RETRY_AFTER_AT_MOST))
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
@@ -374,6 +404,7 @@ async fn start(
             Err(e) if transient(&e) && first.elapsed() < trying_for => e,
             Err(e) => return Err(api_error(e)),
         };
+        let asked_to_wait = retry_after(&e).unwrap_or_default();
         if said.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
             said = Some(Instant::now());
             eprintln!(
@@ -383,7 +414,7 @@ async fn start(
             );
         }
         // The last attempt comes as the time is up, not 2 s before it.
-        let pause = (POLL * 4).min(trying_for.saturating_sub(first.elapsed()));
+        let pause = (POLL * 4).max(asked_to_wait).min(trying_for.saturating_sub(first.elapsed()));
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             signal = interrupts.recv() => return Err(StartUnknown { signal, key: key.clone() }.into()),
@@ -487,6 +518,8 @@ async fn wait(
 ) -> anyhow::Result<Waited> {
     let mut progress = Progress::new(started);
     let mut failed_polls = 0;
+    // How long the last failed read's answer asked to wait (`Retry-After`).
+    let mut asked_to_wait: Option<Duration> = None;
     // Since when the reads fail, and when that was last said.
     let mut failing: Option<(Instant, Instant)> = None;
     let mut current = started.clone();
@@ -495,7 +528,7 @@ async fn wait(
             progress.finish(&current);
             return Ok(Waited::Ended(Box::new(current)));
         }
-        let pause = POLL * 2u32.pow(failed_polls.min(2));
+        let pause = (POLL * 2u32.pow(failed_polls.min(2))).max(asked_to_wait.take().unwrap_or_default());
         // The pause and the read: a read that hangs (a server overloaded)
         // holds up neither an interrupt nor the timeout.
         let read = async {
@@ -523,6 +556,7 @@ async fn wait(
             }
             Err(e) if transient(&e) && failing.is_none_or(|(since, _)| since.elapsed() < KEEP_TRYING_FOR) => {
                 failed_polls += 1;
+                asked_to_wait = retry_after(&e);
                 let now = Instant::now();
                 let (since, said) = failing.get_or_insert((now, now));
                 if failed_polls == 1 || said.elapsed() >= LOG_EVERY {

@@ -358,6 +358,9 @@ enum Answer {
     Late(std::time::Duration),
     /// This redirect status, to this `Location`.
     Redirect(u16, String),
+    /// This status, as a gateway says "not now" (429, 408), with this
+    /// `Retry-After` if any.
+    NotNow(u16, Option<&'static str>),
 }
 
 /// A loopback stand-in for a load balancer in front of the real server: it
@@ -402,6 +405,15 @@ impl Front {
                             let (status, content_type, body) = match answer {
                                 Some(Answer::With(status, content_type, body)) => {
                                     (status, content_type.to_string(), bytes::Bytes::from_static(body.as_bytes()))
+                                }
+                                Some(Answer::NotNow(status, retry_after)) => {
+                                    let mut answer =
+                                        hyper::Response::builder().status(status).header("content-type", "text/plain");
+                                    if let Some(after) = retry_after {
+                                        answer = answer.header("retry-after", after);
+                                    }
+                                    let page = bytes::Bytes::from_static(b"Too Many Requests");
+                                    return Ok(answer.body(http_body_util::Full::new(page)).unwrap());
                                 }
                                 Some(Answer::Redirect(status, location)) => {
                                     return Ok(hyper::Response::builder()
@@ -585,6 +597,46 @@ async fn a_read_answered_by_a_5xx_page_is_tried_again() {
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(stderr.contains("trying again"), "{stderr}");
     assert!(stdout.contains(": PASSED;"), "{stdout}");
+}
+
+/// A gateway's "not now" (429 Too Many Requests, 408 Request Timeout) is a
+/// read that failed for now, not the end of the wait: tried again, after
+/// the `Retry-After` it gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_a_gateway_refuses_for_now_is_tried_again_when_it_says() {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &good).await;
+    let reads = Arc::new(Mutex::new(Vec::new()));
+    let seen = reads.clone();
+    let front = Front::start(&s.base, move |method, path| {
+        if !is_batch_run(method, path) {
+            return None;
+        }
+        let mut reads = seen.lock().unwrap();
+        reads.push(Instant::now());
+        match reads.len() {
+            1 => Some(Answer::NotNow(429, Some("3"))),
+            2 => Some(Answer::NotNow(408, None)),
+            3 => Some(Answer::NotNow(429, None)),
+            _ => None,
+        }
+    })
+    .await;
+
+    let (code, stdout, stderr) = run_at(&front.base, &key, &["--test", &suite.good_test]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains(": PASSED;"), "{stdout}");
+    assert!(stderr.contains("429 Too Many Requests") && stderr.contains("trying again"), "{stderr}");
+    assert!(!stderr.contains("cancelling"), "{stderr}");
+    let reads = reads.lock().unwrap().clone();
+    assert!(reads.len() > 3, "{reads:?}");
+    // Without a `Retry-After`, the next read would come 1 s later.
+    assert!(reads[1] - reads[0] >= Duration::from_secs(3), "{:?} after a Retry-After of 3 s", reads[1] - reads[0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
