@@ -229,7 +229,7 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
         Ok((source, api)) => {
             let metadata: serde_json::Map<String, serde_json::Value> =
                 args.metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
-            start(&api, &source, &metadata, args.timeout, &mut interrupts)
+            start(&api, &source, &metadata, deadline, &mut interrupts)
                 .await
                 .context("starting the batch run")
                 .map(|started| (started, api))
@@ -316,11 +316,13 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
     finish(&api, &ended, &args, gave_up, by, &mut interrupts).await
 }
 
-/// An interrupted start whose attempt may have reached the server: a batch
-/// run may have been started, and paid for.
+/// A start that ended without knowing whether an attempt reached the
+/// server and started a batch run (and is paying for it): interrupted, or
+/// given up with no answer that says.
 #[derive(Debug)]
 struct StartUnknown {
-    signal: &'static str,
+    /// How it ended: "interrupted (SIGINT) while starting", ….
+    why: String,
     key: String,
 }
 
@@ -328,9 +330,8 @@ impl std::fmt::Display for StartUnknown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "interrupted ({}) while starting; a batch run may have been started: look in the project's batch runs \
-             (Idempotency-Key {})",
-            self.signal, self.key
+            "{}; a batch run may have been started: look in the project's batch runs (Idempotency-Key {})",
+            self.why, self.key
         )
     }
 }
@@ -345,22 +346,56 @@ const START_TRYING_FOR: Duration = Duration::from_secs(60);
 /// kills a cancelled job seconds after its signal).
 const INTERRUPTED_START_GRACE: Duration = Duration::from_secs(5);
 
+/// Whether the failed start `e` may have reached the server, which may then
+/// have started the batch run: every failure but a connection never made
+/// and a gateway's 429 (which passes nothing on). A timeout, a connection
+/// reset after the request went, a 5xx (a gateway that gave up waiting), an
+/// answer that cannot be read may all come after the server started it.
+fn may_have_reached(e: &sparring_client::Error<types::Error>) -> bool {
+    match e {
+        sparring_client::Error::CommunicationError(e) => !e.is_connect() && !e.is_builder(),
+        sparring_client::Error::UnexpectedResponse(r) => r.status() != http::StatusCode::TOO_MANY_REQUESTS,
+        _ => true,
+    }
+}
+
+/// Whether `e`, the server's own refusal of a start, says what became of
+/// every attempt with the same `Idempotency-Key`: the server looks the key
+/// up (and answers with the batch run it started) before anything but the
+/// credential, and the same request is refused the same way.
+fn rules_on_the_key(e: &sparring_client::Error<types::Error>) -> bool {
+    matches!(e, sparring_client::Error::ErrorResponse(r)
+        if r.status().is_client_error() && r.status() != http::StatusCode::UNAUTHORIZED)
+}
+
 /// Starts the batch run. An attempt that cannot reach the server or that it
 /// fails (a deploy, a proxy, the network) is tried again every 2 s for up
 /// to `START_TRYING_FOR` (or `--timeout`, if shorter), with the same
 /// `Idempotency-Key`: if an attempt started the batch run and only its
 /// answer was lost, the next one is answered with that batch run instead of
-/// starting (and paying for) another.
+/// starting (and paying for) another. An attempt is cut at `deadline`
+/// (`--timeout`), one begun at it or after within `GIVE_UP_WITHIN`. If the
+/// time is up once an attempt that may have reached the server failed (one
+/// that took it all: a gateway's or the client's timeout), one more attempt
+/// with the key asks whether it started one; the wait then goes on, or
+/// cancels it for the timeout. Without an answer, the start is
+/// [`StartUnknown`], never "not started".
 async fn start(
     api: &sparring_client::Client,
     source: &Source,
     metadata: &serde_json::Map<String, serde_json::Value>,
-    timeout: Option<u64>,
+    deadline: Option<Instant>,
     interrupts: &mut Interrupts,
 ) -> anyhow::Result<types::BatchRun> {
     let key = format!("sparring-run-{}", uuid::Uuid::now_v7());
     let first = Instant::now();
-    let trying_for = timeout.map_or(START_TRYING_FOR, |s| START_TRYING_FOR.min(Duration::from_secs(s)));
+    // Attempts begin until then (the last one at it), and after it only
+    // the one that asks.
+    let until = deadline.map_or(first + START_TRYING_FOR, |d| d.min(first + START_TRYING_FOR));
+    // Whether a failed attempt may have started the batch run.
+    let mut maybe_started = false;
+    // Whether this is the attempt made once the time is up, to ask.
+    let mut asking = false;
     let mut said: Option<Instant> = None;
     loop {
         let attempt = async {
@@ -379,45 +414,86 @@ async fn start(
                 }
             }
         };
+        let began = Instant::now();
+        // Cut at the deadline; one begun at it or after (as the time is up,
+        // or to ask), 5 s after that.
+        let cut_at = match deadline {
+            Some(d) if d <= began => Some(began + GIVE_UP_WITHIN),
+            d => d,
+        };
         let mut attempt = std::pin::pin!(attempt);
         let attempt = tokio::select! {
-            attempt = &mut attempt => attempt,
+            attempt = &mut attempt => Some(attempt),
+            () = past(cut_at) => None,
             // The server may be starting it: its answer, if it comes soon,
             // names the batch run, which the wait then cancels (or keeps).
             // A second signal stops waiting for it.
             signal = interrupts.recv() => {
+                let unknown = || StartUnknown { why: format!("interrupted ({signal}) while starting"), key: key.clone() };
                 let answered = tokio::select! {
                     answered = tokio::time::timeout(INTERRUPTED_START_GRACE, attempt) => answered,
-                    _ = interrupts.recv() => return Err(StartUnknown { signal, key: key.clone() }.into()),
+                    _ = interrupts.recv() => return Err(unknown().into()),
                 };
                 match answered {
                     Ok(Ok(started)) => {
                         interrupts.put_back(signal);
                         return Ok(started.into_inner());
                     }
-                    _ => return Err(StartUnknown { signal, key: key.clone() }.into()),
+                    _ => return Err(unknown().into()),
                 }
             }
         };
-        let e = match attempt {
-            Ok(started) => return Ok(started.into_inner()),
-            Err(e) if transient(&e) && first.elapsed() < trying_for => e,
-            Err(e) => return Err(api_error(e)),
+        let (reached, asked_to_wait, failed) = match attempt {
+            Some(Ok(started)) => return Ok(started.into_inner()),
+            Some(Err(e)) if transient(&e) => (may_have_reached(&e), retry_after(&e), api_error(e)),
+            Some(Err(e)) if maybe_started && !rules_on_the_key(&e) => {
+                let why = format!(
+                    "tried for {} s with no answer that tells (the last attempt: {:#})",
+                    first.elapsed().as_secs(),
+                    api_error(e)
+                );
+                return Err(StartUnknown { why, key: key.clone() }.into());
+            }
+            Some(Err(e)) => return Err(api_error(e)),
+            // Cut: it may have been sent.
+            None if cut_at == deadline => (true, None, anyhow::anyhow!("no answer by the end of --timeout")),
+            None => (true, None, anyhow::anyhow!("no answer in {} s", GIVE_UP_WITHIN.as_secs())),
         };
-        let asked_to_wait = retry_after(&e).unwrap_or_default();
+        maybe_started |= reached;
+        if asking {
+            let why = format!(
+                "tried for {} s with no answer that tells (the last attempt: {failed:#})",
+                first.elapsed().as_secs()
+            );
+            return Err(StartUnknown { why, key: key.clone() }.into());
+        }
+        if Instant::now() >= until {
+            if !maybe_started {
+                return Err(failed);
+            }
+            eprintln!(
+                "starting the batch run failed ({failed:#}); asking once more, with the same Idempotency-Key, \
+                 whether it was started"
+            );
+            asking = true;
+            continue;
+        }
         if said.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
             said = Some(Instant::now());
             eprintln!(
-                "starting the batch run failed ({:#}); trying again (failing for {} s)",
-                api_error(e),
+                "starting the batch run failed ({failed:#}); trying again (failing for {} s)",
                 first.elapsed().as_secs()
             );
         }
         // The last attempt comes as the time is up, not 2 s before it.
-        let pause = (POLL * 4).max(asked_to_wait).min(trying_for.saturating_sub(first.elapsed()));
+        let pause =
+            (POLL * 4).max(asked_to_wait.unwrap_or_default()).min(until.saturating_duration_since(Instant::now()));
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
-            signal = interrupts.recv() => return Err(StartUnknown { signal, key: key.clone() }.into()),
+            signal = interrupts.recv() => {
+                let why = format!("interrupted ({signal}) while starting");
+                return Err(StartUnknown { why, key: key.clone() }.into());
+            }
         }
     }
 }

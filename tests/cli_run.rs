@@ -356,6 +356,9 @@ enum Answer {
     /// The request passed on and answered by the server, the answer held
     /// back this long: a slow network.
     Late(std::time::Duration),
+    /// The request passed on and answered by the server, then, this long
+    /// after, this status with an HTML page: a gateway with a long timeout.
+    LostAfter(u16, std::time::Duration),
     /// This redirect status, to this `Location`.
     Redirect(u16, String),
     /// This status, as a gateway says "not now" (429, 408), with this
@@ -423,7 +426,7 @@ impl Front {
                                         .unwrap());
                                 }
                                 Some(Answer::Hang) => std::future::pending().await,
-                                None | Some(Answer::Lost(_)) | Some(Answer::Late(_)) => {
+                                None | Some(Answer::Lost(_)) | Some(Answer::Late(_)) | Some(Answer::LostAfter(..)) => {
                                     let mut forward = http.request(method, target).body(body);
                                     for name in ["x-api-key", "content-type", "idempotency-key"] {
                                         if let Some(v) = headers.get(name) {
@@ -434,7 +437,10 @@ impl Front {
                                     if let Some(Answer::Late(delay)) = answer {
                                         tokio::time::sleep(delay).await;
                                     }
-                                    if let Some(Answer::Lost(status)) = answer {
+                                    if let Some(Answer::LostAfter(_, delay)) = answer {
+                                        tokio::time::sleep(delay).await;
+                                    }
+                                    if let Some(Answer::Lost(status) | Answer::LostAfter(status, _)) = answer {
                                         let page = bytes::Bytes::from_static(b"<h1>504 Gateway Time-out</h1>");
                                         return Ok(hyper::Response::builder()
                                             .status(status)
@@ -666,6 +672,83 @@ async fn a_start_whose_answer_was_lost_is_tried_again_and_runs_once() {
     let ledger = s.expect(Method::GET, "/v1/transactions", &key, None, 200).await;
     let reservations = ledger["transactions"].as_array().unwrap().iter().filter(|t| t["kind"] == "reservation");
     assert_eq!(reservations.count(), 1, "{ledger}");
+}
+
+/// A start whose attempt outlasts the time it may take (a gateway's
+/// timeout longer than `--timeout`; a minute, the client's own) is not
+/// given up as "not started": the attempt is cut at the timeout, and one
+/// more with the same `Idempotency-Key` learns the batch run it started,
+/// which is then cancelled for the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_outlasts_the_timeout_is_asked_about_and_what_it_started_cancelled() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let test = suite(&s, &key, &project, &slow, &slow).await.good_test;
+    // The first start reaches the server, which starts the batch run; the
+    // gateway answers 504 only 30 s later.
+    let starts = AtomicUsize::new(0);
+    let front = Front::start(&s.base, move |method, path| {
+        (is_start(method, path) && starts.fetch_add(1, Ordering::SeqCst) == 0)
+            .then_some(Answer::LostAfter(504, Duration::from_secs(30)))
+    })
+    .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let at = Instant::now();
+    let (code, _, stderr) =
+        run_at(&front.base, &key, &["--test", &test, "--timeout", "3", "--junit", junit.to_str().unwrap()]);
+    assert!(at.elapsed() < Duration::from_secs(15), "{:?} with --timeout 3: {stderr}", at.elapsed());
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("asking once more, with the same Idempotency-Key"), "{stderr}");
+    let id = started_id(&stderr);
+    assert!(stderr.contains(&format!("timed out after 3 s; cancelled batch run {id}")), "{stderr}");
+    assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+    let listed = s.expect(Method::GET, &format!("/v1/batch-runs?project_id={project}"), &key, None, 200).await;
+    assert_eq!(listed["batch_runs"].as_array().unwrap().len(), 1, "one batch run: {listed:#}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains(&format!(r#"<testsuite name="sparring batch run {id}""#)), "{xml}");
+    assert!(xml.contains("no verdict: timed out after 3 s"), "{xml}");
+}
+
+/// A start that may have reached the server and is never answered, the
+/// attempt that asks after it neither: said as a start whose outcome is
+/// unknown, with its `Idempotency-Key`, never as one that did not happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_never_answered_is_said_unknown_with_its_key() {
+    use std::time::{Duration, Instant};
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let test = suite(&s, &key, &project, &good, &good).await.good_test;
+    // Every start reaches the server; no answer comes back in time.
+    let front = Front::start(&s.base, move |method, path| {
+        is_start(method, path).then_some(Answer::LostAfter(504, Duration::from_secs(600)))
+    })
+    .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let at = Instant::now();
+    let (code, _, stderr) =
+        run_at(&front.base, &key, &["--test", &test, "--timeout", "2", "--junit", junit.to_str().unwrap()]);
+    assert!(at.elapsed() < Duration::from_secs(15), "{:?} with --timeout 2: {stderr}", at.elapsed());
+    assert_eq!(code, Some(2), "{stderr}");
+    let said = "a batch run may have been started: look in the project's batch runs (Idempotency-Key sparring-run-";
+    assert!(stderr.contains(said), "{stderr}");
+    let at = stderr.find("(Idempotency-Key ").unwrap() + "(Idempotency-Key ".len();
+    let idempotency_key = &stderr[at..at + stderr[at..].find(')').unwrap()];
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains(r#"type="start_unknown""#) && xml.contains(idempotency_key), "{xml}");
+    assert!(!xml.contains("no batch run started"), "{xml}");
+    // It had started one.
+    let listed = s.expect(Method::GET, &format!("/v1/batch-runs?project_id={project}"), &key, None, 200).await;
+    assert_eq!(listed["batch_runs"].as_array().unwrap().len(), 1, "{listed:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
