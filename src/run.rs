@@ -242,10 +242,16 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
             // A pipeline publishes the report whatever happened: it says
             // why nothing ran (insufficient credits, a wrong id, a bad or
             // missing key) or that something may have.
+            // A report that cannot be written is said beside the start's
+            // error, never instead of it: the `Idempotency-Key` of a start
+            // that may have happened is in that error alone.
             let unknown = e.downcast_ref::<StartUnknown>().is_some();
             if let Some(path) = &args.junit {
                 let why = format!("{e:#}");
-                report::write(path, if unknown { report::start_unknown(&why) } else { report::not_started(&why) })?;
+                let report = if unknown { report::start_unknown(&why) } else { report::not_started(&why) };
+                if let Err(not_written) = report::write(path, report) {
+                    eprintln!("error: {not_written:#}");
+                }
             }
             return Err(e);
         }

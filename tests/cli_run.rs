@@ -1166,6 +1166,43 @@ async fn an_interrupted_start_says_where_to_look_for_what_it_may_have_started() 
     assert!(!xml.contains("no batch run started"), "{xml}");
 }
 
+/// A start that failed is said even when the report saying so cannot be
+/// written: for one that may have started a batch run, its
+/// `Idempotency-Key` is the only way to find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_that_cannot_be_written_after_a_failed_start_leaves_the_start_said() {
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &good).await;
+    // The start reaches the gateway and is never answered.
+    let (seen, mut reached) = tokio::sync::watch::channel(false);
+    let front = Front::start(&s.base, move |method, path| {
+        is_start(method, path).then(|| seen.send_replace(true)).map(|_| Answer::Hang)
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let reports = dir.path().join("reports");
+    std::fs::create_dir(&reports).unwrap();
+    let junit = reports.join("report.xml");
+    let args = ["run", "--url", &front.base, "--test", &suite.good_test, "--junit", junit.to_str().unwrap()];
+    let mut p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", &key)]);
+    let start = async { reached.wait_for(|r| *r).await.is_ok() };
+    let started = tokio::time::timeout(std::time::Duration::from_secs(30), start).await.unwrap_or(false);
+    assert!(started, "no start: {}", p.stderr());
+    // The report's directory is gone (a workspace cleaned), then the job is
+    // cancelled, twice.
+    std::fs::remove_dir_all(&reports).unwrap();
+    p.signal("INT");
+    p.signal("INT");
+    assert_eq!(p.wait_exit().code(), Some(2), "{}", p.stderr());
+    let stderr = p.stderr();
+    assert!(stderr.contains("writing the JUnit report to"), "{stderr}");
+    let said = "a batch run may have been started: look in the project's batch runs (Idempotency-Key sparring-run-";
+    assert!(stderr.contains(said), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_that_cannot_be_written_at_the_end_leaves_the_verdict() {
     let good = Agent::start(&["--latency-ms", "500"]);
