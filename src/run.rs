@@ -28,6 +28,17 @@ use crate::signals::Interrupts;
 
 mod report;
 
+/// `println!`, but a stdout that cannot be written (a reader that closed it
+/// early: `sparring run … | head -n1`) is not an error: what would have
+/// been printed is lost, the report and the exit code are not. (`println!`
+/// panics there, exit 101, the report left unwritten.)
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
     /// Run this batch (`bat_…`).
@@ -258,9 +269,9 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
     };
     if args.no_wait {
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&started)?);
+            out!("{}", serde_json::to_string_pretty(&started)?);
         } else {
-            println!("{}", started.id);
+            out!("{}", started.id);
         }
         return Ok(Verdict::Passed);
     }
@@ -553,7 +564,7 @@ fn conclude(
         None => report::junit(ended, Err("not read".to_string()), gave_up),
     });
     if args.json {
-        println!("{}", serde_json::to_string_pretty(ended)?);
+        out!("{}", serde_json::to_string_pretty(ended)?);
     } else if gave_up.is_none() {
         summary(ended, tests.unwrap_or_else(|| Err(anyhow::anyhow!("not read"))));
     }
@@ -798,7 +809,7 @@ fn summary(run: &types::BatchRun, tests: anyhow::Result<Vec<types::BatchRunTest>
     if run.blinded.is_none() && !tests.is_empty() {
         let name = |t: &types::BatchRunTest| t.name.clone().unwrap_or_else(|| t.test_id.clone());
         let width = tests.iter().map(|t| name(t).chars().count()).max().unwrap_or(4).clamp(4, 48);
-        println!("{:<width$}  {:>9}  {:>6}  {:<4}  why", "test", "passed", "needs", "met");
+        out!("{:<width$}  {:>9}  {:>6}  {:<4}  why", "test", "passed", "needs", "met");
         for t in &tests {
             let passed = passed_of(&t.counts).map_or_else(|| "?".to_string(), |(p, n)| format!("{p}/{n}"));
             let needs = format!("{:.0}%", t.pass_threshold * 100.0);
@@ -815,12 +826,12 @@ fn summary(run: &types::BatchRun, tests: anyhow::Result<Vec<types::BatchRunTest>
                 _ => String::new(),
             };
             let row = format!("{:<width$}  {passed:>9}  {needs:>6}  {met:<4}  {why}", truncate(&name(t), width));
-            println!("{}", row.trim_end());
+            out!("{}", row.trim_end());
         }
         if let Some(id) = tests.iter().flat_map(|t| &t.failures).find_map(|f| f.test_result_id.as_ref()) {
-            println!("(to read a conversation: sparring result {id})");
+            out!("(to read a conversation: sparring result {id})");
         }
-        println!();
+        out!();
     }
     let verdict = match (&run.status, run.passed) {
         (types::BatchRunStatus::Completed, Some(true)) => "PASSED".to_string(),
@@ -831,7 +842,7 @@ fn summary(run: &types::BatchRun, tests: anyhow::Result<Vec<types::BatchRunTest>
         ),
         (status, _) => format!("no verdict: the batch run is {status}"),
     };
-    println!(
+    out!(
         "batch run {}: {verdict}; pass rate {}, {} credits charged",
         run.id,
         run.pass_rate.map_or_else(|| "-".to_string(), |r| format!("{:.0}%", r * 100.0)),

@@ -1203,6 +1203,43 @@ async fn a_report_that_cannot_be_written_after_a_failed_start_leaves_the_start_s
     assert!(stderr.contains(said), "{stderr}");
 }
 
+/// A reader that closes stdout early (`sparring run … | head -n1`, here
+/// before anything is printed) loses what was printed, not the exit code nor
+/// the report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_leaves_the_verdict_and_the_report() {
+    let good = Agent::start(&[]);
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &wrong_day).await;
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let j = junit.to_str().unwrap();
+    for (args, code) in [
+        (vec!["--test", &suite.good_test, "--junit", j], 0),
+        (vec!["--test", &suite.bad_test, "--junit", j], 1),
+        (vec!["--test", &suite.bad_test, "--json", "--junit", j], 1),
+    ] {
+        let mut cmd = std::process::Command::new(common::process::BIN);
+        cmd.arg("run").args(["--url", &s.base]).args(&args);
+        cmd.env_remove("SPARRING_URL").env("SPARRING_API_KEY", &key);
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        drop(child.stdout.take());
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+        let id = started_id(&stderr);
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        assert!(xml.contains(&format!(r#"<testsuite name="sparring batch run {id}""#)), "{args:?}: {xml}");
+        assert!(!xml.contains("unfinished"), "{args:?}: {xml}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_that_cannot_be_written_at_the_end_leaves_the_verdict() {
     let good = Agent::start(&["--latency-ms", "500"]);
