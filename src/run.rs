@@ -268,6 +268,31 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
         }
     };
     if args.no_wait {
+        // Interrupted while the start was answered: what it started is
+        // cancelled, as an interrupted wait's batch run is.
+        if let Some(signal) = interrupts.received() {
+            let why = format!("interrupted ({signal})");
+            eprintln!("{why}; cancelling batch run {}…", started.id);
+            tokio::select! {
+                cancelled = tokio::time::timeout(GIVE_UP_WITHIN, cancel(&api, &started.id)) => match cancelled {
+                    Ok(Ok(_)) => eprintln!("{why}; cancelled batch run {}", started.id),
+                    Ok(Err(e)) => {
+                        eprintln!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
+                    }
+                    Err(_) => eprintln!(
+                        "{why}; could not cancel batch run {}, it may still be running: the server did not answer \
+                         within {} s",
+                        started.id,
+                        GIVE_UP_WITHIN.as_secs()
+                    ),
+                },
+                signal = interrupts.recv() => eprintln!(
+                    "interrupted again ({signal}); stopped cancelling batch run {}, it may still be running",
+                    started.id
+                ),
+            }
+            return Ok(Verdict::None);
+        }
         if args.json {
             out!("{}", serde_json::to_string_pretty(&started)?);
         } else {

@@ -811,6 +811,41 @@ async fn an_interrupt_while_the_start_is_answered_cancels_what_it_started() {
     assert_eq!(status_of(&s, &key, &id).await, "cancelled");
 }
 
+/// With `--no-wait` too, an interrupt while the start is answered cancels
+/// what it started (exit 2), rather than leave it running and say it
+/// started (exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_while_the_start_is_answered_cancels_what_it_started_without_waiting_too() {
+    use std::time::Duration;
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let test = suite(&s, &key, &project, &slow, &slow).await.good_test;
+    // The server starts the batch run; its answer takes 3 s to come back.
+    let front =
+        Front::start(&s.base, |method, path| is_start(method, path).then_some(Answer::Late(Duration::from_secs(3))))
+            .await;
+
+    let args = ["run", "--url", &front.base, "--test", &test, "--no-wait"];
+    let mut p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", &key)]);
+    let listed = format!("/v1/batch-runs?project_id={project}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let id = loop {
+        let runs = s.expect(Method::GET, &listed, &key, None, 200).await;
+        if let Some(id) = runs["batch_runs"][0]["id"].as_str() {
+            break id.to_string();
+        }
+        assert!(std::time::Instant::now() < deadline, "no batch run started: {}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let code = p.terminate().code();
+    assert_eq!(code, Some(2), "{}\n{}", p.stdout(), p.stderr());
+    assert!(p.stderr().contains(&format!("interrupted (SIGTERM); cancelled batch run {id}")), "{}", p.stderr());
+    assert!(p.stdout().is_empty(), "not said started: {}", p.stdout());
+    assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupt_or_the_timeout_is_not_held_up_by_a_read_that_hangs() {
     use std::time::{Duration, Instant};
