@@ -56,6 +56,11 @@ fn agent_config(bug: Bug) -> AgentConfig {
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    // From before anything is made: Ctrl-C (or SIGTERM) stops the demo as
+    // its end does, so that its data dir, which holds the secret key beside
+    // a database with the LLM key sealed in it, is removed (a signal's
+    // default action would kill the process and leave it).
+    let mut interrupts = crate::signals::Interrupts::listen();
     // Readable by its owner only, as every data dir (see `create_data_dir`).
     let mut dir = tempfile::Builder::new();
     #[cfg(unix)]
@@ -73,14 +78,41 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         starting_credits: sparring_impl::credits::DEFAULT_STARTING_CREDITS,
     };
     let server = sparring_impl::start(config, quiet_logger()).await?;
-    let key = server.first_start_key.clone().context("a fresh data dir has an admin key")?;
-    let base = format!("http://{}", server.local_addr());
     let good = agent::serve(agent_config(Bug::None), quiet_logger()).await?;
     let buggy = agent::serve(agent_config(Bug::WrongDay), quiet_logger()).await?;
+    let shown = tokio::select! {
+        shown = show(&args, &server, good.local_addr(), buggy.local_addr(), dir.path()) => shown,
+        signal = interrupts.recv() => Err(anyhow::anyhow!("interrupted ({signal}): the demo stops")),
+    };
+    if shown.is_ok() && args.keep_running {
+        println!("\nThe server and agents keep running; Ctrl-C to stop.");
+        interrupts.recv().await;
+    }
+    let stopped = async {
+        good.close().await.map_err(|e| anyhow::anyhow!(e))?;
+        buggy.close().await.map_err(|e| anyhow::anyhow!(e))?;
+        server.shutdown().await
+    };
+    let stopped = stopped.await;
+    dir.close().context("removing the demo's data dir")?;
+    shown.and(stopped)
+}
+
+/// The demo itself, on a server and agents that run: a project, a batch run
+/// with a live progress bar, and a results table.
+async fn show(
+    args: &DemoArgs,
+    server: &sparring_impl::RunningServer,
+    good: std::net::SocketAddr,
+    buggy: std::net::SocketAddr,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let key = server.first_start_key.clone().context("a fresh data dir has an admin key")?;
+    let base = format!("http://{}", server.local_addr());
     println!("Sparring demo");
-    println!("  server           {base}  (data in {})", dir.path().display());
-    println!("  reference agent  http://{}  (books appointments)", good.local_addr());
-    println!("  buggy agent      http://{}  (--bug wrong-day: confirms the wrong day)\n", buggy.local_addr());
+    println!("  server           {base}  (data in {})", dir.display());
+    println!("  reference agent  http://{good}  (books appointments)");
+    println!("  buggy agent      http://{buggy}  (--bug wrong-day: confirms the wrong day)\n");
 
     let api = sparring_client::Client::with_api_key(&format!("{base}/v1"), &key).map_err(|e| anyhow::anyhow!(e))?;
     let project = api
@@ -98,19 +130,19 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     };
     let http = api
         .create_channel()
-        .body(channel("agent over http", "http", format!("http://{}/http", good.local_addr()))?)
+        .body(channel("agent over http", "http", format!("http://{good}/http"))?)
         .send()
         .await?
         .into_inner();
     let ws = api
         .create_channel()
-        .body(channel("agent over websocket", "websocket", format!("ws://{}/ws", good.local_addr()))?)
+        .body(channel("agent over websocket", "websocket", format!("ws://{good}/ws"))?)
         .send()
         .await?
         .into_inner();
     let bad = api
         .create_channel()
-        .body(channel("buggy agent", "http", format!("http://{}/http", buggy.local_addr()))?)
+        .body(channel("buggy agent", "http", format!("http://{buggy}/http"))?)
         .send()
         .await?
         .into_inner();
@@ -298,14 +330,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         println!("\nA failed conversation, read in a terminal (transcript, latencies, evaluations):");
         println!("  SPARRING_API_KEY={key} sparring result --url {base} {result}");
     }
-    if args.keep_running {
-        println!("\nThe server and agents keep running; Ctrl-C to stop.");
-        tokio::signal::ctrl_c().await?;
-    } else {
+    if !args.keep_running {
         println!("\n(The demo's server stops now; run with --keep-running to explore it.)");
     }
-    good.close().await.map_err(|e| anyhow::anyhow!(e))?;
-    buggy.close().await.map_err(|e| anyhow::anyhow!(e))?;
-    server.shutdown().await?;
     Ok(())
 }

@@ -93,6 +93,22 @@ pub fn api_error(e: sparring_client::Error<types::Error>) -> anyhow::Error {
                 beginning(&body)
             )
         }
+        // A status the API does not answer with: a redirect (not followed,
+        // so that the key goes nowhere but `--url`), or a proxy's or
+        // gateway's own answer.
+        sparring_client::Error::UnexpectedResponse(r) => {
+            let status = r.status();
+            match r.headers().get(http::header::LOCATION).filter(|_| status.is_redirection()) {
+                Some(to) => anyhow::anyhow!(
+                    "the server answered {status}, a redirect to `{}`, which is not followed (the API key is sent \
+                     to --url only): give --url the address the API is served at",
+                    beginning(to.as_bytes())
+                ),
+                None => anyhow::anyhow!(
+                    "the server answered {status}, which the API never does: is something in front of it?"
+                ),
+            }
+        }
         other => anyhow::anyhow!("{other}"),
     }
 }

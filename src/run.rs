@@ -28,6 +28,17 @@ use crate::signals::Interrupts;
 
 mod report;
 
+/// `println!`, but a stdout that cannot be written (a reader that closed it
+/// early: `sparring run … | head -n1`) is not an error: what would have
+/// been printed is lost, the report and the exit code are not. (`println!`
+/// panics there, exit 101, the report left unwritten.)
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
     /// Run this batch (`bat_…`).
@@ -167,12 +178,12 @@ enum Verdict {
 /// Whether a failed read of the batch run is worth another try.
 fn transient(e: &sparring_client::Error<types::Error>) -> bool {
     match e {
-        sparring_client::Error::ErrorResponse(r) => r.status().is_server_error(),
+        sparring_client::Error::ErrorResponse(r) => passes(r.status()),
         // A request that could not even be made (a URL reqwest refuses) fails
         // the same way every time.
         sparring_client::Error::CommunicationError(e) => !e.is_builder(),
         sparring_client::Error::ResponseBodyError(_) => true,
-        sparring_client::Error::UnexpectedResponse(r) => r.status().is_server_error(),
+        sparring_client::Error::UnexpectedResponse(r) => passes(r.status()),
         // Not JSON at all: a page of a proxy or load balancer in front of a
         // server that is away (JSON of another shape is not tried again).
         sparring_client::Error::InvalidResponsePayload(_, e) => {
@@ -180,6 +191,36 @@ fn transient(e: &sparring_client::Error<types::Error>) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether an answer of this status may be different later: a server
+/// error, or a gateway's or proxy's "not now" (408 Request Timeout, 429
+/// Too Many Requests), which the API itself never answers.
+fn passes(status: http::StatusCode) -> bool {
+    status.is_server_error() || matches!(status.as_u16(), 408 | 429)
+}
+
+/// The longest wait a `Retry-After` is followed for: a gateway asking for
+/// more is still asked every this often.
+const RETRY_AFTER_AT_MOST: Duration = Duration::from_secs(30);
+
+/// How long the answer that failed `e` asks to wait before the next try
+/// (its `Retry-After`, in seconds or as a date), at most
+/// `RETRY_AFTER_AT_MOST`.
+fn retry_after(e: &sparring_client::Error<types::Error>) -> Option<Duration> {
+    let headers = match e {
+        sparring_client::Error::ErrorResponse(r) => r.headers(),
+        sparring_client::Error::UnexpectedResponse(r) => r.headers(),
+        _ => return None,
+    };
+    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let wait = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => {
+            httpdate::parse_http_date(value).ok()?.duration_since(std::time::SystemTime::now()).unwrap_or_default()
+        }
+    };
+    Some(wait.min(RETRY_AFTER_AT_MOST))
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
@@ -199,7 +240,7 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
         Ok((source, api)) => {
             let metadata: serde_json::Map<String, serde_json::Value> =
                 args.metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
-            start(&api, &source, &metadata, args.timeout, &mut interrupts)
+            start(&api, &source, &metadata, deadline, &mut interrupts)
                 .await
                 .context("starting the batch run")
                 .map(|started| (started, api))
@@ -212,19 +253,50 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
             // A pipeline publishes the report whatever happened: it says
             // why nothing ran (insufficient credits, a wrong id, a bad or
             // missing key) or that something may have.
+            // A report that cannot be written is said beside the start's
+            // error, never instead of it: the `Idempotency-Key` of a start
+            // that may have happened is in that error alone.
             let unknown = e.downcast_ref::<StartUnknown>().is_some();
             if let Some(path) = &args.junit {
                 let why = format!("{e:#}");
-                report::write(path, if unknown { report::start_unknown(&why) } else { report::not_started(&why) })?;
+                let report = if unknown { report::start_unknown(&why) } else { report::not_started(&why) };
+                if let Err(not_written) = report::write(path, report) {
+                    eprintln!("error: {not_written:#}");
+                }
             }
             return Err(e);
         }
     };
     if args.no_wait {
+        // Interrupted while the start was answered: what it started is
+        // cancelled, as an interrupted wait's batch run is.
+        if let Some(signal) = interrupts.received() {
+            let why = format!("interrupted ({signal})");
+            eprintln!("{why}; cancelling batch run {}…", started.id);
+            tokio::select! {
+                cancelled = tokio::time::timeout(GIVE_UP_WITHIN, cancel(&api, &started.id)) => match cancelled {
+                    Ok(Ok(_)) => eprintln!("{why}; cancelled batch run {}", started.id),
+                    Ok(Err(e)) => {
+                        eprintln!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
+                    }
+                    Err(_) => eprintln!(
+                        "{why}; could not cancel batch run {}, it may still be running: the server did not answer \
+                         within {} s",
+                        started.id,
+                        GIVE_UP_WITHIN.as_secs()
+                    ),
+                },
+                signal = interrupts.recv() => eprintln!(
+                    "interrupted again ({signal}); stopped cancelling batch run {}, it may still be running",
+                    started.id
+                ),
+            }
+            return Ok(Verdict::None);
+        }
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&started)?);
+            out!("{}", serde_json::to_string_pretty(&started)?);
         } else {
-            println!("{}", started.id);
+            out!("{}", started.id);
         }
         return Ok(Verdict::Passed);
     }
@@ -286,11 +358,13 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
     finish(&api, &ended, &args, gave_up, by, &mut interrupts).await
 }
 
-/// An interrupted start whose attempt may have reached the server: a batch
-/// run may have been started, and paid for.
+/// A start that ended without knowing whether an attempt reached the
+/// server and started a batch run (and is paying for it): interrupted, or
+/// given up with no answer that says.
 #[derive(Debug)]
 struct StartUnknown {
-    signal: &'static str,
+    /// How it ended: "interrupted (SIGINT) while starting", ….
+    why: String,
     key: String,
 }
 
@@ -298,9 +372,8 @@ impl std::fmt::Display for StartUnknown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "interrupted ({}) while starting; a batch run may have been started: look in the project's batch runs \
-             (Idempotency-Key {})",
-            self.signal, self.key
+            "{}; a batch run may have been started: look in the project's batch runs (Idempotency-Key {})",
+            self.why, self.key
         )
     }
 }
@@ -315,22 +388,56 @@ const START_TRYING_FOR: Duration = Duration::from_secs(60);
 /// kills a cancelled job seconds after its signal).
 const INTERRUPTED_START_GRACE: Duration = Duration::from_secs(5);
 
+/// Whether the failed start `e` may have reached the server, which may then
+/// have started the batch run: every failure but a connection never made
+/// and a gateway's 429 (which passes nothing on). A timeout, a connection
+/// reset after the request went, a 5xx (a gateway that gave up waiting), an
+/// answer that cannot be read may all come after the server started it.
+fn may_have_reached(e: &sparring_client::Error<types::Error>) -> bool {
+    match e {
+        sparring_client::Error::CommunicationError(e) => !e.is_connect() && !e.is_builder(),
+        sparring_client::Error::UnexpectedResponse(r) => r.status() != http::StatusCode::TOO_MANY_REQUESTS,
+        _ => true,
+    }
+}
+
+/// Whether `e`, the server's own refusal of a start, says what became of
+/// every attempt with the same `Idempotency-Key`: the server looks the key
+/// up (and answers with the batch run it started) before anything but the
+/// credential, and the same request is refused the same way.
+fn rules_on_the_key(e: &sparring_client::Error<types::Error>) -> bool {
+    matches!(e, sparring_client::Error::ErrorResponse(r)
+        if r.status().is_client_error() && r.status() != http::StatusCode::UNAUTHORIZED)
+}
+
 /// Starts the batch run. An attempt that cannot reach the server or that it
 /// fails (a deploy, a proxy, the network) is tried again every 2 s for up
 /// to `START_TRYING_FOR` (or `--timeout`, if shorter), with the same
 /// `Idempotency-Key`: if an attempt started the batch run and only its
 /// answer was lost, the next one is answered with that batch run instead of
-/// starting (and paying for) another.
+/// starting (and paying for) another. An attempt is cut at `deadline`
+/// (`--timeout`), one begun at it or after within `GIVE_UP_WITHIN`. If the
+/// time is up once an attempt that may have reached the server failed (one
+/// that took it all: a gateway's or the client's timeout), one more attempt
+/// with the key asks whether it started one; the wait then goes on, or
+/// cancels it for the timeout. Without an answer, the start is
+/// [`StartUnknown`], never "not started".
 async fn start(
     api: &sparring_client::Client,
     source: &Source,
     metadata: &serde_json::Map<String, serde_json::Value>,
-    timeout: Option<u64>,
+    deadline: Option<Instant>,
     interrupts: &mut Interrupts,
 ) -> anyhow::Result<types::BatchRun> {
     let key = format!("sparring-run-{}", uuid::Uuid::now_v7());
     let first = Instant::now();
-    let trying_for = timeout.map_or(START_TRYING_FOR, |s| START_TRYING_FOR.min(Duration::from_secs(s)));
+    // Attempts begin until then (the last one at it), and after it only
+    // the one that asks.
+    let until = deadline.map_or(first + START_TRYING_FOR, |d| d.min(first + START_TRYING_FOR));
+    // Whether a failed attempt may have started the batch run.
+    let mut maybe_started = false;
+    // Whether this is the attempt made once the time is up, to ask.
+    let mut asking = false;
     let mut said: Option<Instant> = None;
     loop {
         let attempt = async {
@@ -349,44 +456,86 @@ async fn start(
                 }
             }
         };
+        let began = Instant::now();
+        // Cut at the deadline; one begun at it or after (as the time is up,
+        // or to ask), 5 s after that.
+        let cut_at = match deadline {
+            Some(d) if d <= began => Some(began + GIVE_UP_WITHIN),
+            d => d,
+        };
         let mut attempt = std::pin::pin!(attempt);
         let attempt = tokio::select! {
-            attempt = &mut attempt => attempt,
+            attempt = &mut attempt => Some(attempt),
+            () = past(cut_at) => None,
             // The server may be starting it: its answer, if it comes soon,
             // names the batch run, which the wait then cancels (or keeps).
             // A second signal stops waiting for it.
             signal = interrupts.recv() => {
+                let unknown = || StartUnknown { why: format!("interrupted ({signal}) while starting"), key: key.clone() };
                 let answered = tokio::select! {
                     answered = tokio::time::timeout(INTERRUPTED_START_GRACE, attempt) => answered,
-                    _ = interrupts.recv() => return Err(StartUnknown { signal, key: key.clone() }.into()),
+                    _ = interrupts.recv() => return Err(unknown().into()),
                 };
                 match answered {
                     Ok(Ok(started)) => {
                         interrupts.put_back(signal);
                         return Ok(started.into_inner());
                     }
-                    _ => return Err(StartUnknown { signal, key: key.clone() }.into()),
+                    _ => return Err(unknown().into()),
                 }
             }
         };
-        let e = match attempt {
-            Ok(started) => return Ok(started.into_inner()),
-            Err(e) if transient(&e) && first.elapsed() < trying_for => e,
-            Err(e) => return Err(api_error(e)),
+        let (reached, asked_to_wait, failed) = match attempt {
+            Some(Ok(started)) => return Ok(started.into_inner()),
+            Some(Err(e)) if transient(&e) => (may_have_reached(&e), retry_after(&e), api_error(e)),
+            Some(Err(e)) if maybe_started && !rules_on_the_key(&e) => {
+                let why = format!(
+                    "tried for {} s with no answer that tells (the last attempt: {:#})",
+                    first.elapsed().as_secs(),
+                    api_error(e)
+                );
+                return Err(StartUnknown { why, key: key.clone() }.into());
+            }
+            Some(Err(e)) => return Err(api_error(e)),
+            // Cut: it may have been sent.
+            None if cut_at == deadline => (true, None, anyhow::anyhow!("no answer by the end of --timeout")),
+            None => (true, None, anyhow::anyhow!("no answer in {} s", GIVE_UP_WITHIN.as_secs())),
         };
+        maybe_started |= reached;
+        if asking {
+            let why = format!(
+                "tried for {} s with no answer that tells (the last attempt: {failed:#})",
+                first.elapsed().as_secs()
+            );
+            return Err(StartUnknown { why, key: key.clone() }.into());
+        }
+        if Instant::now() >= until {
+            if !maybe_started {
+                return Err(failed);
+            }
+            eprintln!(
+                "starting the batch run failed ({failed:#}); asking once more, with the same Idempotency-Key, \
+                 whether it was started"
+            );
+            asking = true;
+            continue;
+        }
         if said.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
             said = Some(Instant::now());
             eprintln!(
-                "starting the batch run failed ({:#}); trying again (failing for {} s)",
-                api_error(e),
+                "starting the batch run failed ({failed:#}); trying again (failing for {} s)",
                 first.elapsed().as_secs()
             );
         }
         // The last attempt comes as the time is up, not 2 s before it.
-        let pause = (POLL * 4).min(trying_for.saturating_sub(first.elapsed()));
+        let pause =
+            (POLL * 4).max(asked_to_wait.unwrap_or_default()).min(until.saturating_duration_since(Instant::now()));
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
-            signal = interrupts.recv() => return Err(StartUnknown { signal, key: key.clone() }.into()),
+            signal = interrupts.recv() => {
+                let why = format!("interrupted ({signal}) while starting");
+                return Err(StartUnknown { why, key: key.clone() }.into());
+            }
         }
     }
 }
@@ -440,7 +589,7 @@ fn conclude(
         None => report::junit(ended, Err("not read".to_string()), gave_up),
     });
     if args.json {
-        println!("{}", serde_json::to_string_pretty(ended)?);
+        out!("{}", serde_json::to_string_pretty(ended)?);
     } else if gave_up.is_none() {
         summary(ended, tests.unwrap_or_else(|| Err(anyhow::anyhow!("not read"))));
     }
@@ -487,6 +636,8 @@ async fn wait(
 ) -> anyhow::Result<Waited> {
     let mut progress = Progress::new(started);
     let mut failed_polls = 0;
+    // How long the last failed read's answer asked to wait (`Retry-After`).
+    let mut asked_to_wait: Option<Duration> = None;
     // Since when the reads fail, and when that was last said.
     let mut failing: Option<(Instant, Instant)> = None;
     let mut current = started.clone();
@@ -495,7 +646,7 @@ async fn wait(
             progress.finish(&current);
             return Ok(Waited::Ended(Box::new(current)));
         }
-        let pause = POLL * 2u32.pow(failed_polls.min(2));
+        let pause = (POLL * 2u32.pow(failed_polls.min(2))).max(asked_to_wait.take().unwrap_or_default());
         // The pause and the read: a read that hangs (a server overloaded)
         // holds up neither an interrupt nor the timeout.
         let read = async {
@@ -523,6 +674,7 @@ async fn wait(
             }
             Err(e) if transient(&e) && failing.is_none_or(|(since, _)| since.elapsed() < KEEP_TRYING_FOR) => {
                 failed_polls += 1;
+                asked_to_wait = retry_after(&e);
                 let now = Instant::now();
                 let (since, said) = failing.get_or_insert((now, now));
                 if failed_polls == 1 || said.elapsed() >= LOG_EVERY {
@@ -682,7 +834,7 @@ fn summary(run: &types::BatchRun, tests: anyhow::Result<Vec<types::BatchRunTest>
     if run.blinded.is_none() && !tests.is_empty() {
         let name = |t: &types::BatchRunTest| t.name.clone().unwrap_or_else(|| t.test_id.clone());
         let width = tests.iter().map(|t| name(t).chars().count()).max().unwrap_or(4).clamp(4, 48);
-        println!("{:<width$}  {:>9}  {:>6}  {:<4}  why", "test", "passed", "needs", "met");
+        out!("{:<width$}  {:>9}  {:>6}  {:<4}  why", "test", "passed", "needs", "met");
         for t in &tests {
             let passed = passed_of(&t.counts).map_or_else(|| "?".to_string(), |(p, n)| format!("{p}/{n}"));
             let needs = format!("{:.0}%", t.pass_threshold * 100.0);
@@ -699,12 +851,12 @@ fn summary(run: &types::BatchRun, tests: anyhow::Result<Vec<types::BatchRunTest>
                 _ => String::new(),
             };
             let row = format!("{:<width$}  {passed:>9}  {needs:>6}  {met:<4}  {why}", truncate(&name(t), width));
-            println!("{}", row.trim_end());
+            out!("{}", row.trim_end());
         }
         if let Some(id) = tests.iter().flat_map(|t| &t.failures).find_map(|f| f.test_result_id.as_ref()) {
-            println!("(to read a conversation: sparring result {id})");
+            out!("(to read a conversation: sparring result {id})");
         }
-        println!();
+        out!();
     }
     let verdict = match (&run.status, run.passed) {
         (types::BatchRunStatus::Completed, Some(true)) => "PASSED".to_string(),
@@ -715,7 +867,7 @@ fn summary(run: &types::BatchRun, tests: anyhow::Result<Vec<types::BatchRunTest>
         ),
         (status, _) => format!("no verdict: the batch run is {status}"),
     };
-    println!(
+    out!(
         "batch run {}: {verdict}; pass rate {}, {} credits charged",
         run.id,
         run.pass_rate.map_or_else(|| "-".to_string(), |r| format!("{:.0}%", r * 100.0)),

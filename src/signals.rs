@@ -45,6 +45,11 @@ impl Interrupts {
         "Ctrl-C"
     }
 
+    /// One received and not acted on yet, if any, without waiting.
+    pub(crate) fn received(&mut self) -> Option<&'static str> {
+        futures::FutureExt::now_or_never(self.recv())
+    }
+
     /// Keeps `signal`, received and not acted on yet, for the next
     /// [`Interrupts::recv`].
     pub(crate) fn put_back(&mut self, signal: &'static str) {

@@ -794,6 +794,36 @@ fn the_demo_data_dir_is_readable_by_its_owner_only() {
     demo.terminate();
 }
 
+/// Ctrl-C during the demo (its batch run), or SIGTERM while it keeps
+/// running, stops it as its end does: its temporary data dir, which holds
+/// the secret key beside a database with the demo's LLM key sealed in it,
+/// is removed.
+#[cfg(unix)]
+#[test]
+fn a_demo_stopped_by_a_signal_removes_its_data_dir() {
+    let data_dir = |demo: &common::process::Proc| {
+        demo.expect("the data dir", |o| o.stdout.contains("(data in "));
+        let stdout = demo.stdout();
+        let at = stdout.find("(data in ").unwrap() + "(data in ".len();
+        std::path::PathBuf::from(&stdout[at..at + stdout[at..].find(')').unwrap()])
+    };
+    let mut demo = common::process::Proc::spawn(&["demo"]);
+    let dir = data_dir(&demo);
+    assert!(dir.join("secret.key").exists(), "{}", dir.display());
+    demo.signal("INT");
+    let status = demo.wait_exit();
+    assert_eq!(status.code(), Some(1), "{status}: {}\n{}", demo.stdout(), demo.stderr());
+    assert!(demo.stderr().contains("interrupted (SIGINT): the demo stops"), "{}", demo.stderr());
+    assert!(!dir.exists(), "{} is left", dir.display());
+
+    let mut demo = common::process::Proc::spawn(&["demo", "--keep-running"]);
+    let dir = data_dir(&demo);
+    demo.expect("the demo to end", |o| o.stdout.contains("keep running; Ctrl-C to stop"));
+    let status = demo.terminate();
+    assert!(status.success(), "{status}: {}", demo.stderr());
+    assert!(!dir.exists(), "{} is left", dir.display());
+}
+
 /// A bad `serve` value is refused and named, not changed into another.
 #[test]
 fn out_of_range_serve_values_are_refused() {

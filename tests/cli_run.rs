@@ -356,6 +356,14 @@ enum Answer {
     /// The request passed on and answered by the server, the answer held
     /// back this long: a slow network.
     Late(std::time::Duration),
+    /// The request passed on and answered by the server, then, this long
+    /// after, this status with an HTML page: a gateway with a long timeout.
+    LostAfter(u16, std::time::Duration),
+    /// This redirect status, to this `Location`.
+    Redirect(u16, String),
+    /// This status, as a gateway says "not now" (429, 408), with this
+    /// `Retry-After` if any.
+    NotNow(u16, Option<&'static str>),
 }
 
 /// A loopback stand-in for a load balancer in front of the real server: it
@@ -401,8 +409,24 @@ impl Front {
                                 Some(Answer::With(status, content_type, body)) => {
                                     (status, content_type.to_string(), bytes::Bytes::from_static(body.as_bytes()))
                                 }
+                                Some(Answer::NotNow(status, retry_after)) => {
+                                    let mut answer =
+                                        hyper::Response::builder().status(status).header("content-type", "text/plain");
+                                    if let Some(after) = retry_after {
+                                        answer = answer.header("retry-after", after);
+                                    }
+                                    let page = bytes::Bytes::from_static(b"Too Many Requests");
+                                    return Ok(answer.body(http_body_util::Full::new(page)).unwrap());
+                                }
+                                Some(Answer::Redirect(status, location)) => {
+                                    return Ok(hyper::Response::builder()
+                                        .status(status)
+                                        .header("location", location)
+                                        .body(http_body_util::Full::new(bytes::Bytes::new()))
+                                        .unwrap());
+                                }
                                 Some(Answer::Hang) => std::future::pending().await,
-                                None | Some(Answer::Lost(_)) | Some(Answer::Late(_)) => {
+                                None | Some(Answer::Lost(_)) | Some(Answer::Late(_)) | Some(Answer::LostAfter(..)) => {
                                     let mut forward = http.request(method, target).body(body);
                                     for name in ["x-api-key", "content-type", "idempotency-key"] {
                                         if let Some(v) = headers.get(name) {
@@ -413,7 +437,10 @@ impl Front {
                                     if let Some(Answer::Late(delay)) = answer {
                                         tokio::time::sleep(delay).await;
                                     }
-                                    if let Some(Answer::Lost(status)) = answer {
+                                    if let Some(Answer::LostAfter(_, delay)) = answer {
+                                        tokio::time::sleep(delay).await;
+                                    }
+                                    if let Some(Answer::Lost(status) | Answer::LostAfter(status, _)) = answer {
                                         let page = bytes::Bytes::from_static(b"<h1>504 Gateway Time-out</h1>");
                                         return Ok(hyper::Response::builder()
                                             .status(status)
@@ -446,6 +473,58 @@ impl Front {
             }
         });
         Front { base, task }
+    }
+}
+
+/// A loopback HTTP server standing for another host: it answers every
+/// request 404 (the API's error shape) and records, per request, its path
+/// and whether it carried an `x-api-key`.
+struct Recorder {
+    base: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, bool)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Recorder {
+    async fn start() -> Recorder {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        log.lock()
+                            .unwrap()
+                            .push((req.uri().path().to_string(), req.headers().contains_key("x-api-key")));
+                        let body = r#"{"error_code": "not_found", "message": "elsewhere", "request_id": "req_x"}"#;
+                        let answer = hyper::Response::builder()
+                            .status(404)
+                            .header("content-type", "application/json")
+                            .body(http_body_util::Full::new(bytes::Bytes::from_static(body.as_bytes())))
+                            .unwrap();
+                        async move { Ok::<_, std::convert::Infallible>(answer) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Recorder { base, seen, task }
+    }
+
+    fn seen(&self) -> Vec<(String, bool)> {
+        self.seen.lock().unwrap().clone()
     }
 }
 
@@ -526,6 +605,46 @@ async fn a_read_answered_by_a_5xx_page_is_tried_again() {
     assert!(stdout.contains(": PASSED;"), "{stdout}");
 }
 
+/// A gateway's "not now" (429 Too Many Requests, 408 Request Timeout) is a
+/// read that failed for now, not the end of the wait: tried again, after
+/// the `Retry-After` it gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_a_gateway_refuses_for_now_is_tried_again_when_it_says() {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &good).await;
+    let reads = Arc::new(Mutex::new(Vec::new()));
+    let seen = reads.clone();
+    let front = Front::start(&s.base, move |method, path| {
+        if !is_batch_run(method, path) {
+            return None;
+        }
+        let mut reads = seen.lock().unwrap();
+        reads.push(Instant::now());
+        match reads.len() {
+            1 => Some(Answer::NotNow(429, Some("3"))),
+            2 => Some(Answer::NotNow(408, None)),
+            3 => Some(Answer::NotNow(429, None)),
+            _ => None,
+        }
+    })
+    .await;
+
+    let (code, stdout, stderr) = run_at(&front.base, &key, &["--test", &suite.good_test]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains(": PASSED;"), "{stdout}");
+    assert!(stderr.contains("429 Too Many Requests") && stderr.contains("trying again"), "{stderr}");
+    assert!(!stderr.contains("cancelling"), "{stderr}");
+    let reads = reads.lock().unwrap().clone();
+    assert!(reads.len() > 3, "{reads:?}");
+    // Without a `Retry-After`, the next read would come 1 s later.
+    assert!(reads[1] - reads[0] >= Duration::from_secs(3), "{:?} after a Retry-After of 3 s", reads[1] - reads[0]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_whose_answer_was_lost_is_tried_again_and_runs_once() {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -553,6 +672,83 @@ async fn a_start_whose_answer_was_lost_is_tried_again_and_runs_once() {
     let ledger = s.expect(Method::GET, "/v1/transactions", &key, None, 200).await;
     let reservations = ledger["transactions"].as_array().unwrap().iter().filter(|t| t["kind"] == "reservation");
     assert_eq!(reservations.count(), 1, "{ledger}");
+}
+
+/// A start whose attempt outlasts the time it may take (a gateway's
+/// timeout longer than `--timeout`; a minute, the client's own) is not
+/// given up as "not started": the attempt is cut at the timeout, and one
+/// more with the same `Idempotency-Key` learns the batch run it started,
+/// which is then cancelled for the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_outlasts_the_timeout_is_asked_about_and_what_it_started_cancelled() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let test = suite(&s, &key, &project, &slow, &slow).await.good_test;
+    // The first start reaches the server, which starts the batch run; the
+    // gateway answers 504 only 30 s later.
+    let starts = AtomicUsize::new(0);
+    let front = Front::start(&s.base, move |method, path| {
+        (is_start(method, path) && starts.fetch_add(1, Ordering::SeqCst) == 0)
+            .then_some(Answer::LostAfter(504, Duration::from_secs(30)))
+    })
+    .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let at = Instant::now();
+    let (code, _, stderr) =
+        run_at(&front.base, &key, &["--test", &test, "--timeout", "3", "--junit", junit.to_str().unwrap()]);
+    assert!(at.elapsed() < Duration::from_secs(15), "{:?} with --timeout 3: {stderr}", at.elapsed());
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("asking once more, with the same Idempotency-Key"), "{stderr}");
+    let id = started_id(&stderr);
+    assert!(stderr.contains(&format!("timed out after 3 s; cancelled batch run {id}")), "{stderr}");
+    assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+    let listed = s.expect(Method::GET, &format!("/v1/batch-runs?project_id={project}"), &key, None, 200).await;
+    assert_eq!(listed["batch_runs"].as_array().unwrap().len(), 1, "one batch run: {listed:#}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains(&format!(r#"<testsuite name="sparring batch run {id}""#)), "{xml}");
+    assert!(xml.contains("no verdict: timed out after 3 s"), "{xml}");
+}
+
+/// A start that may have reached the server and is never answered, the
+/// attempt that asks after it neither: said as a start whose outcome is
+/// unknown, with its `Idempotency-Key`, never as one that did not happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_never_answered_is_said_unknown_with_its_key() {
+    use std::time::{Duration, Instant};
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let test = suite(&s, &key, &project, &good, &good).await.good_test;
+    // Every start reaches the server; no answer comes back in time.
+    let front = Front::start(&s.base, move |method, path| {
+        is_start(method, path).then_some(Answer::LostAfter(504, Duration::from_secs(600)))
+    })
+    .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let at = Instant::now();
+    let (code, _, stderr) =
+        run_at(&front.base, &key, &["--test", &test, "--timeout", "2", "--junit", junit.to_str().unwrap()]);
+    assert!(at.elapsed() < Duration::from_secs(15), "{:?} with --timeout 2: {stderr}", at.elapsed());
+    assert_eq!(code, Some(2), "{stderr}");
+    let said = "a batch run may have been started: look in the project's batch runs (Idempotency-Key sparring-run-";
+    assert!(stderr.contains(said), "{stderr}");
+    let at = stderr.find("(Idempotency-Key ").unwrap() + "(Idempotency-Key ".len();
+    let idempotency_key = &stderr[at..at + stderr[at..].find(')').unwrap()];
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains(r#"type="start_unknown""#) && xml.contains(idempotency_key), "{xml}");
+    assert!(!xml.contains("no batch run started"), "{xml}");
+    // It had started one.
+    let listed = s.expect(Method::GET, &format!("/v1/batch-runs?project_id={project}"), &key, None, 200).await;
+    assert_eq!(listed["batch_runs"].as_array().unwrap().len(), 1, "{listed:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -612,6 +808,41 @@ async fn an_interrupt_while_the_start_is_answered_cancels_what_it_started() {
     let code = p.terminate().code();
     assert_eq!(code, Some(2), "{}", p.stderr());
     assert!(p.stderr().contains(&format!("interrupted (SIGTERM); cancelled batch run {id}")), "{}", p.stderr());
+    assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+}
+
+/// With `--no-wait` too, an interrupt while the start is answered cancels
+/// what it started (exit 2), rather than leave it running and say it
+/// started (exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_while_the_start_is_answered_cancels_what_it_started_without_waiting_too() {
+    use std::time::Duration;
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let test = suite(&s, &key, &project, &slow, &slow).await.good_test;
+    // The server starts the batch run; its answer takes 3 s to come back.
+    let front =
+        Front::start(&s.base, |method, path| is_start(method, path).then_some(Answer::Late(Duration::from_secs(3))))
+            .await;
+
+    let args = ["run", "--url", &front.base, "--test", &test, "--no-wait"];
+    let mut p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", &key)]);
+    let listed = format!("/v1/batch-runs?project_id={project}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let id = loop {
+        let runs = s.expect(Method::GET, &listed, &key, None, 200).await;
+        if let Some(id) = runs["batch_runs"][0]["id"].as_str() {
+            break id.to_string();
+        }
+        assert!(std::time::Instant::now() < deadline, "no batch run started: {}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let code = p.terminate().code();
+    assert_eq!(code, Some(2), "{}\n{}", p.stdout(), p.stderr());
+    assert!(p.stderr().contains(&format!("interrupted (SIGTERM); cancelled batch run {id}")), "{}", p.stderr());
+    assert!(p.stdout().is_empty(), "not said started: {}", p.stdout());
     assert_eq!(status_of(&s, &key, &id).await, "cancelled");
 }
 
@@ -970,6 +1201,80 @@ async fn an_interrupted_start_says_where_to_look_for_what_it_may_have_started() 
     assert!(!xml.contains("no batch run started"), "{xml}");
 }
 
+/// A start that failed is said even when the report saying so cannot be
+/// written: for one that may have started a batch run, its
+/// `Idempotency-Key` is the only way to find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_that_cannot_be_written_after_a_failed_start_leaves_the_start_said() {
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &good).await;
+    // The start reaches the gateway and is never answered.
+    let (seen, mut reached) = tokio::sync::watch::channel(false);
+    let front = Front::start(&s.base, move |method, path| {
+        is_start(method, path).then(|| seen.send_replace(true)).map(|_| Answer::Hang)
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let reports = dir.path().join("reports");
+    std::fs::create_dir(&reports).unwrap();
+    let junit = reports.join("report.xml");
+    let args = ["run", "--url", &front.base, "--test", &suite.good_test, "--junit", junit.to_str().unwrap()];
+    let mut p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", &key)]);
+    let start = async { reached.wait_for(|r| *r).await.is_ok() };
+    let started = tokio::time::timeout(std::time::Duration::from_secs(30), start).await.unwrap_or(false);
+    assert!(started, "no start: {}", p.stderr());
+    // The report's directory is gone (a workspace cleaned), then the job is
+    // cancelled, twice.
+    std::fs::remove_dir_all(&reports).unwrap();
+    p.signal("INT");
+    p.signal("INT");
+    assert_eq!(p.wait_exit().code(), Some(2), "{}", p.stderr());
+    let stderr = p.stderr();
+    assert!(stderr.contains("writing the JUnit report to"), "{stderr}");
+    let said = "a batch run may have been started: look in the project's batch runs (Idempotency-Key sparring-run-";
+    assert!(stderr.contains(said), "{stderr}");
+}
+
+/// A reader that closes stdout early (`sparring run … | head -n1`, here
+/// before anything is printed) loses what was printed, not the exit code nor
+/// the report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_leaves_the_verdict_and_the_report() {
+    let good = Agent::start(&[]);
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &wrong_day).await;
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let j = junit.to_str().unwrap();
+    for (args, code) in [
+        (vec!["--test", &suite.good_test, "--junit", j], 0),
+        (vec!["--test", &suite.bad_test, "--junit", j], 1),
+        (vec!["--test", &suite.bad_test, "--json", "--junit", j], 1),
+    ] {
+        let mut cmd = std::process::Command::new(common::process::BIN);
+        cmd.arg("run").args(["--url", &s.base]).args(&args);
+        cmd.env_remove("SPARRING_URL").env("SPARRING_API_KEY", &key);
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        drop(child.stdout.take());
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+        let id = started_id(&stderr);
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        assert!(xml.contains(&format!(r#"<testsuite name="sparring batch run {id}""#)), "{args:?}: {xml}");
+        assert!(!xml.contains("unfinished"), "{args:?}: {xml}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_that_cannot_be_written_at_the_end_leaves_the_verdict() {
     let good = Agent::start(&["--latency-ms", "500"]);
@@ -1031,4 +1336,31 @@ fn a_kill_while_the_report_is_written_leaves_the_one_before_whole() {
     assert_eq!(out.status.signal(), Some(25), "not killed by SIGXFSZ: {}", String::from_utf8_lossy(&out.stderr));
     let left = std::fs::read_to_string(&junit).unwrap();
     assert!(left.contains(r#"type="unfinished""#) && left.trim_end().ends_with("</testsuites>"), "{left}");
+}
+
+/// The API key goes to `--url` only: a redirect (here to another port, as
+/// to another host, or from `https://` to `http://`) is not followed, and
+/// the command says what answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_is_never_sent_where_a_redirect_points() {
+    let elsewhere = Recorder::start().await;
+    let to = elsewhere.base.clone();
+    let front =
+        Front::start("http://127.0.0.1:9", move |_, path| Some(Answer::Redirect(307, format!("{to}{path}")))).await;
+    let key = "spk_not_for_elsewhere";
+
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let (code, stdout, stderr) = run_at(&front.base, key, &["--test", "tst_x", "--junit", junit.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
+    let said =
+        format!("307 Temporary Redirect, a redirect to `{}/v1/tests/tst_x/run`, which is not followed", elsewhere.base);
+    assert!(stderr.contains(&said), "{stderr}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("no batch run started: starting the batch run: the server answered 307"), "{xml}");
+    let (code, _, stderr) = command_at("result", &front.base, key, &["trs_x"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("which is not followed"), "{stderr}");
+
+    assert_eq!(elsewhere.seen().iter().filter(|(_, keyed)| *keyed).count(), 0, "{:?}", elsewhere.seen());
 }

@@ -16,7 +16,13 @@ pub use generated::*;
 
 impl Client {
     /// A client for the API at `baseurl` (ending in `/v1`) that sends
-    /// `x-api-key: <key>` with every request.
+    /// `x-api-key: <key>` with every request, and to no other address: a
+    /// redirect is not followed but answered as it came (an
+    /// [`Error::UnexpectedResponse`] with its `Location`). The API never
+    /// redirects; a redirect comes from something else at `baseurl`, and
+    /// following it would send the key where it leads, in clear if that is
+    /// `http://` (reqwest leaves out `Authorization` and cookies on a
+    /// redirect to another host, not a header of ours).
     pub fn with_api_key(baseurl: &str, api_key: &str) -> Result<Client, Box<dyn std::error::Error + Send + Sync>> {
         let mut value = reqwest::header::HeaderValue::from_str(api_key)?;
         value.set_sensitive(true);
@@ -24,6 +30,7 @@ impl Client {
         headers.insert("x-api-key", value);
         let http = reqwest::Client::builder()
             .default_headers(headers)
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(std::time::Duration::from_secs(15))
             .timeout(std::time::Duration::from_secs(60))
             .build()?;
@@ -47,5 +54,67 @@ mod tests {
         let evaluator: types::Evaluator =
             serde_json::from_str(r#"{"type": "contains", "name": "c", "text": "ok", "added_later": 1}"#).unwrap();
         assert!(matches!(evaluator, types::Evaluator::Contains { .. }), "{evaluator:?}");
+    }
+
+    /// A loopback HTTP/1.1 server answering each request with `answer` (it
+    /// is given the server's own base URL), on one connection after
+    /// another; every request's head is sent on `heads`.
+    async fn serve(
+        answer: impl Fn(&str) -> String + Send + 'static,
+        heads: tokio::sync::mpsc::UnboundedSender<String>,
+    ) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let own = base.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                let _ = heads.send(String::from_utf8_lossy(&head).to_lowercase());
+                let _ = stream.write_all(answer(&own).as_bytes()).await;
+                let _ = stream.shutdown().await;
+            }
+        });
+        base
+    }
+
+    /// The key goes to the client's base URL only: a redirect to another
+    /// origin (here another port) is not followed, and comes back as the
+    /// answer it is.
+    #[tokio::test]
+    async fn a_redirect_is_not_followed_and_the_key_is_not_sent_where_it_points() {
+        let (to_elsewhere, mut at_elsewhere) = tokio::sync::mpsc::unbounded_channel();
+        let elsewhere = serve(
+            |_| {
+                let body = r#"{"keys": [], "next_cursor": null}"#;
+                format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len())
+            },
+            to_elsewhere,
+        )
+        .await;
+        let (to_redirector, mut at_redirector) = tokio::sync::mpsc::unbounded_channel();
+        let location = format!("{elsewhere}/v1/api-keys");
+        let redirector = serve(
+            move |_| format!("HTTP/1.1 307 Temporary Redirect\r\nlocation: {location}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"),
+            to_redirector,
+        )
+        .await;
+
+        let client = super::Client::with_api_key(&format!("{redirector}/v1"), "spk_stays_home").unwrap();
+        let answer = client.list_api_keys().send().await;
+        match answer {
+            Err(super::Error::UnexpectedResponse(r)) => {
+                assert_eq!(r.status(), 307);
+                assert_eq!(r.headers()["location"], format!("{elsewhere}/v1/api-keys").as_str());
+            }
+            other => panic!("the redirect was followed: {other:?}"),
+        }
+        let head = at_redirector.recv().await.unwrap();
+        assert!(head.contains("x-api-key: spk_stays_home"), "{head}");
+        assert!(at_elsewhere.try_recv().is_err(), "a request went where the redirect pointed");
     }
 }
