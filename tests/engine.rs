@@ -1382,58 +1382,6 @@ async fn an_attempt_under_way_as_the_url_is_removed_is_recorded_as_made() {
     }
 }
 
-/// A loopback listener of backlog 0 whose accept queue is full, so that
-/// Linux drops the SYN of a new connection, which the connecting side sends
-/// again 1 s later (then 2 s after that, and so on): a connection to it is
-/// made only once [`FullListener::next`] made room.
-struct FullListener {
-    listener: tokio::net::TcpListener,
-    queued: Vec<tokio::net::TcpStream>,
-    port: u16,
-}
-
-impl FullListener {
-    async fn new() -> FullListener {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
-        let listener = socket.listen(0).unwrap();
-        let address = listener.local_addr().unwrap();
-        let mut queued = Vec::new();
-        loop {
-            let connecting = tokio::net::TcpStream::connect(address);
-            match tokio::time::timeout(Duration::from_millis(200), connecting).await {
-                Ok(stream) => queued.push(stream.unwrap()),
-                Err(_) => return FullListener { listener, queued, port: address.port() },
-            }
-            assert!(queued.len() < 16, "the accept queue of a backlog of 0 never filled");
-        }
-    }
-
-    /// Sockets connecting to it now, their SYN sent (and dropped): read
-    /// from the kernel's table of IPv4 TCP sockets.
-    fn connecting(&self) -> usize {
-        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
-        let syn_sent = |line: &&str| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let port = fields.get(2).and_then(|a| a.rsplit(':').next()).and_then(|p| u16::from_str_radix(p, 16).ok());
-            port == Some(self.port) && fields.get(3) == Some(&"02")
-        };
-        table.lines().skip(1).filter(syn_sent).count()
-    }
-
-    /// The next connection not its own: makes room in the accept queue
-    /// (accepting its own queued connections and closing them) for it.
-    async fn next(&mut self) -> tokio::net::TcpStream {
-        let own: HashSet<_> = self.queued.iter().map(|s| s.local_addr().unwrap()).collect();
-        loop {
-            let (stream, peer) = self.listener.accept().await.unwrap();
-            if !own.contains(&peer) {
-                return stream;
-            }
-        }
-    }
-}
-
 /// An attempt reads the project's webhook, then makes its connection, which
 /// can take seconds: the URL removed (or the project deleted) meanwhile,
 /// the connection, once made, carries nothing, and the delivery reads as
@@ -1445,7 +1393,7 @@ async fn a_webhook_is_not_sent_on_a_connection_made_after_its_url_went() {
     let went = |deleted: bool| {
         let (s, closed) = (&s, &closed);
         async move {
-            let mut receiver = FullListener::new().await;
+            let mut receiver = common::UnansweredPort::new().await;
             let url = format!("http://127.0.0.1:{}/hook", receiver.port);
             let (t, test) = hooked_project(s, closed, if deleted { "deleted" } else { "removed" }, &url).await;
             run_to_end(s, &t, &test).await;

@@ -38,10 +38,12 @@ impl ClosedPort {
 /// A loopback port where a connection is never made for as long as this
 /// lives, as at an address that does not answer: a listener with a backlog
 /// of 0 whose accept queue is full of connections it never accepts, so
-/// Linux drops the SYN of a new one and the connect hangs.
+/// Linux drops the SYN of a new one (which the connecting side sends again
+/// 1 s later, then 2 s after that, and so on) and the connect hangs, until
+/// [`UnansweredPort::next`] makes room.
 pub struct UnansweredPort {
-    _listener: tokio::net::TcpListener,
-    _queued: Vec<tokio::net::TcpStream>,
+    listener: tokio::net::TcpListener,
+    queued: Vec<tokio::net::TcpStream>,
     pub port: u16,
 }
 
@@ -56,9 +58,33 @@ impl UnansweredPort {
             let connecting = tokio::net::TcpStream::connect(address);
             match tokio::time::timeout(std::time::Duration::from_millis(200), connecting).await {
                 Ok(stream) => queued.push(stream.unwrap()),
-                Err(_) => return UnansweredPort { _listener: listener, _queued: queued, port: address.port() },
+                Err(_) => return UnansweredPort { listener, queued, port: address.port() },
             }
             assert!(queued.len() < 16, "the accept queue of a backlog of 0 never filled");
+        }
+    }
+
+    /// Sockets connecting to it now, their SYN sent (and dropped): read
+    /// from the kernel's table of IPv4 TCP sockets.
+    pub fn connecting(&self) -> usize {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let syn_sent = |line: &&str| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let port = fields.get(2).and_then(|a| a.rsplit(':').next()).and_then(|p| u16::from_str_radix(p, 16).ok());
+            port == Some(self.port) && fields.get(3) == Some(&"02")
+        };
+        table.lines().skip(1).filter(syn_sent).count()
+    }
+
+    /// The next connection not its own: makes room in the accept queue
+    /// (accepting its own queued connections and closing them) for it.
+    pub async fn next(&mut self) -> tokio::net::TcpStream {
+        let own: std::collections::HashSet<_> = self.queued.iter().map(|s| s.local_addr().unwrap()).collect();
+        loop {
+            let (stream, peer) = self.listener.accept().await.unwrap();
+            if !own.contains(&peer) {
+                return stream;
+            }
         }
     }
 }
