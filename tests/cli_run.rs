@@ -1167,26 +1167,51 @@ async fn a_give_up_says_so_and_ends_within_seconds_when_the_server_stops_answeri
     assert!(xml.contains(&format!(r#"<testsuite name="sparring batch run {id}""#)), "{xml}");
 }
 
+/// A suite whose `sparring run --test` start reaches a gateway that never
+/// answers it: the two tests of an interrupted start.
+struct StartNeverAnswered {
+    _good: Agent,
+    _s: TestServer,
+    key: String,
+    suite: Suite,
+    front: Front,
+    reached: tokio::sync::watch::Receiver<bool>,
+}
+
+impl StartNeverAnswered {
+    async fn new() -> StartNeverAnswered {
+        let good = Agent::start(&[]);
+        let s = TestServer::start().await;
+        let key = s.key_for_user("ci@example.com").await;
+        let project = s.create_project(&key, "ci").await;
+        let suite = suite(&s, &key, &project, &good, &good).await;
+        let (seen, reached) = tokio::sync::watch::channel(false);
+        let front = Front::start(&s.base, move |method, path| {
+            is_start(method, path).then(|| seen.send_replace(true)).map(|_| Answer::Hang)
+        })
+        .await;
+        StartNeverAnswered { _good: good, _s: s, key, suite, front, reached }
+    }
+
+    /// `sparring run` of the suite's good test through the gateway, with
+    /// `more` arguments, once its start has reached the gateway.
+    async fn run(&mut self, more: &[&str]) -> Proc {
+        let mut args = vec!["run", "--url", &self.front.base, "--test", &self.suite.good_test];
+        args.extend_from_slice(more);
+        let p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", &self.key)]);
+        let start = async { self.reached.wait_for(|r| *r).await.is_ok() };
+        let started = tokio::time::timeout(std::time::Duration::from_secs(30), start).await.unwrap_or(false);
+        assert!(started, "no start: {}", p.stderr());
+        p
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_start_says_where_to_look_for_what_it_may_have_started() {
-    let good = Agent::start(&[]);
-    let s = TestServer::start().await;
-    let key = s.key_for_user("ci@example.com").await;
-    let project = s.create_project(&key, "ci").await;
-    let suite = suite(&s, &key, &project, &good, &good).await;
-    // The start reaches the gateway and is never answered.
-    let (seen, mut reached) = tokio::sync::watch::channel(false);
-    let front = Front::start(&s.base, move |method, path| {
-        is_start(method, path).then(|| seen.send_replace(true)).map(|_| Answer::Hang)
-    })
-    .await;
+    let mut h = StartNeverAnswered::new().await;
     let dir = tempfile::tempdir().unwrap();
     let junit = dir.path().join("report.xml");
-    let args = ["run", "--url", &front.base, "--test", &suite.good_test, "--junit", junit.to_str().unwrap()];
-    let mut p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", &key)]);
-    let start = async { reached.wait_for(|r| *r).await.is_ok() };
-    let started = tokio::time::timeout(std::time::Duration::from_secs(30), start).await.unwrap_or(false);
-    assert!(started, "no start: {}", p.stderr());
+    let mut p = h.run(&["--junit", junit.to_str().unwrap()]).await;
     // Twice: the second does not wait for the start's answer.
     p.signal("INT");
     p.signal("INT");
@@ -1206,26 +1231,12 @@ async fn an_interrupted_start_says_where_to_look_for_what_it_may_have_started() 
 /// `Idempotency-Key` is the only way to find it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_that_cannot_be_written_after_a_failed_start_leaves_the_start_said() {
-    let good = Agent::start(&[]);
-    let s = TestServer::start().await;
-    let key = s.key_for_user("ci@example.com").await;
-    let project = s.create_project(&key, "ci").await;
-    let suite = suite(&s, &key, &project, &good, &good).await;
-    // The start reaches the gateway and is never answered.
-    let (seen, mut reached) = tokio::sync::watch::channel(false);
-    let front = Front::start(&s.base, move |method, path| {
-        is_start(method, path).then(|| seen.send_replace(true)).map(|_| Answer::Hang)
-    })
-    .await;
+    let mut h = StartNeverAnswered::new().await;
     let dir = tempfile::tempdir().unwrap();
     let reports = dir.path().join("reports");
     std::fs::create_dir(&reports).unwrap();
     let junit = reports.join("report.xml");
-    let args = ["run", "--url", &front.base, "--test", &suite.good_test, "--junit", junit.to_str().unwrap()];
-    let mut p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", &key)]);
-    let start = async { reached.wait_for(|r| *r).await.is_ok() };
-    let started = tokio::time::timeout(std::time::Duration::from_secs(30), start).await.unwrap_or(false);
-    assert!(started, "no start: {}", p.stderr());
+    let mut p = h.run(&["--junit", junit.to_str().unwrap()]).await;
     // The report's directory is gone (a workspace cleaned), then the job is
     // cancelled, twice.
     std::fs::remove_dir_all(&reports).unwrap();
