@@ -1041,6 +1041,23 @@ async fn sparring_result_shows_a_conversation_and_why_it_failed() {
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(&serde_json::from_str::<Value>(&stdout).unwrap(), result);
 
+    // A reader that stops before the end (`| head -n1`, here before the
+    // first line) is no failure.
+    for json in [false, true] {
+        let mut cmd = std::process::Command::new(common::process::BIN);
+        cmd.args(["result", "--url", &s.base, id]).args(json.then_some("--json"));
+        cmd.env_remove("SPARRING_URL").env("SPARRING_API_KEY", &t.viewer);
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        drop(child.stdout.take());
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "--json {json}: {stderr}");
+        assert!(stderr.is_empty(), "--json {json}: {stderr}");
+    }
+
     // Someone else's: not found, and said so.
     let (code, stdout, stderr) = command_at("result", &s.base, &other.owner, &[id]);
     assert_eq!(code, Some(1), "{stdout}");
