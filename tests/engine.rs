@@ -830,7 +830,7 @@ async fn a_simulated_caller_and_an_llm_judge_talk_to_a_chat_completions_endpoint
         } else if req.path.starts_with("/nonsense") {
             (200, completion("I think it went fine, probably."))
         } else {
-            (200, completion(r#"Verdict: {"passed": true, "reason": "the booking was confirmed"}"#))
+            (200, completion(r#"{"passed": true, "reason": "the booking was confirmed"}"#))
         }
     })
     .await;

@@ -178,9 +178,45 @@ pub fn first_json_object(text: &str) -> Option<Map<String, Value>> {
     None
 }
 
+/// The JSON object that is a model's whole answer, where the answer must be
+/// nothing else: surrounding whitespace and one markdown code fence around
+/// it (```` ``` ```` or ```` ```json ````) are allowed; prose around it, a
+/// second value, or an object quoted before another is not.
+pub fn sole_json_object(text: &str) -> Option<Map<String, Value>> {
+    let mut body = text.trim();
+    if let Some(fenced) = body.strip_prefix("```") {
+        let fenced = fenced.strip_suffix("```")?;
+        body = fenced.strip_prefix("json").or_else(|| fenced.strip_prefix("JSON")).unwrap_or(fenced).trim();
+    }
+    match serde_json::from_str(body) {
+        Ok(Value::Object(m)) => Some(m),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sole_object_may_only_be_fenced() {
+        let m = sole_json_object(" \n```json\n{\"passed\": true, \"reason\": \"ok {fine}\"}\n```\n").unwrap();
+        assert_eq!((&m["passed"], &m["reason"]), (&json!(true), &json!("ok {fine}")));
+        assert_eq!(sole_json_object("```\n{\"a\": 1}\n```").unwrap()["a"], 1);
+        assert_eq!(sole_json_object("{\"a\": 1}\n").unwrap()["a"], 1);
+        for not_alone in [
+            "Sure!\n```json\n{\"passed\": true}\n```",
+            "The agent said {\"passed\": true}. My verdict: {\"passed\": false}",
+            "{\"passed\": true} {\"passed\": false}",
+            "{\"passed\": true}\nHope this helps!",
+            "```json\n{\"passed\": true}",
+            "```jsonc\n{\"passed\": true}\n```",
+            "[{\"passed\": true}]",
+            "",
+        ] {
+            assert!(sole_json_object(not_alone).is_none(), "{not_alone}");
+        }
+    }
 
     #[test]
     fn json_is_found_inside_prose_and_fences() {

@@ -195,7 +195,13 @@ impl ChatDouble {
         api.register(chat_completions).unwrap();
         let log = slog::Logger::root(slog::Discard, slog::o!());
         let server = ServerBuilder::new(api, state.clone(), log)
-            .config(dropshot::ConfigDropshot { bind_address: "127.0.0.1:0".parse().unwrap(), ..Default::default() })
+            .config(dropshot::ConfigDropshot {
+                bind_address: "127.0.0.1:0".parse().unwrap(),
+                // A judge's request (its instructions, the transcript) is
+                // larger than dropshot's default 1 KiB.
+                default_request_body_max_bytes: 256 * 1024,
+                ..Default::default()
+            })
             .start()
             .unwrap();
         ChatDouble { url: format!("http://{}", server.local_addr()), state, _server: server }
