@@ -1141,6 +1141,64 @@ async fn secrets_echoed_in_an_error_never_reach_a_result() {
     }
 }
 
+/// The failure reason stored for one run of a scripted test on an http
+/// channel sending `header_value` as `authorization` to an agent that
+/// answers every request with `respond(header_value)`, as a viewer reads it.
+async fn reason_echoing(header_value: &'static str, respond: fn(&str) -> (u16, String)) -> String {
+    let agent = Recorder::start(move |req, _| respond(req.header("authorization").unwrap_or_default())).await;
+    let s = TestServer::start().await;
+    let t = s.team("echoes").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let channel = json!({"project_id": p, "name": "echo", "kind": "http", "target": format!("{}/http", agent.base),
+                         "headers": {"authorization": header_value}});
+    let channel = create(&s, &t.editor, "/v1/channels", channel).await;
+    let scripted = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "echo", &channel, &scripted, 1)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    let received = agent.received();
+    assert_eq!(received[0].header("authorization"), Some(header_value), "the secret was sent, and echoed");
+    let result = &results_of(&s, &t.viewer, &test).await[0];
+    result["failure_reason"].as_str().unwrap_or_else(|| panic!("no failure reason: {result:#}")).to_string()
+}
+
+/// No run of 8 characters of `secret` is in `reason`.
+fn assert_hidden(reason: &str, secret: &str) {
+    let chars: Vec<char> = secret.chars().collect();
+    for run in chars.windows(8).map(String::from_iter) {
+        assert!(!reason.contains(&run), "`{run}` of the secret is in the reason: {reason}");
+    }
+}
+
+/// An echoed secret is redacted before the error body is clipped for the
+/// reason: a clip falling inside the secret leaves none of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_echoed_across_the_clip_of_an_error_body_is_hidden() {
+    const SECRET: &str = "Bearer sk-live-5f0c2a9e41d7b3c86e0f9a1d2b4c6e8f";
+    // The body's 300th character, where it is clipped, is 35 characters
+    // into the echoed value.
+    let reason = reason_echoing(SECRET, |echoed| {
+        (500, format!("{} upstream refused; authorization: {echoed} (request logged)", "x".repeat(231)))
+    })
+    .await;
+    assert!(reason.contains("HTTP 500") && reason.contains("[redacted]"), "{reason}");
+    assert_hidden(&reason, SECRET);
+}
+
+/// A secret holding `"` and `\` echoed in a JSON error body, where it is
+/// escaped, is hidden all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_echoed_escaped_in_a_json_error_body_is_hidden() {
+    const SECRET: &str = r#"tok"quoted\backslashed-secret-0815"#;
+    let reason = reason_echoing(SECRET, |echoed| {
+        (400, json!({"error": {"message": format!("the header authorization: {echoed} is not accepted")}}).to_string())
+    })
+    .await;
+    assert!(reason.contains("HTTP 400") && reason.contains("[redacted]"), "{reason}");
+    assert_hidden(&reason, SECRET);
+}
+
 /// A channel's header values go only where they were set: the engine
 /// follows an agent's redirect within its origin, not to another one (the
 /// 3xx answer is then the turn's error).

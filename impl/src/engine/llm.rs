@@ -127,11 +127,12 @@ pub async fn complete(
     let bytes =
         super::body_at_most(&mut response, MAX_ANSWER_BYTES).await.map_err(failed)?.ok_or(LlmError::TooLarge)?;
     let text = String::from_utf8_lossy(&bytes);
+    let key: Vec<&str> = llm.api_key.as_deref().into_iter().collect();
     if !status.is_success() {
-        return Err(LlmError::Status { status: status.as_u16(), body: excerpt(&text, 300) });
+        return Err(LlmError::Status { status: status.as_u16(), body: excerpt(&text, 300, &key) });
     }
-    let completion: Completion =
-        serde_json::from_str(&text).map_err(|e| LlmError::Malformed(format!("{e}; body: {}", excerpt(&text, 200))))?;
+    let completion: Completion = serde_json::from_str(&text)
+        .map_err(|e| LlmError::Malformed(format!("{e}; body: {}", excerpt(&text, 200, &key))))?;
     completion
         .choices
         .into_iter()
@@ -149,16 +150,23 @@ fn without_url(e: &reqwest::Error) -> String {
     source.to_string()
 }
 
-/// At most `max` characters of `s`, marked when cut.
-/// A body (an agent's or an LLM endpoint's) quoted in a reason: its lines
-/// joined on one line, then clipped. Reasons are read in one-line places (a
-/// table row of `sparring run`, a log line), and a pretty-printed JSON error
-/// body's first line is only `{`.
-pub fn excerpt(s: &str, max: usize) -> String {
+/// A body (an agent's or an LLM endpoint's) quoted in a reason: `secrets`
+/// (what the request sent: header values, a key) redacted while the body is
+/// whole, its lines joined on one line, then clipped, never ending inside
+/// the start of a secret. Reasons are read in one-line places (a table row
+/// of `sparring run`, a log line), and a pretty-printed JSON error body's
+/// first line is only `{`.
+pub fn excerpt(s: &str, max: usize, secrets: &[&str]) -> String {
+    let s = super::redact(s.to_string(), secrets);
     let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    clip(&lines.join(" "), max)
+    let joined = lines.join(" ");
+    match joined.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", super::without_secret_start(&joined[..i], secrets)),
+        None => joined,
+    }
 }
 
+/// At most `max` characters of `s`, marked when cut.
 pub fn clip(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         Some((i, _)) => format!("{}…", &s[..i]),
@@ -246,7 +254,7 @@ mod tests {
 
     #[test]
     fn an_excerpt_is_one_line() {
-        assert_eq!(excerpt("{\n  \"message\": \"Not Found\"\r\n}\n", 100), "{ \"message\": \"Not Found\" }");
-        assert_eq!(excerpt("a  b\n\n  c", 3), "a  …");
+        assert_eq!(excerpt("{\n  \"message\": \"Not Found\"\r\n}\n", 100, &[]), "{ \"message\": \"Not Found\" }");
+        assert_eq!(excerpt("a  b\n\n  c", 3, &[]), "a  …");
     }
 }

@@ -25,20 +25,79 @@ use sparring_server::types;
 
 pub use llm::LlmEndpoint;
 
+/// Secret values shorter than this are left alone: too short to be secret,
+/// too short to replace without mangling the text.
+const SECRET_MIN: usize = 4;
+
 /// `text` with every one of `secrets` replaced by `[redacted]`: an agent, a
 /// gateway or an LLM endpoint may echo a request's header or key in an
 /// error, and what the engine writes from it (a failure reason, an
-/// evaluation's reason) is read by every member of the project. Values
-/// shorter than 4 characters are left alone (too short to be secret, too
-/// short to replace without mangling the text).
+/// evaluation's reason) is read by every member of the project. A secret is
+/// found in each form an echo gives it (see [`echoed_forms`]). Values
+/// shorter than [`SECRET_MIN`] characters are left alone.
+///
+/// Run on a text before it is clipped or reshaped: a clipped or escaped
+/// secret is no longer found (see [`llm::excerpt`]).
 pub(crate) fn redact(text: String, secrets: &[&str]) -> String {
-    secrets.iter().filter(|s| s.len() >= 4).fold(text, |text, secret| {
-        if text.contains(secret) {
-            text.replace(secret, "[redacted]")
-        } else {
-            text
+    let mut forms: Vec<String> = secrets.iter().flat_map(|s| echoed_forms(s)).collect();
+    // The longest first, so a form holding another is replaced whole.
+    forms.sort_by_key(|f| std::cmp::Reverse(f.len()));
+    forms.dedup();
+    forms.iter().fold(
+        text,
+        |text, form| if text.contains(form.as_str()) { text.replace(form.as_str(), "[redacted]") } else { text },
+    )
+}
+
+/// The forms `secret` takes in what echoes it, none shorter than
+/// [`SECRET_MIN`]: as sent; its credentials alone when it is an
+/// `Authorization`-style `<scheme> <credentials>` value (an echo names the
+/// token, "invalid token sk-…", without the scheme); each of those escaped
+/// in a JSON string (`"` and `\`, control characters; also `/` for the
+/// encoders that escape it and `<`, `>`, `&` for Go's); and percent-encoded,
+/// as in a URL echoed.
+fn echoed_forms(secret: &str) -> Vec<String> {
+    let mut plain = vec![secret];
+    if let Some((scheme, credentials)) = secret.split_once(' ') {
+        let credentials = credentials.trim();
+        let is_scheme = !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if is_scheme && credentials.len() >= 8 && !credentials.contains(char::is_whitespace) {
+            plain.push(credentials);
         }
-    })
+    }
+    let mut forms = Vec::new();
+    for p in plain.into_iter().filter(|p| p.len() >= SECRET_MIN) {
+        let json = serde_json::to_string(p).unwrap_or_default();
+        let json = json.get(1..json.len().saturating_sub(1)).unwrap_or_default().to_string();
+        let slashed = json.replace('/', "\\/");
+        let go = json.replace('<', "\\u003c").replace('>', "\\u003e").replace('&', "\\u0026");
+        let percent: String = p
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+                b => format!("%{b:02X}"),
+            })
+            .collect();
+        forms.extend([p.to_string(), json, slashed, go, percent]);
+    }
+    forms.sort();
+    forms.dedup();
+    forms
+}
+
+/// `text` (the part of a redacted text kept by a clip) without its end when
+/// that end is the start of a secret: the clip fell inside an occurrence
+/// that redaction did not find whole (the text already held it cut).
+pub(crate) fn without_secret_start<'t>(text: &'t str, secrets: &[&str]) -> &'t str {
+    let mut cut = 0;
+    for form in secrets.iter().flat_map(|s| echoed_forms(s)) {
+        let longest =
+            (SECRET_MIN..form.len()).rev().find(|&k| k > cut && form.is_char_boundary(k) && text.ends_with(&form[..k]));
+        if let Some(k) = longest {
+            cut = k;
+        }
+    }
+    &text[..text.len() - cut]
 }
 
 /// A response's body read chunk by chunk, given up (`None`) once it is
@@ -146,5 +205,40 @@ pub(crate) async fn unanswered_port() -> (impl Sized, u16) {
             Err(_) => return ((listener, queued), address.port()),
         }
         assert!(queued.len() < 16, "the accept queue of a backlog of 0 never filled");
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::{llm::excerpt, redact, without_secret_start};
+
+    #[test]
+    fn a_secret_is_found_in_the_forms_an_echo_gives_it() {
+        let secret = r#"Bearer to"k/e<n>\&-0815"#;
+        for echoed in [
+            secret.to_string(),
+            r#"to"k/e<n>\&-0815"#.to_string(),
+            serde_json::to_string(secret).unwrap(),
+            r#"to\"k\/e<n>\\&-0815"#.to_string(),
+            r#"to\"k/e\u003cn\u003e\\\u0026-0815"#.to_string(),
+            "to%22k%2Fe%3Cn%3E%5C%26-0815".to_string(),
+        ] {
+            let shown = redact(format!("refused: {echoed}."), &[secret]);
+            assert!(!shown.contains("0815"), "{echoed} -> {shown}");
+        }
+        // Too short to be replaced without mangling the text.
+        assert_eq!(redact("a b c".into(), &["b"]), "a b c");
+    }
+
+    #[test]
+    fn a_clip_never_ends_inside_a_secret() {
+        assert_eq!(without_secret_start("key: sk-live-12", &["sk-live-123456"]), "key: ");
+        assert_eq!(without_secret_start("key: sk", &["sk-live-123456"]), "key: sk");
+        // The body already held the secret cut, where the clip falls.
+        let body = format!("{} token sk-live-1234 (cut)", "x".repeat(20));
+        assert_eq!(excerpt(&body, 35, &["sk-live-123456"]), format!("{} token …", "x".repeat(20)));
+        // Whole, it is redacted before the clip.
+        let body = format!("{} token sk-live-123456 (cut)", "x".repeat(20));
+        assert_eq!(excerpt(&body, 35, &["sk-live-123456"]), format!("{} token [redacte…", "x".repeat(20)));
     }
 }

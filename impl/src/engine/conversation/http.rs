@@ -19,6 +19,9 @@ pub(super) struct HttpAgent<'a> {
     target: &'a str,
     call_id: &'a str,
     headers: HeaderMap,
+    /// The channel's header values, redacted from the agent's answers
+    /// quoted in a reason.
+    secrets: Vec<&'a str>,
     turn_timeout: Duration,
 }
 
@@ -66,6 +69,7 @@ impl<'a> HttpAgent<'a> {
             target: &plan.agent.target,
             call_id: &plan.call_id,
             headers,
+            secrets: plan.agent.headers.iter().map(|(_, value)| value.as_str()).collect(),
             turn_timeout: plan.agent.turn_timeout,
         })
     }
@@ -115,7 +119,7 @@ impl<'a> HttpAgent<'a> {
         let mut reply = Reply::new(sent_at);
         let at = Instant::now();
         reply.arrived(at);
-        let wire = parse_reply(turn, &text).map_err(TurnFailure::Agent)?;
+        let wire = parse_reply(turn, &text, &self.secrets).map_err(TurnFailure::Agent)?;
         for content in wire.messages.into_iter().filter_map(|m| m.content) {
             reply.said(content, at);
         }
@@ -170,7 +174,7 @@ impl<'a> HttpAgent<'a> {
             return Err(TurnFailure::Agent(format!(
                 "the agent answered turn {turn} with HTTP {}: {}",
                 status.as_u16(),
-                excerpt(&text, 300)
+                excerpt(&text, 300, &self.secrets)
             ))
             .into());
         }
@@ -200,15 +204,15 @@ fn connect_margin(allowed: Duration) -> Duration {
     (allowed / 10).min(Duration::from_secs(1))
 }
 
-fn parse_reply(turn: u32, text: &str) -> Result<WireReply, String> {
+fn parse_reply(turn: u32, text: &str, secrets: &[&str]) -> Result<WireReply, String> {
     let value: Value = serde_json::from_str(text)
-        .map_err(|e| format!("the agent's reply to turn {turn} is not JSON ({e}): {}", excerpt(text, 200)))?;
+        .map_err(|e| format!("the agent's reply to turn {turn} is not JSON ({e}): {}", excerpt(text, 200, secrets)))?;
     serde_json::from_value(value).map_err(|e| {
         format!(
             "the agent's reply to turn {turn} is not of the protocol's shape \
              {{\"messages\": [{{\"role\": \"assistant\", \"content\": …}}], \"end_call\": …, \"tool_calls\": […]}} \
              ({e}): {}",
-            excerpt(text, 200)
+            excerpt(text, 200, secrets)
         )
     })
 }

@@ -154,8 +154,9 @@ pub(super) fn parse(answer: &str) -> Next {
     }
     match say {
         Some(line) => Next::Say { line: line.to_string(), step: None },
-        None => {
-            Next::Failed(format!("its answer has neither a line to say nor \"done\": true: {}", excerpt(answer, 200)))
-        }
+        None => Next::Failed(format!(
+            "its answer has neither a line to say nor \"done\": true: {}",
+            excerpt(answer, 200, &[])
+        )),
     }
 }

@@ -26,6 +26,9 @@ use crate::engine::CallPlan;
 pub(super) struct WsAgent {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     call_id: String,
+    /// The channel's header values, redacted from the agent's frames
+    /// quoted in a reason.
+    secrets: Vec<String>,
     turn_timeout: Duration,
     /// The agent turn that ended last, which frames arriving before the
     /// caller's next line still belong to (see [`WsAgent::late`]).
@@ -54,6 +57,7 @@ impl WsAgent {
     /// channel's headers on the upgrade request. Counts as turn 0 in errors.
     pub(super) async fn connect(outbound: &Outbound, plan: &CallPlan, deadline: Instant) -> Result<Self, TurnFailure> {
         let target = plan.agent.target.as_str();
+        let secrets: Vec<&str> = plan.agent.headers.iter().map(|(_, value)| value.as_str()).collect();
         let mut request = target
             .into_client_request()
             .map_err(|e| TurnFailure::Agent(format!("the channel target `{target}` is not a websocket URL: {e}")))?;
@@ -79,10 +83,10 @@ impl WsAgent {
         // A URL that names no one reaches no one.
         let uri = request.uri();
         let host = match (tungstenite::client::uri_mode(uri), uri.host()) {
-            (Err(e), _) => return Err(TurnFailure::Unreached(connect_error(target, e))),
+            (Err(e), _) => return Err(TurnFailure::Unreached(connect_error(target, e, &secrets))),
             (Ok(_), None) => {
                 let e = tungstenite::Error::Url(tungstenite::error::UrlError::NoHostName);
-                return Err(TurnFailure::Unreached(connect_error(target, e)));
+                return Err(TurnFailure::Unreached(connect_error(target, e, &secrets)));
             }
             (Ok(_), Some(host)) => host.to_string(),
         };
@@ -114,8 +118,14 @@ impl WsAgent {
         let _ = stream.set_nodelay(true);
         let handshake = tokio_tungstenite::client_async_tls_with_config(request, stream, Some(config), connector);
         match tokio::time::timeout_at(limit, handshake).await {
-            Ok(Ok((ws, _))) => Ok(WsAgent { ws, call_id: plan.call_id.clone(), turn_timeout, ended: None }),
-            Ok(Err(e)) => Err(TurnFailure::Agent(connect_error(target, e))),
+            Ok(Ok((ws, _))) => Ok(WsAgent {
+                ws,
+                call_id: plan.call_id.clone(),
+                secrets: plan.agent.headers.iter().map(|(_, value)| value.clone()).collect(),
+                turn_timeout,
+                ended: None,
+            }),
+            Ok(Err(e)) => Err(TurnFailure::Agent(connect_error(target, e, &secrets))),
             Err(_) if deadline_binds => Err(TurnFailure::Deadline(None)),
             Err(_) => Err(TurnFailure::Agent(format!(
                 "the agent at {target} did not accept the websocket connection for turn 0 within {} ms",
@@ -156,6 +166,12 @@ impl WsAgent {
         }
     }
 
+    /// The channel's header values, to redact from a frame quoted in a
+    /// reason.
+    fn secret_values(&self) -> Vec<&str> {
+        self.secrets.iter().map(String::as_str).collect()
+    }
+
     /// The frames that arrived since the last agent turn ended (at its
     /// `turn_end`, or after its silence) and before the caller's next line:
     /// they belong to that turn, not to the reply to the next line, whose
@@ -177,7 +193,7 @@ impl WsAgent {
             let Some(next) = tokio::task::unconstrained(self.ws.next()).now_or_never() else { break };
             let Some(text) = frame_text(turn, &when, next)? else { continue };
             // A second `turn_end` ends nothing more.
-            absorb(&mut late, &mut size, turn, &when, &text)?;
+            absorb(&mut late, &mut size, turn, &when, &text, &self.secret_values())?;
         }
         if let Some(ended) = &mut self.ended {
             ended.size = size;
@@ -212,7 +228,7 @@ impl WsAgent {
                 }
             };
             let Some(text) = frame_text(turn, &when, next)? else { continue };
-            let turn_end = absorb(&mut reply, &mut size, turn, &when, &text)?;
+            let turn_end = absorb(&mut reply, &mut size, turn, &when, &text, &self.secret_values())?;
             if reply.end_call {
                 return Ok(reply);
             }
@@ -270,13 +286,17 @@ fn frame_text(
     }
 }
 
-fn parse_frame(when: &str, text: &str) -> Result<Frame, String> {
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| format!("the agent sent a frame that is not JSON {when} ({e}): {}", excerpt(text, 200)))?;
+fn parse_frame(when: &str, text: &str, secrets: &[&str]) -> Result<Frame, String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        format!("the agent sent a frame that is not JSON {when} ({e}): {}", excerpt(text, 200, secrets))
+    })?;
     let Value::Object(frame) = value else {
-        return Err(format!("the agent sent a frame that is not a JSON object {when}: {}", excerpt(text, 200)));
+        return Err(format!(
+            "the agent sent a frame that is not a JSON object {when}: {}",
+            excerpt(text, 200, secrets)
+        ));
     };
-    let shape = |what: &str| format!("the agent sent a `{what}` frame {when}: {}", excerpt(text, 200));
+    let shape = |what: &str| format!("the agent sent a `{what}` frame {when}: {}", excerpt(text, 200, secrets));
     match frame.get("type").and_then(Value::as_str) {
         Some("message") => match frame.get("content") {
             Some(Value::String(content)) => Ok(Frame::Message(content.clone())),
@@ -299,7 +319,7 @@ fn parse_frame(when: &str, text: &str) -> Result<Frame, String> {
             "the agent sent a frame of unknown type `{}` {when} (expected message, tool_call, end_call or turn_end)",
             clip(other, 40)
         )),
-        None => Err(format!("the agent sent a frame without a string `type` {when}: {}", excerpt(text, 200))),
+        None => Err(format!("the agent sent a frame without a string `type` {when}: {}", excerpt(text, 200, secrets))),
     }
 }
 
@@ -327,7 +347,7 @@ fn read_error(when: &str, e: &tungstenite::Error) -> Option<String> {
     }
 }
 
-fn connect_error(target: &str, e: tungstenite::Error) -> String {
+fn connect_error(target: &str, e: tungstenite::Error, secrets: &[&str]) -> String {
     match e {
         tungstenite::Error::Http(response) => {
             let body = response.body().as_deref().map(String::from_utf8_lossy).unwrap_or_default();
@@ -336,7 +356,7 @@ fn connect_error(target: &str, e: tungstenite::Error) -> String {
                 format!("the agent at {target} refused the websocket connection for turn 0 with HTTP {status}");
             match body.trim() {
                 "" => refused,
-                body => format!("{refused}: {}", excerpt(body, 300)),
+                body => format!("{refused}: {}", excerpt(body, 300, secrets)),
             }
         }
         tungstenite::Error::Url(e) => format!("the channel target `{target}` is not a usable websocket URL: {e}"),
@@ -363,14 +383,21 @@ fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
 /// Adds one frame of turn `turn` (its `text`) to `reply`: its words, tool
 /// call or `end_call`, counting its size against the reply's limit.
 /// Returns whether it was a `turn_end`.
-fn absorb(reply: &mut Reply, size: &mut usize, turn: u32, when: &str, text: &str) -> Result<bool, TurnFailure> {
+fn absorb(
+    reply: &mut Reply,
+    size: &mut usize,
+    turn: u32,
+    when: &str,
+    text: &str,
+    secrets: &[&str],
+) -> Result<bool, TurnFailure> {
     *size = size.saturating_add(text.len());
     if *size > MAX_REPLY_BYTES {
         return Err(TurnFailure::Agent(too_large(turn)));
     }
     let at = Instant::now();
     reply.arrived(at);
-    match parse_frame(when, text).map_err(TurnFailure::Agent)? {
+    match parse_frame(when, text, secrets).map_err(TurnFailure::Agent)? {
         Frame::Message(content) => reply.said(content, at),
         Frame::ToolCall(name, arguments) => reply.tool_calls.push((name, arguments)),
         Frame::EndCall => reply.end_call = true,

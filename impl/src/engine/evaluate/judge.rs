@@ -140,7 +140,7 @@ pub(super) fn messages(criterion: &str, outcome: &Outcome, scope: Scope<'_>) -> 
 /// The judge's verdict from its answer. `score` is optional (1 or 0 from
 /// `passed` when absent, clamped to 0..1); a missing `reason` is said so.
 pub(super) fn parse_answer(answer: &str) -> Result<Decision, String> {
-    let shown = || excerpt(answer, 200);
+    let shown = || excerpt(answer, 200, &[]);
     let object =
         sole_json_object(answer).ok_or_else(|| format!("the answer is not a single JSON object: {}", shown()))?;
     let passed = match object.get("passed") {
