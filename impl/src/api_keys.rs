@@ -155,8 +155,6 @@ fn get_own(tx: &rusqlite::Transaction<'_>, user_id: &str, key_id: &str) -> Resul
     .ok_or_else(|| ApiKeyError::NotFound(key_id.to_string()))
 }
 
-/// Inserts a key for `user_id` inside `tx` (shared with the admin CLI and
-/// the first-start bootstrap).
 /// A request made with an API key that is revoked by the time its write
 /// runs changes no key: checked in the write's transaction, since the key
 /// was checked as the request came in, and a key revoked meanwhile (a
@@ -178,6 +176,8 @@ fn credential_still_active(tx: &rusqlite::Transaction<'_>, actor: &Actor) -> Res
     }
 }
 
+/// Inserts a key for `user_id` inside `tx` (shared with the admin CLI and
+/// the first-start bootstrap).
 pub fn insert(
     tx: &rusqlite::Transaction<'_>,
     actor: &Actor,
