@@ -40,13 +40,24 @@ const SECRET_MIN: usize = 4;
 /// secret is no longer found (see [`llm::excerpt`]).
 pub(crate) fn redact(text: String, secrets: &[&str]) -> String {
     let mut forms: Vec<String> = secrets.iter().flat_map(|s| echoed_forms(s)).collect();
-    // The longest first, so a form holding another is replaced whole.
-    forms.sort_by_key(|f| std::cmp::Reverse(f.len()));
+    // The longest first, so a form holding another is replaced whole (and
+    // equal ones side by side, each replaced once).
+    forms.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
     forms.dedup();
     forms.iter().fold(
         text,
         |text, form| if text.contains(form.as_str()) { text.replace(form.as_str(), "[redacted]") } else { text },
     )
+}
+
+/// The innermost cause of a request error: the useful part ("connection
+/// refused"), without reqwest's wrapping.
+pub(crate) fn innermost(e: &reqwest::Error) -> String {
+    let mut source: &dyn std::error::Error = e;
+    while let Some(next) = source.source() {
+        source = next;
+    }
+    source.to_string()
 }
 
 /// The forms `secret` takes in what echoes it, none shorter than
@@ -80,8 +91,6 @@ fn echoed_forms(secret: &str) -> Vec<String> {
             .collect();
         forms.extend([p.to_string(), json, slashed, go, percent]);
     }
-    forms.sort();
-    forms.dedup();
     forms
 }
 

@@ -145,10 +145,15 @@ tokio::task_local! {
 /// closed unused because the check of [`Outbound::checking_when_connected`]
 /// said so.
 pub fn not_sent(e: &reqwest::Error) -> Option<String> {
+    cause::<NotSent>(e).map(|NotSent(why)| why.clone())
+}
+
+/// The error of type `T` among `e`'s causes, if any.
+fn cause<T: std::error::Error + 'static>(e: &reqwest::Error) -> Option<&T> {
     let mut source = std::error::Error::source(e);
     while let Some(next) = source {
-        if let Some(NotSent(why)) = next.downcast_ref::<NotSent>() {
-            return Some(why.clone());
+        if let Some(found) = next.downcast_ref::<T>() {
+            return Some(found);
         }
         source = next.source();
     }
@@ -170,14 +175,7 @@ impl std::error::Error for NotSent {}
 /// Whether `e` is a request's failure because its connection was not made
 /// by the time [`Outbound::connecting_by`] gave it.
 pub fn connect_too_late(e: &reqwest::Error) -> bool {
-    let mut source = std::error::Error::source(e);
-    while let Some(next) = source {
-        if next.is::<ConnectTooLate>() {
-            return true;
-        }
-        source = next.source();
-    }
-    false
+    cause::<ConnectTooLate>(e).is_some()
 }
 
 /// The error of a connection not made in time (see [`connect_too_late`]).

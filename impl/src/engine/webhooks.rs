@@ -276,11 +276,7 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
 }
 
 fn could_not_reach(e: &reqwest::Error) -> String {
-    let mut source: &dyn std::error::Error = e;
-    while let Some(next) = source.source() {
-        source = next;
-    }
-    format!("could not reach the receiver: {source}")
+    format!("could not reach the receiver: {}", crate::engine::innermost(e))
 }
 
 /// Whether an attempt's request went to the receiver.

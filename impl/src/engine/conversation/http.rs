@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::{turn_limit, Reply, TurnFailure, CALL_ID_HEADER, MAX_REPLY_BYTES};
 use crate::engine::llm::excerpt;
-use crate::engine::CallPlan;
+use crate::engine::{innermost, CallPlan};
 
 pub(super) struct HttpAgent<'a> {
     http: &'a Outbound,
@@ -228,14 +228,4 @@ pub(super) fn header_map(headers: &[(String, String)]) -> Result<HeaderMap, Stri
         map.append(name, value);
     }
     Ok(map)
-}
-
-/// The innermost cause of a request error: the useful part ("connection
-/// refused"), without reqwest's wrapping.
-fn innermost(e: &reqwest::Error) -> String {
-    let mut source: &dyn std::error::Error = e;
-    while let Some(next) = source.source() {
-        source = next;
-    }
-    source.to_string()
 }

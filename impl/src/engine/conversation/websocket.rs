@@ -121,7 +121,7 @@ impl WsAgent {
             Ok(Ok((ws, _))) => Ok(WsAgent {
                 ws,
                 call_id: plan.call_id.clone(),
-                secrets: plan.agent.headers.iter().map(|(_, value)| value.clone()).collect(),
+                secrets: secrets.iter().map(|s| s.to_string()).collect(),
                 turn_timeout,
                 ended: None,
             }),
@@ -166,12 +166,6 @@ impl WsAgent {
         }
     }
 
-    /// The channel's header values, to redact from a frame quoted in a
-    /// reason.
-    fn secret_values(&self) -> Vec<&str> {
-        self.secrets.iter().map(String::as_str).collect()
-    }
-
     /// The frames that arrived since the last agent turn ended (at its
     /// `turn_end`, or after its silence) and before the caller's next line:
     /// they belong to that turn, not to the reply to the next line, whose
@@ -193,7 +187,7 @@ impl WsAgent {
             let Some(next) = tokio::task::unconstrained(self.ws.next()).now_or_never() else { break };
             let Some(text) = frame_text(turn, &when, next)? else { continue };
             // A second `turn_end` ends nothing more.
-            absorb(&mut late, &mut size, turn, &when, &text, &self.secret_values())?;
+            absorb(&mut late, &mut size, turn, &when, &text, &self.secrets)?;
         }
         if let Some(ended) = &mut self.ended {
             ended.size = size;
@@ -228,7 +222,7 @@ impl WsAgent {
                 }
             };
             let Some(text) = frame_text(turn, &when, next)? else { continue };
-            let turn_end = absorb(&mut reply, &mut size, turn, &when, &text, &self.secret_values())?;
+            let turn_end = absorb(&mut reply, &mut size, turn, &when, &text, &self.secrets)?;
             if reply.end_call {
                 return Ok(reply);
             }
@@ -286,17 +280,15 @@ fn frame_text(
     }
 }
 
-fn parse_frame(when: &str, text: &str, secrets: &[&str]) -> Result<Frame, String> {
-    let value: Value = serde_json::from_str(text).map_err(|e| {
-        format!("the agent sent a frame that is not JSON {when} ({e}): {}", excerpt(text, 200, secrets))
-    })?;
+fn parse_frame(when: &str, text: &str, secrets: &[String]) -> Result<Frame, String> {
+    // Only a refused frame is quoted, its secrets taken out.
+    let quoted = || excerpt(text, 200, &secrets.iter().map(String::as_str).collect::<Vec<_>>());
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| format!("the agent sent a frame that is not JSON {when} ({e}): {}", quoted()))?;
     let Value::Object(frame) = value else {
-        return Err(format!(
-            "the agent sent a frame that is not a JSON object {when}: {}",
-            excerpt(text, 200, secrets)
-        ));
+        return Err(format!("the agent sent a frame that is not a JSON object {when}: {}", quoted()));
     };
-    let shape = |what: &str| format!("the agent sent a `{what}` frame {when}: {}", excerpt(text, 200, secrets));
+    let shape = |what: &str| format!("the agent sent a `{what}` frame {when}: {}", quoted());
     match frame.get("type").and_then(Value::as_str) {
         Some("message") => match frame.get("content") {
             Some(Value::String(content)) => Ok(Frame::Message(content.clone())),
@@ -319,7 +311,7 @@ fn parse_frame(when: &str, text: &str, secrets: &[&str]) -> Result<Frame, String
             "the agent sent a frame of unknown type `{}` {when} (expected message, tool_call, end_call or turn_end)",
             clip(other, 40)
         )),
-        None => Err(format!("the agent sent a frame without a string `type` {when}: {}", excerpt(text, 200, secrets))),
+        None => Err(format!("the agent sent a frame without a string `type` {when}: {}", quoted())),
     }
 }
 
@@ -389,7 +381,7 @@ fn absorb(
     turn: u32,
     when: &str,
     text: &str,
-    secrets: &[&str],
+    secrets: &[String],
 ) -> Result<bool, TurnFailure> {
     *size = size.saturating_add(text.len());
     if *size > MAX_REPLY_BYTES {
