@@ -125,6 +125,17 @@ fn beginning(body: &[u8]) -> String {
     shown
 }
 
+/// Writes to stdout. A reader that stopped early (`sparring … | head`) has
+/// what it wanted: a closed pipe is no failure (Rust ignores SIGPIPE, so
+/// `print!` would panic there, exit 101).
+pub fn write_stdout(text: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_fmt(text) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

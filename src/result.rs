@@ -37,14 +37,7 @@ pub async fn main(args: ResultArgs) -> anyhow::Result<()> {
     .with_context(|| format!("reading test result {}", args.id))?
     .into_inner();
     let text = if args.json { serde_json::to_string_pretty(&result)? + "\n" } else { show(&result) };
-    // A reader that stops early (`sparring result … | head`) has what it
-    // wanted: that is no failure (Rust ignores SIGPIPE, so `print!` would
-    // panic instead).
-    use std::io::Write as _;
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing the result"),
-        _ => Ok(()),
-    }
+    crate::remote::write_stdout(format_args!("{text}")).context("writing the result")
 }
 
 fn seconds(ms: i64) -> String {

@@ -33,9 +33,11 @@ mod report;
 /// been printed is lost, the report and the exit code are not. (`println!`
 /// panics there, exit 101, the report left unwritten.)
 macro_rules! out {
+    () => {{
+        let _ = crate::remote::write_stdout(format_args!("\n"));
+    }};
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+        let _ = crate::remote::write_stdout(format_args!("{}\n", format_args!($($arg)*)));
     }};
 }
 

@@ -545,6 +545,17 @@ fn command_at(command: &str, url: &str, key: &str, args: &[&str]) -> (Option<i32
     (status.code(), stdout, stderr)
 }
 
+/// `sparring` with `args` and `key`, its stdout closed before it writes
+/// anything (a reader that stopped early: `| head -n1`).
+async fn with_stdout_closed(args: &[&str], key: &str) -> std::process::Output {
+    let mut cmd = std::process::Command::new(common::process::BIN);
+    cmd.args(args).env_remove("SPARRING_URL").env("SPARRING_API_KEY", key);
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    drop(child.stdout.take());
+    tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap()
+}
+
 /// Whether `path` is the batch run itself (`/v1/batch-runs/brn_…`), not its
 /// runs or its cancel.
 fn is_batch_run(method: &Method, path: &str) -> bool {
@@ -1044,15 +1055,9 @@ async fn sparring_result_shows_a_conversation_and_why_it_failed() {
     // A reader that stops before the end (`| head -n1`, here before the
     // first line) is no failure.
     for json in [false, true] {
-        let mut cmd = std::process::Command::new(common::process::BIN);
-        cmd.args(["result", "--url", &s.base, id]).args(json.then_some("--json"));
-        cmd.env_remove("SPARRING_URL").env("SPARRING_API_KEY", &t.viewer);
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        drop(child.stdout.take());
-        let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+        let mut args = vec!["result", "--url", &s.base, id];
+        args.extend(json.then_some("--json"));
+        let out = with_stdout_closed(&args, &t.viewer).await;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "--json {json}: {stderr}");
         assert!(stderr.is_empty(), "--json {json}: {stderr}");
@@ -1285,15 +1290,7 @@ async fn a_closed_stdout_leaves_the_verdict_and_the_report() {
         (vec!["--test", &suite.bad_test, "--junit", j], 1),
         (vec!["--test", &suite.bad_test, "--json", "--junit", j], 1),
     ] {
-        let mut cmd = std::process::Command::new(common::process::BIN);
-        cmd.arg("run").args(["--url", &s.base]).args(&args);
-        cmd.env_remove("SPARRING_URL").env("SPARRING_API_KEY", &key);
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        drop(child.stdout.take());
-        let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+        let out = with_stdout_closed(&[&["run", "--url", &s.base][..], &args].concat(), &key).await;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
         let id = started_id(&stderr);

@@ -150,13 +150,12 @@ pub fn backup(
         let secrets = secrets::Secrets::from_contents(&key_path, current, keys.previous.as_deref())
             .with_context(|| format!("the backup is not made (the copy is left at {})", partial.display()))?;
         if let Some(context) = crate::reseal::key_opens(&conn, &secrets)? {
-            anyhow::bail!(
-                "the secret key at {} does not open what the database holds sealed ({context}, and the first value \
-                 of each sealed column): is it this data dir's key? Give the key file the server uses with \
-                 --secret-key-file (or SPARRING_SECRET_KEY_FILE); the backup is not made (the copy is left at {})",
-                key_path.display(),
+            let advice = format!(
+                "Give the key file the server uses with --secret-key-file (or SPARRING_SECRET_KEY_FILE); the backup \
+                 is not made (the copy is left at {})",
                 partial.display()
             );
+            return Err(crate::reseal::wrong_key(&key_path, "the database", &context, &advice));
         }
     }
     drop(conn);

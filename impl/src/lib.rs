@@ -354,12 +354,8 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     // credentialed call fails.
     let refused = store.read_blocking(|c| reseal::key_opens(c, &secrets).map_err(store::StoreError::from))?;
     if let Some(context) = refused {
-        anyhow::bail!(
-            "the secret key at {} does not open what {} holds sealed ({context}, and the first value of each sealed \
-             column): is it this data dir's key? (give its path with --secret-key-file)",
-            key_path.display(),
-            store.path().display()
-        );
+        let database = store.path().display().to_string();
+        return Err(reseal::wrong_key(&key_path, &database, &context, "(give its path with --secret-key-file)"));
     }
     let starting_credits = config.starting_credits;
     store.write(move |tx| credits::set_starting_credits(tx, starting_credits).map_err(store::StoreError::from)).await?;

@@ -25,6 +25,17 @@ pub fn count_sealed(conn: &rusqlite::Connection) -> rusqlite::Result<usize> {
     Ok(count)
 }
 
+/// The refusal of a key that [`key_opens`] found opening nothing of what
+/// `database` holds sealed (`context`, a value that did not open), with
+/// `advice` on what to do.
+pub fn wrong_key(key_path: &std::path::Path, database: &str, context: &str, advice: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the secret key at {} does not open what {database} holds sealed ({context}, and the first value of each \
+         sealed column): is it this data dir's key? {advice}",
+        key_path.display()
+    )
+}
+
 /// Whether `secrets` opens what the database holds: `None` when it holds
 /// nothing sealed or the first value of some sealed column opens (one
 /// damaged value does not make the key wrong); otherwise the context of a
