@@ -6086,7 +6086,8 @@ pub mod params {
     }
     impl crate::RouteLiterals for ListResourceActivityRoute {
         fn check(&self) -> Result<(), dropshot::HttpError> {
-            if self.id == "resource" {
+            let route = self;
+            if route.id == "resource" {
                 return Ok(());
             }
             Err(crate::no_route(&[]))
@@ -6531,12 +6532,13 @@ pub mod params {
     }
     impl crate::RouteLiterals for CreateCalibrationRoute {
         fn check(&self) -> Result<(), dropshot::HttpError> {
-            if self.id == "calibration" {
+            let route = self;
+            if route.id == "calibration" {
                 return Ok(());
             }
             let mut allow = Vec::new();
             allow.push("DELETE");
-            if self.id == "calibration" || self.id == "reviewers" {
+            if route.id == "calibration" || route.id == "reviewers" {
                 allow.push("GET");
             }
             Err(crate::no_route(&allow))
@@ -6558,7 +6560,8 @@ pub mod params {
     }
     impl crate::RouteLiterals for GetCalibrationRoute {
         fn check(&self) -> Result<(), dropshot::HttpError> {
-            if self.id == "calibration" {
+            let route = self;
+            if route.id == "calibration" {
                 return Ok(());
             }
             Err(crate::no_route(&[]))
@@ -6580,7 +6583,8 @@ pub mod params {
     }
     impl crate::RouteLiterals for CloseCalibrationRoute {
         fn check(&self) -> Result<(), dropshot::HttpError> {
-            if self.id == "calibration" {
+            let route = self;
+            if route.id == "calibration" {
                 return Ok(());
             }
             Err(crate::no_route(&[]))
@@ -6668,7 +6672,8 @@ pub mod params {
     }
     impl crate::RouteLiterals for GetTestResultByCallRoute {
         fn check(&self) -> Result<(), dropshot::HttpError> {
-            if self.id == "by-call" {
+            let route = self;
+            if route.id == "by-call" {
                 return Ok(());
             }
             Err(crate::no_route(&[]))
@@ -6786,12 +6791,13 @@ pub mod params {
     }
     impl crate::RouteLiterals for SharedGetReviewsIdRoute {
         fn check(&self) -> Result<(), dropshot::HttpError> {
-            if self.id == "calibration" || self.id == "reviewers" {
+            let route = self;
+            if route.id == "calibration" || route.id == "reviewers" {
                 return Ok(());
             }
             let mut allow = Vec::new();
             allow.push("DELETE");
-            if self.id == "calibration" {
+            if route.id == "calibration" {
                 allow.push("POST");
             }
             Err(crate::no_route(&allow))

@@ -191,6 +191,28 @@ fn field_ident(name: &str) -> proc_macro2::Ident {
 }
 
 /// A struct of parameters, as dropshot's `Path`/`Query` extract them.
+/// `RouteLiterals` for the route variables `route_ty`: its path is one
+/// whose literals match one of `conditions`, else `miss` answers, as
+/// dropshot's router answers an unknown path (both written of `route`).
+fn route_literals<'a>(
+    route_ty: &proc_macro2::Ident,
+    conditions: impl IntoIterator<Item = &'a TokenStream>,
+    miss: &TokenStream,
+) -> TokenStream {
+    let conditions = conditions.into_iter();
+    quote! {
+        impl crate::RouteLiterals for #route_ty {
+            fn check(&self) -> Result<(), dropshot::HttpError> {
+                let route = self;
+                if #(#conditions)||* {
+                    return Ok(());
+                }
+                #miss
+            }
+        }
+    }
+}
+
 fn params_struct(name: &proc_macro2::Ident, doc: &str, params: &[Param]) -> TokenStream {
     let fields = params.iter().map(|p| {
         let ident = field_ident(&p.name);
@@ -228,8 +250,6 @@ pub struct ServerItems {
 struct SharedMember {
     /// `route.<var> == "<literal>"` for each literal of the documented path.
     matches: TokenStream,
-    /// The same, of `self` (in the route's `RouteLiterals::check`).
-    check: TokenStream,
     /// Builds `path` and `query`, then answers with the operation's method.
     serve: TokenStream,
 }
@@ -405,18 +425,9 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
                 &route_params,
             ));
             if !route.literals.is_empty() && shared_of[index].is_none() {
-                let matches = literals_match(route, &quote!(self));
-                let miss = no_route(&ops, op.method, &route.route_path, &quote!(self));
-                params.push(quote! {
-                    impl crate::RouteLiterals for #route_ty {
-                        fn check(&self) -> Result<(), dropshot::HttpError> {
-                            if #matches {
-                                return Ok(());
-                            }
-                            #miss
-                        }
-                    }
-                });
+                let matches = literals_match(route, &quote!(route));
+                let miss = no_route(&ops, op.method, &route.route_path, &quote!(route));
+                params.push(route_literals(&route_ty, [&matches], &miss));
             }
             let literals = route.literals.iter().map(|(v, l)| quote!((#v, #l)));
             let renames = route.renames.iter().map(|(v, s)| quote!((#v, #s)));
@@ -647,7 +658,6 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
             };
             shared_members.entry(key.clone()).or_default().push(SharedMember {
                 matches: literals_match(route, &quote!(route)),
-                check: literals_match(route, &quote!(self)),
                 serve: quote! {
                     #build_path
                     #build_query
@@ -722,19 +732,8 @@ pub fn generate(spec: &OpenAPI) -> Result<ServerItems> {
         // The route's path is checked as it is extracted (`RoutePath`, before
         // the credential, the query and the body): a path none of the
         // members take is answered as dropshot's router answers it.
-        let any_member = members.iter().map(|m| &m.check);
-        let miss_self = no_route(&ops, method, &route_path, &quote!(self));
-        params.push(quote! {
-            impl crate::RouteLiterals for #route_ty {
-                fn check(&self) -> Result<(), dropshot::HttpError> {
-                    if #(#any_member)||* {
-                        return Ok(());
-                    }
-                    #miss_self
-                }
-            }
-        });
         let miss = no_route(&ops, method, &route_path, &quote!(route));
+        params.push(route_literals(&route_ty, members.iter().map(|m| &m.matches), &miss));
         let arms = members.iter().map(|m| {
             let (matches, serve) = (&m.matches, &m.serve);
             quote!(if #matches { #serve })
