@@ -275,23 +275,13 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
         if let Some(signal) = interrupts.received() {
             let why = format!("interrupted ({signal})");
             eprintln!("{why}; cancelling batch run {}…", started.id);
-            tokio::select! {
-                cancelled = tokio::time::timeout(GIVE_UP_WITHIN, cancel(&api, &started.id)) => match cancelled {
-                    Ok(Ok(_)) => eprintln!("{why}; cancelled batch run {}", started.id),
-                    Ok(Err(e)) => {
-                        eprintln!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
-                    }
-                    Err(_) => eprintln!(
-                        "{why}; could not cancel batch run {}, it may still be running: the server did not answer \
-                         within {} s",
-                        started.id,
-                        GIVE_UP_WITHIN.as_secs()
-                    ),
-                },
-                signal = interrupts.recv() => eprintln!(
-                    "interrupted again ({signal}); stopped cancelling batch run {}, it may still be running",
-                    started.id
-                ),
+            let by = Instant::now() + GIVE_UP_WITHIN;
+            match cancel_within(&api, &started.id, by, &mut interrupts).await {
+                Ok(Ok(_)) => eprintln!("{why}; cancelled batch run {}", started.id),
+                Ok(Err(e)) => {
+                    eprintln!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
+                }
+                Err(_) => {}
             }
             return Ok(Verdict::None);
         }
@@ -314,18 +304,10 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
                 eprintln!("{why}; batch run {} keeps running", started.id);
             } else {
                 eprintln!("{why}; cancelling batch run {}…", started.id);
-                let cancelled = tokio::select! {
-                    cancelled = tokio::time::timeout_at(by.into(), cancel(&api, &started.id)) => {
-                        cancelled.unwrap_or_else(|_| {
-                            Err(anyhow::anyhow!("the server did not answer within {} s", GIVE_UP_WITHIN.as_secs()))
-                        })
-                    }
+                let cancelled = match cancel_within(&api, &started.id, by, &mut interrupts).await {
+                    Ok(cancelled) => cancelled,
                     // Told again to stop: the report as things stand, now.
-                    signal = interrupts.recv() => {
-                        eprintln!(
-                            "interrupted again ({signal}); stopped cancelling batch run {}, it may still be running",
-                            started.id
-                        );
+                    Err(signal) => {
                         let why = format!("{why}; interrupted again ({signal}) while cancelling it");
                         let tests = Err(anyhow::anyhow!("not read: interrupted"));
                         return conclude(&last, &args, Some(&why), Some(tests));
@@ -601,6 +583,26 @@ fn conclude(
         }
     }
     Ok(verdict)
+}
+
+/// Cancels batch run `id`: the cancel's answer, or why there is none by
+/// `by`; or, told again to stop meanwhile (said so), `Err` with the signal
+/// (it may still be running).
+async fn cancel_within(
+    api: &sparring_client::Client,
+    id: &str,
+    by: Instant,
+    interrupts: &mut crate::signals::Interrupts,
+) -> Result<anyhow::Result<types::BatchRun>, &'static str> {
+    tokio::select! {
+        cancelled = tokio::time::timeout_at(by.into(), cancel(api, id)) => Ok(cancelled.unwrap_or_else(|_| {
+            Err(anyhow::anyhow!("the server did not answer within {} s", GIVE_UP_WITHIN.as_secs()))
+        })),
+        signal = interrupts.recv() => {
+            eprintln!("interrupted again ({signal}); stopped cancelling batch run {id}, it may still be running");
+            Err(signal)
+        }
+    }
 }
 
 /// Cancels the batch run, and gives it as the cancel left it. A failure that
