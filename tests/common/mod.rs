@@ -40,7 +40,8 @@ impl ClosedPort {
 /// of 0 whose accept queue is full of connections it never accepts, so
 /// Linux drops the SYN of a new one (which the connecting side sends again
 /// 1 s later, then 2 s after that, and so on) and the connect hangs, until
-/// [`UnansweredPort::next`] makes room.
+/// [`UnansweredPort::next`] makes room. (The engine's unit tests have the
+/// same in `sparring_impl::engine::unanswered_port`.)
 pub struct UnansweredPort {
     listener: tokio::net::TcpListener,
     queued: Vec<tokio::net::TcpStream>,

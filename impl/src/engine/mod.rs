@@ -199,7 +199,9 @@ pub(crate) fn closed_port() -> (tokio::net::TcpSocket, u16) {
 /// listener lives (what the returned value holds), and the port: its accept
 /// queue is full (a backlog of 0, taken by connections never accepted), so
 /// Linux drops a new connection's SYN and the connect hangs, as to an
-/// address that does not answer.
+/// address that does not answer. (The integration tests' own is
+/// `tests/common`'s `UnansweredPort`: they cannot reach this crate's test
+/// code.)
 #[cfg(test)]
 pub(crate) async fn unanswered_port() -> (impl Sized, u16) {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
