@@ -777,6 +777,45 @@ fn a_start_that_migrates_the_database_says_so_first() {
     new.stop();
 }
 
+/// The admin commands that open the database themselves (no server holds
+/// the data dir) migrate it as a start does, and say so on stderr first.
+#[test]
+fn an_admin_command_that_migrates_the_database_says_so_first() {
+    // A data dir as the first release left it: its first migration alone.
+    let old_data_dir = || {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = rusqlite::Connection::open(dir.path().join(sparring_impl::DATABASE_FILE)).unwrap();
+        conn.execute_batch(include_str!("../impl/migrations/0001_foundation.sql")).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        dir
+    };
+    let said = format!("migrating the database from schema version 1 to {}", sparring_impl::store::SCHEMA_VERSION);
+
+    let dir = old_data_dir();
+    let data_dir = dir.path().to_str().unwrap();
+    let (status, stdout, stderr) =
+        run(&["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "deploy"]);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains(&said), "{stderr}");
+    assert_eq!(keys_in(&stdout).len(), 1, "the key alone on stdout: {stdout}");
+    // At this build's schema now: nothing to say.
+    let (status, _, stderr) =
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "ops@example.com", "--amount", "5"]);
+    assert!(status.success(), "{stderr}");
+    assert!(!stderr.contains("migrating"), "{stderr}");
+
+    // The other two say it too, whatever comes of the command after it
+    // (the user is unknown, the data dir has no secret key).
+    for command in [
+        &["admin", "grant-credits", "--user", "ops@example.com", "--amount", "5", "--data-dir"][..],
+        &["admin", "rotate-secret-key", "--data-dir"][..],
+    ] {
+        let dir = old_data_dir();
+        let (_, _, stderr) = run(&[command, &[dir.path().to_str().unwrap()]].concat());
+        assert!(stderr.starts_with(&said), "{command:?}: {stderr}");
+    }
+}
+
 /// `sparring demo`'s data dir is its owner's alone, as every data dir.
 #[cfg(unix)]
 #[test]

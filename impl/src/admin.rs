@@ -176,7 +176,7 @@ pub async fn create_key(data_dir: &Path, email: String, label: String) -> anyhow
     crate::require_data_dir(data_dir)?;
     match crate::try_lock_data_dir(data_dir)? {
         Some(_lock) => {
-            let store = crate::open_store(data_dir)?;
+            let store = crate::open_store_saying_so(data_dir)?;
             create_key_here(&store, email, &label).await
         }
         None => ask(data_dir, &Request::CreateKey { email, label }).await,

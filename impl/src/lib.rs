@@ -165,6 +165,25 @@ pub fn open_store(data_dir: &std::path::Path) -> anyhow::Result<Store> {
     Store::open(&path).with_context(|| format!("opening database {}", path.display()))
 }
 
+/// What opening `data_dir`'s database will do to it, to say before it is
+/// done (a long migration must not look like a hang): `None` for a new
+/// database, made at once, or one at this build's schema. What the version
+/// cannot be read for, opening the store says.
+pub fn migration_ahead(data_dir: &std::path::Path) -> Option<String> {
+    let found = store::schema_version(&data_dir.join(DATABASE_FILE)).ok()?;
+    (found > 0 && found < store::SCHEMA_VERSION)
+        .then(|| format!("migrating the database from schema version {found} to {}", store::SCHEMA_VERSION))
+}
+
+/// [`open_store`] for an admin command run in a terminal, which says on
+/// stderr what [`migration_ahead`] finds before doing it.
+pub fn open_store_saying_so(data_dir: &std::path::Path) -> anyhow::Result<Store> {
+    if let Some(migrating) = migration_ahead(data_dir) {
+        eprintln!("{migrating} …");
+    }
+    open_store(data_dir)
+}
+
 /// Refuses a data dir with no database: an admin command works on the data
 /// dir of a server, and one that made a new database (a typo, another
 /// working directory than the server's) would hand out keys that work
@@ -201,7 +220,7 @@ pub fn open_store_for_admin(data_dir: &std::path::Path) -> anyhow::Result<(Store
             );
         }
     }
-    Ok((open_store(data_dir)?, lock))
+    Ok((open_store_saying_so(data_dir)?, lock))
 }
 
 /// Held by whatever owns a data dir exclusively (the server, a key
@@ -242,7 +261,7 @@ pub fn try_lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<Option<Da
 pub async fn rotate_secret_key(data_dir: &std::path::Path, key_file: Option<PathBuf>) -> anyhow::Result<usize> {
     require_data_dir(data_dir)?;
     let _lock = lock_data_dir(data_dir)?;
-    let store = open_store(data_dir)?;
+    let store = open_store_saying_so(data_dir)?;
     let key_path = key_file.unwrap_or_else(|| data_dir.join(secrets::KEY_FILE));
     if !key_path.exists() {
         let sealed = store.read_blocking(|c| reseal::count_sealed(c).map_err(store::StoreError::from))?;
@@ -323,14 +342,8 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     let lock = lock_data_dir(&config.data_dir)?;
     // Migrations run as the store opens, before anything else is logged: a
     // long one is said first, so that a start that seems to hang does not.
-    // A new database (version 0) is made at once; what the version cannot
-    // be read for, opening the store says.
-    let database = config.data_dir.join(DATABASE_FILE);
-    if let Ok(found) = store::schema_version(&database) {
-        if found > 0 && found < store::SCHEMA_VERSION {
-            slog::info!(log, "migrating the database from schema version {} to {}", found, store::SCHEMA_VERSION;
-                "database" => %database.display());
-        }
+    if let Some(migrating) = migration_ahead(&config.data_dir) {
+        slog::info!(log, "{}", migrating; "database" => %config.data_dir.join(DATABASE_FILE).display());
     }
     let store = open_store(&config.data_dir)?;
     let key_path = config.secret_key_path();
