@@ -1318,3 +1318,74 @@ async fn a_complete_calibration_does_not_unblind_results_of_an_open_one() {
     assert_eq!(get_calibration(&s, &t.reviewer, &first).await["disagreements"].as_array().unwrap().len(), 2);
     assert_eq!(editor_agreement(&reviewers(&s, &t.reviewer, p).await), json!(0.0));
 }
+
+/// A reviewer who leaves the project, or becomes a viewer, mid-calibration
+/// can never give their labels: the calibration stops waiting for them and
+/// completes once the reviewers who still can have labelled every result
+/// (by their last label, or by the change that leaves no one else to wait
+/// for), instead of staying open, its results blind to the others, for
+/// ever. Their labels given before count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reviewer_who_leaves_mid_calibration_is_not_waited_for() {
+    let good = Agent::start(&[]);
+    let bad = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("leaving").await;
+    let p = &t.project_id;
+    let ran = run_batch(&s, &t, &good, &bad, 2, 2).await;
+    let (p0, p1, f0, f1) = (id(&ran.passed[0]), id(&ran.passed[1]), id(&ran.failed[0]), id(&ran.failed[1]));
+    let r1 = user_with_role(&s, &t, "reviewer").await;
+    let (k2, r2) = add_member(&s, &t, "leaves@example.com", "reviewer").await;
+    let (_k3, r3) = add_member(&s, &t, "demoted@example.com", "reviewer").await;
+    let (_k4, r4) = add_member(&s, &t, "removed@example.com", "reviewer").await;
+    let member = |user: &str| format!("/v1/projects/{p}/members/{user}");
+
+    // C1: three reviewers. R2 labels one result, then leaves; R3 becomes a
+    // viewer; R1 is still labelling, so C1 waits for R1 alone.
+    let c1 = calibration_by_ids(p, &[&p0, &f0], &[&r1, &r2, &r3]);
+    let c1 = id(&s.expect(Method::POST, "/v1/reviews/calibration", &t.editor, Some(c1), 200).await);
+    review(&s, &k2, &p0, false, &[]).await;
+    s.expect(Method::DELETE, &member(&r2), &k2, None, 200).await;
+    s.expect(Method::PATCH, &member(&r3), &t.owner, Some(json!({"role": "viewer"})), 200).await;
+    assert_eq!(get_calibration(&s, &t.owner, &c1).await["status"], "open");
+    review(&s, &t.reviewer, &p0, true, &[]).await;
+    assert_eq!(get_calibration(&s, &t.owner, &c1).await["status"], "open", "R1 has not labelled f0 yet");
+    // R1's last label is the last one anyone who can label owes.
+    review(&s, &t.reviewer, &f0, false, &[]).await;
+    let done = get_calibration(&s, &t.owner, &c1).await;
+    assert_eq!(done["status"], "complete", "{done:#}");
+    assert!(done["closed_at"].is_string(), "{done:#}");
+    assert_eq!(done["progress"], json!({"labels_done": 3, "labels_total": 6}));
+    // p0: R1 pass, R2 fail (a tie, left out of all but Fleiss' kappa); f0:
+    // R1 fail = the automated verdict: agreement 1/1, TNR 1/1, no human
+    // pass (Cohen's kappa and TPR undefined); Fleiss over p0 alone, the two
+    // reviewers disagreeing with shares ½, ½: (0 − ½) / (1 − ½) = −1.
+    assert_metrics(
+        &done["overall"],
+        [Some(1.0), None, Some(-1.0), None, Some(1.0)],
+        "the label of the reviewer who left counts",
+    );
+    assert_sees_all(&s.expect(Method::GET, &format!("/v1/test-results/{p0}"), &t.reviewer, None, 200).await, "passed");
+
+    // C2: R1 labels everything; R4 has not started. Removing R4 leaves no
+    // one to wait for: C2 completes with that change, which says so.
+    let c2 = calibration_by_ids(p, &[&p1, &f1], &[&r1, &r4]);
+    let c2 = id(&s.expect(Method::POST, "/v1/reviews/calibration", &t.editor, Some(c2), 200).await);
+    review(&s, &t.reviewer, &p1, true, &[]).await;
+    review(&s, &t.reviewer, &f1, false, &[]).await;
+    assert_blind(&s.expect(Method::GET, &format!("/v1/test-results/{f1}"), &t.reviewer, None, 200).await, &c2);
+    s.expect(Method::DELETE, &member(&r4), &t.owner, None, 200).await;
+    let done = get_calibration(&s, &t.reviewer, &c2).await;
+    assert_eq!((done["status"].as_str(), done["blinded"].as_bool()), (Some("complete"), Some(false)), "{done:#}");
+    assert_eq!(done["progress"], json!({"labels_done": 2, "labels_total": 4}));
+    assert_sees_all(&s.expect(Method::GET, &format!("/v1/test-results/{f1}"), &t.reviewer, None, 200).await, "failed");
+    let history =
+        s.expect(Method::GET, &format!("/v1/activity/resource/project_member/{r4}"), &t.owner, None, 200).await;
+    let removed = &history["activity"][0];
+    assert_eq!(removed["action"], "project_member.remove", "{history:#}");
+    assert_eq!(removed["changes"]["calibrations_completed"], json!([c2]), "{removed:#}");
+    assert!(removed["summary"].as_str().unwrap().contains(&c2), "{removed:#}");
+    // Its labels are final, as any complete calibration's.
+    let e = refused(&s, Method::POST, "/v1/reviews", &t.reviewer, Some(review_body(&f1, true, &[], "")), 409).await;
+    assert_eq!(e["error_code"], "review_locked");
+}

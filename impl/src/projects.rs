@@ -11,7 +11,7 @@
 //! write transaction check access, change, and record the activity.
 
 use rusqlite::{params, OptionalExtension as _};
-use serde_json::json;
+use serde_json::{json, Value};
 use sparring_server::{params as p, types, BodyFields, Caller};
 use std::sync::LazyLock;
 
@@ -642,6 +642,12 @@ pub async fn update_member(
                 "UPDATE project_members SET role = ?3 WHERE project_id = ?1 AND user_id = ?2",
                 params![path.id, path.user_id, role.as_str()],
             )?;
+            let completed = if role < Role::Reviewer {
+                crate::reviews::calibration::stop_waiting_for(tx, &path.id, &path.user_id)?
+            } else {
+                Vec::new()
+            };
+            let mut changes = json!({"role": {"from": before.as_str(), "to": role.as_str()}});
             activity::record(
                 tx,
                 &Actor::Caller(caller),
@@ -651,17 +657,29 @@ pub async fn update_member(
                     resource_id: &path.user_id,
                     project_id: Some(&path.id),
                     summary: format!(
-                        "changed the role of `{}` from {} to {}",
+                        "changed the role of `{}` from {} to {}{}",
                         path.user_id,
                         before.as_str(),
-                        role.as_str()
+                        role.as_str(),
+                        calibrations_completed(&completed, &mut changes)
                     ),
-                    changes: json!({"role": {"from": before.as_str(), "to": role.as_str()}}).into(),
+                    changes: changes.into(),
                 },
             )?;
             load_member(tx, &path.id, &path.user_id)
         })
         .await
+}
+
+/// The calibration reviews a member who can no longer label completed (see
+/// `reviews::calibration::stop_waiting_for`): added to `changes`, and the
+/// words for the summary ("" for none).
+fn calibrations_completed(completed: &[String], changes: &mut Value) -> String {
+    if completed.is_empty() {
+        return String::new();
+    }
+    changes["calibrations_completed"] = json!(completed);
+    format!("; calibration reviews no longer waiting for their labels, now complete: {}", completed.join(", "))
 }
 
 /// Owners remove anyone; any member may leave.
@@ -688,6 +706,8 @@ pub async fn remove_member(
                 "DELETE FROM project_members WHERE project_id = ?1 AND user_id = ?2",
                 params![path.id, path.user_id],
             )?;
+            let completed = crate::reviews::calibration::stop_waiting_for(tx, &path.id, &path.user_id)?;
+            let mut changes = json!({"role": {"from": before.as_str(), "to": null}});
             activity::record(
                 tx,
                 &Actor::Caller(caller),
@@ -696,8 +716,13 @@ pub async fn remove_member(
                     resource_type: "project_member",
                     resource_id: &path.user_id,
                     project_id: Some(&path.id),
-                    summary: format!("removed `{}` ({})", path.user_id, before.as_str()),
-                    changes: json!({"role": {"from": before.as_str(), "to": null}}).into(),
+                    summary: format!(
+                        "removed `{}` ({}){}",
+                        path.user_id,
+                        before.as_str(),
+                        calibrations_completed(&completed, &mut changes)
+                    ),
+                    changes: changes.into(),
                 },
             )?;
             Ok(types::Deleted { id: path.user_id, deleted: true })

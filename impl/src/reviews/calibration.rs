@@ -345,11 +345,31 @@ fn progress(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<(i64, i64)> {
         .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))?)
 }
 
-/// Completes the open calibration `id` if every label is in; true if it
-/// did. Runs in the transaction of the review that gave the last label.
+/// Completes the open calibration `id` if no label is missing from an
+/// assigned reviewer who can still give it (a member of its project with the
+/// reviewer, editor or owner role): one who left the project or became a
+/// viewer is not waited for, or the calibration would stay open, its results
+/// blind to the others, for ever. True if it did. Runs in the transaction of
+/// the review that gave the last label, or of the membership change that
+/// left no one else to wait for ([`stop_waiting_for`]).
 pub fn complete_if_done(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool> {
-    let (done, total) = progress(tx, id)?;
-    if done < total {
+    // A review carries the calibration's id only if an assigned reviewer
+    // gave it of one of its results, one per reviewer per result: none is
+    // missing when those of the reviewers who can still label number
+    // results × those reviewers.
+    let missing: i64 = tx
+        .prepare_cached(
+            "WITH able AS (
+                 SELECT v.user_id FROM calibration_reviewers v
+                 JOIN calibrations c ON c.id = v.calibration_id
+                 JOIN project_members m ON m.project_id = c.project_id AND m.user_id = v.user_id
+                                       AND m.role IN ('reviewer', 'editor', 'owner')
+                 WHERE v.calibration_id = ?1)
+             SELECT (SELECT count(*) FROM calibration_results WHERE calibration_id = ?1) * (SELECT count(*) FROM able)
+                  - (SELECT count(*) FROM reviews WHERE calibration_id = ?1 AND reviewer_id IN (SELECT user_id FROM able))",
+        )?
+        .query_row(params![id], |r| r.get(0))?;
+    if missing > 0 {
         return Ok(false);
     }
     let changed = tx.execute(
@@ -357,6 +377,26 @@ pub fn complete_if_done(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool
         params![id, ids::format_time(&ids::now())],
     )?;
     Ok(changed == 1)
+}
+
+/// After `user_id` left project `project_id` or became a viewer there: the
+/// open calibrations they are assigned to no longer wait for them, and those
+/// with no other label missing complete now. Their ids.
+pub fn stop_waiting_for(tx: &rusqlite::Transaction<'_>, project_id: &str, user_id: &str) -> Result<Vec<String>> {
+    let open: Vec<String> = tx
+        .prepare_cached(
+            "SELECT c.id FROM calibrations c JOIN calibration_reviewers v ON v.calibration_id = c.id AND v.user_id = ?2
+             WHERE c.project_id = ?1 AND c.status = 'open' ORDER BY c.id",
+        )?
+        .query_map(params![project_id, user_id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut completed = Vec::new();
+    for id in open {
+        if complete_if_done(tx, &id)? {
+            completed.push(id);
+        }
+    }
+    Ok(completed)
 }
 
 struct Label {

@@ -70,16 +70,19 @@ pub fn cohens_kappa<const K: usize>(table: &[[u64; K]; K]) -> Result<f64, Undefi
 /// Fleiss (1971) assumes every subject has the same number of raters; a
 /// calibration closed early can have fewer on some, so each subject's
 /// agreement is computed over its own raters (`P_i = (Σ n_ij² − n_i) /
-/// (n_i (n_i − 1))`) and the category shares over all ratings; with equal
-/// raters this is exactly Fleiss' formula. Subjects with fewer than two
-/// ratings say nothing about agreement and are left out.
+/// (n_i (n_i − 1))`), and each category's share is the mean of the
+/// subjects' own shares (`p_j = mean of n_ij / n_i`), so that every subject
+/// weighs the same in `P̄e` as in `P̄` (shares pooled over all ratings let a
+/// subject with many raters outweigh one with few, and κ fall below −1);
+/// with equal raters both are exactly Fleiss' formula, and κ is always in
+/// [−1, 1]. Subjects with fewer than two ratings say nothing about
+/// agreement and are left out.
 pub fn fleiss_kappa(counts: &[Vec<u64>]) -> Result<f64, Undefined> {
     let rated: Vec<&Vec<u64>> = counts.iter().filter(|c| c.iter().sum::<u64>() >= 2).collect();
     if rated.is_empty() {
         return Err(Undefined("no subject has labels from two reviewers or more".into()));
     }
     let categories = rated.iter().map(|c| c.len()).max().unwrap_or(0);
-    let total: u64 = rated.iter().flat_map(|c| c.iter()).sum();
     let mut p_bar = 0.0;
     for c in &rated {
         let n_i = c.iter().sum::<u64>() as f64;
@@ -89,7 +92,9 @@ pub fn fleiss_kappa(counts: &[Vec<u64>]) -> Result<f64, Undefined> {
     p_bar /= rated.len() as f64;
     let p_e = (0..categories)
         .map(|j| {
-            let p_j = rated.iter().map(|c| c.get(j).copied().unwrap_or(0)).sum::<u64>() as f64 / total as f64;
+            let p_j =
+                rated.iter().map(|c| c.get(j).copied().unwrap_or(0) as f64 / c.iter().sum::<u64>() as f64).sum::<f64>()
+                    / rated.len() as f64;
             p_j * p_j
         })
         .sum::<f64>();
@@ -234,6 +239,48 @@ mod tests {
         assert!(close(kappa, (0.7 - 0.505) / 0.495, 1e-12), "{kappa}");
     }
 
+    /// A calibration closed early: two results labelled fail by all five
+    /// reviewers, a third by two who disagree. P_i = 1, 1, 0 → P̄ = 2/3;
+    /// each subject's pass share 0, 0, 1/2 → p_pass = 1/6, p_fail = 5/6,
+    /// P̄e = 1/36 + 25/36 = 13/18, so κ = (2/3 − 13/18) / (1 − 13/18) = −1/5.
+    /// (Shares pooled over all twelve ratings give P̄e = 61/72 and κ =
+    /// −13/11, below −1: the few ratings of the third subject weigh as
+    /// much as the others' in P̄ but less in P̄e.)
+    #[test]
+    fn fleiss_kappa_with_unequal_raters_weighs_each_subject_alike() {
+        let kappa = fleiss_kappa(&[vec![0, 5], vec![0, 5], vec![1, 1]]).unwrap();
+        assert!(close(kappa, -0.2, 1e-12), "{kappa}");
+    }
+
+    /// Every table of up to four subjects, each rated by two to six
+    /// reviewers: a kappa is in [−1, 1], as the spec says.
+    #[test]
+    fn fleiss_kappa_stays_within_its_range() {
+        let subjects: Vec<Vec<u64>> = (0..=6u64)
+            .flat_map(|a| (0..=6u64).map(move |b| vec![a, b]))
+            .filter(|c| (2..=6).contains(&(c[0] + c[1])))
+            .collect();
+        // Every multiset of one to four subjects (indexes not decreasing).
+        let mut tables: Vec<Vec<usize>> = (0..subjects.len()).map(|i| vec![i]).collect();
+        let mut all = tables.clone();
+        for _ in 1..4 {
+            tables = tables
+                .iter()
+                .flat_map(|t| (t[t.len() - 1]..subjects.len()).map(move |i| [t.as_slice(), &[i]].concat()))
+                .collect();
+            all.extend(tables.iter().cloned());
+        }
+        let mut checked = 0;
+        for table in &all {
+            let counts: Vec<Vec<u64>> = table.iter().map(|&i| subjects[i].clone()).collect();
+            if let Ok(kappa) = fleiss_kappa(&counts) {
+                assert!((-1.0 - 1e-12..=1.0 + 1e-12).contains(&kappa), "{counts:?}: {kappa}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 10_000, "{checked}");
+    }
+
     #[test]
     fn degenerate_kappas_are_undefined_with_a_reason() {
         // Every label the same: chance agreement is 1.
@@ -275,7 +322,7 @@ mod tests {
         assert_eq!(m.cohens_kappa, Some(0.0));
         assert_eq!(m.disagreements, vec![(1, false), (3, true)]);
         // Fleiss over all five: P_i = 1, 1/3, 1, 1/3, 0 → P̄ = 8/15;
-        // 3 + 1 + 0 + 2 + 1 = 7 passes of 14 ratings → P̄e = 0.5² + 0.5²
+        // pass shares 1, 1/3, 0, 2/3, 1/2 → mean 1/2 → P̄e = 0.5² + 0.5²
         // = 0.5, so κ = (8/15 − 1/2) / (1/2) = 1/15.
         let want = 1.0 / 15.0;
         assert!(close(m.fleiss_kappa.unwrap(), want, 1e-12));

@@ -11,6 +11,9 @@
 //! review carries that calibration's id and counts toward it; the last label
 //! it needs completes it. A review given before the calibration existed
 //! counts only once it is given again (its author may not have been blind).
+//! An assigned reviewer who leaves the project or becomes a viewer can give
+//! no more labels and is no longer waited for: the labels of the others
+//! complete it, or that membership change does if they are all in.
 //!
 //! `calibration.rs` holds the calibrations and their metrics, `blind.rs`
 //! what an assigned reviewer may not see, `metrics.rs` the pure math, and
