@@ -137,6 +137,12 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery
                         })
                     })?
                     .collect::<rusqlite::Result<_>>()?;
+                // Each result's labels, found once: looked up per label of
+                // the reviewer's, a scan of all would be quadratic in them.
+                let mut by_result: HashMap<&str, Vec<&Labels>> = HashMap::new();
+                for labels in &all {
+                    by_result.entry(labels.result_id.as_str()).or_default().push(labels);
+                }
                 let (mut machine_agree, mut machine_total, mut peer_agree, mut peer_total) = (0, 0, 0, 0);
                 for mine in all.iter().filter(|l| l.reviewer_id == user_id) {
                     if !automated.contains_key(&mine.result_id) {
@@ -152,8 +158,11 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery
                         );
                     }
                     let machine = &automated[&mine.result_id];
-                    let peers: Vec<&Labels> =
-                        all.iter().filter(|l| l.result_id == mine.result_id && l.reviewer_id != user_id).collect();
+                    let peers: Vec<&Labels> = by_result[mine.result_id.as_str()]
+                        .iter()
+                        .copied()
+                        .filter(|l| l.reviewer_id != user_id)
+                        .collect();
                     for (evaluator, label) in mine.each() {
                         if let Some(m) = machine.get(evaluator) {
                             machine_total += 1;
