@@ -786,6 +786,26 @@ async fn scripted_websocket_call_follows_the_script() {
     assert_eq!(upgrades[0]["x-api-key"], "secret-value");
 }
 
+/// A websocket target is called as the URL the API accepted it as (`url`'s
+/// reading, which also sends an http channel's): the handshake's stricter
+/// URI parser refused an upper-case scheme (`WSS://`) and a path or query
+/// with a space, so every call over such a channel failed, and one with a
+/// space was counted as reaching the agent it never connected to.
+#[tokio::test]
+async fn websocket_target_is_called_as_the_url_it_was_accepted_as() {
+    let (url, received, upgrades) = serve_ws(|peer| booking_ws(peer, false)).await;
+    let targets = [url.replacen("ws://", "WS://", 1), format!("{url}/a b"), format!("{url}?q=a b|c")];
+    for target in &targets {
+        assert!(crate::validate::url("target", target, &["ws", "wss"]).is_ok(), "the API accepts {target}");
+        let plan = plan(ChannelKind::Websocket, target.clone(), scripted(Some("Hi, I'd like a table"), &["Thanks"]));
+        let outcome = run(&plan).await;
+        assert_eq!((outcome.ended_reason, &outcome.error), (EndedReason::CallerDone, &None), "{target}");
+        assert_eq!(lines(&outcome).len(), 4, "{target}");
+    }
+    assert_eq!(upgrades.lock().unwrap().len(), targets.len());
+    assert_eq!(frames(&received).iter().filter(|f| *f == "start").count(), targets.len());
+}
+
 #[tokio::test]
 async fn websocket_greeting_first_and_agent_ending() {
     let (url, received, _) = serve_ws(|peer| booking_ws(peer, true)).await;

@@ -58,7 +58,13 @@ impl WsAgent {
     pub(super) async fn connect(outbound: &Outbound, plan: &CallPlan, deadline: Instant) -> Result<Self, TurnFailure> {
         let target = plan.agent.target.as_str();
         let secrets: Vec<&str> = plan.agent.headers.iter().map(|(_, value)| value.as_str()).collect();
-        let mut request = target
+        // The target as the URL parser that accepted it reads it (as an http
+        // channel's is sent): scheme and host lower-cased, what a URI may not
+        // hold percent-encoded. The handshake's own parser takes only that
+        // form, and would refuse `WSS://…` or a path with a space.
+        let url = url::Url::parse(target).map(String::from).unwrap_or_else(|_| target.to_string());
+        let mut request = url
+            .as_str()
             .into_client_request()
             .map_err(|e| TurnFailure::Agent(format!("the channel target `{target}` is not a websocket URL: {e}")))?;
         let headers = super::http::header_map(&plan.agent.headers).map_err(TurnFailure::Agent)?;
@@ -69,7 +75,7 @@ impl WsAgent {
                 TurnFailure::Agent(format!("the call id `{}` is not a valid header value", plan.call_id))
             })?,
         );
-        let connector = if target.starts_with("wss:") {
+        let connector = if url.starts_with("wss:") {
             Some(Connector::Rustls(tls_config().map_err(TurnFailure::Agent)?))
         } else {
             None
