@@ -20,7 +20,7 @@ use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 use super::{later, turn_limit, Reply, TurnFailure, CALL_ID_HEADER, MAX_REPLY_BYTES};
-use crate::engine::llm::{clip, excerpt};
+use crate::engine::llm::excerpt;
 use crate::engine::CallPlan;
 
 pub(super) struct WsAgent {
@@ -287,8 +287,10 @@ fn frame_text(
 }
 
 fn parse_frame(when: &str, text: &str, secrets: &[String]) -> Result<Frame, String> {
-    // Only a refused frame is quoted, its secrets taken out.
-    let quoted = || excerpt(text, 200, &secrets.iter().map(String::as_str).collect::<Vec<_>>());
+    // Only a refused frame is quoted, its secrets taken out (before it is
+    // clipped: a clipped secret is no longer found).
+    let hidden = |quote: &str, max: usize| excerpt(quote, max, &secrets.iter().map(String::as_str).collect::<Vec<_>>());
+    let quoted = || hidden(text, 200);
     let value: Value = serde_json::from_str(text)
         .map_err(|e| format!("the agent sent a frame that is not JSON {when} ({e}): {}", quoted()))?;
     let Value::Object(frame) = value else {
@@ -315,7 +317,7 @@ fn parse_frame(when: &str, text: &str, secrets: &[String]) -> Result<Frame, Stri
         Some("turn_end") => Ok(Frame::TurnEnd),
         Some(other) => Err(format!(
             "the agent sent a frame of unknown type `{}` {when} (expected message, tool_call, end_call or turn_end)",
-            clip(other, 40)
+            hidden(other, 40)
         )),
         None => Err(format!("the agent sent a frame without a string `type` {when}: {}", quoted())),
     }
