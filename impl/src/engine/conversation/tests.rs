@@ -1079,6 +1079,44 @@ async fn websocket_connection_never_made_is_unreached() {
     assert!(outcome.reached_agent, "it took the connection: the call costs");
 }
 
+/// TLS is part of the connection, for `wss://` as for `https://` (and the
+/// protocol's "the connection cannot be made (refused, DNS, TLS)"): a TLS
+/// setup that fails or is never answered reached no one, and the call costs
+/// nothing. The websocket client did the TLS setup inside the handshake, so
+/// either counted as reaching the agent.
+#[tokio::test]
+async fn a_tls_setup_that_fails_reaches_no_one_over_either_kind() {
+    // Speaks plain HTTP (and websocket) where TLS is expected.
+    let (base, _) = serve_http(booking_http).await;
+    let (ws, _, upgrades) = serve_ws(|peer| booking_ws(peer, false)).await;
+    // Takes connections and says nothing.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = listener.local_addr().unwrap();
+    let taking = tokio::spawn(async move {
+        let mut taken = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            taken.push(stream);
+        }
+    });
+    let cases = [
+        (ChannelKind::Http, format!("{}/http", base.replacen("http://", "https://", 1)), "could not reach the agent"),
+        (ChannelKind::Websocket, ws.replacen("ws://", "wss://", 1), "could not connect to the agent"),
+        (ChannelKind::Http, format!("https://{silent}/http"), "could not connect to the agent"),
+        (ChannelKind::Websocket, format!("wss://{silent}/ws"), "could not connect to the agent"),
+    ];
+    for (kind, target, said) in cases {
+        let mut plan = plan(kind, target.clone(), scripted(Some("Hi"), &[]));
+        plan.agent.turn_timeout = Duration::from_millis(500);
+        let outcome = run(&plan).await;
+        assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{target}");
+        let error = outcome.error.clone().unwrap();
+        assert!(error.starts_with(&format!("{said} at {target} for turn 0")), "{target}: {error}");
+        assert!(!outcome.reached_agent, "{target}: nothing reached the agent: {outcome:?}");
+    }
+    taking.abort();
+    assert!(upgrades.lock().unwrap().is_empty(), "no upgrade request was read");
+}
+
 #[tokio::test]
 async fn websocket_upgrade_refused() {
     let (base, _) = serve_http(|_| Act::Raw(404, "no such agent".into())).await;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures::{FutureExt as _, SinkExt, StreamExt};
 use reqwest::header::{HeaderName, HeaderValue};
+use rustls::pki_types::ServerName;
 use rustls_platform_verifier::BuilderVerifierExt;
 use serde_json::{json, Map, Value};
 use tokio::net::TcpStream;
@@ -17,7 +18,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::error::{CapacityError, ProtocolError};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
-use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use super::{later, turn_limit, Reply, TurnFailure, CALL_ID_HEADER, MAX_REPLY_BYTES};
 use crate::engine::llm::excerpt;
@@ -75,11 +76,6 @@ impl WsAgent {
                 TurnFailure::Agent(format!("the call id `{}` is not a valid header value", plan.call_id))
             })?,
         );
-        let connector = if url.starts_with("wss:") {
-            Some(Connector::Rustls(tls_config().map_err(TurnFailure::Agent)?))
-        } else {
-            None
-        };
         let turn_timeout = plan.agent.turn_timeout;
         let (limit, deadline_binds) = turn_limit(turn_timeout, deadline);
         // No frame may be larger than a whole turn may be, so a huge one is
@@ -96,18 +92,36 @@ impl WsAgent {
             }
             (Ok(_), Some(host)) => host.to_string(),
         };
-        let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("wss") { 443 } else { 80 });
+        let tls = uri.scheme_str() == Some("wss");
+        let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
         // The connection is made here, not by tungstenite, so that one the
         // agent never took (nothing reached it) is told apart from a
         // handshake it does not finish: only to an address the server may
-        // call (see `outbound`).
+        // call (see `outbound`). For `wss://` the connection is made once
+        // its TLS is set up, as an `https://` one is: a TLS setup that fails
+        // or is never answered reached no one.
         let connecting = async {
+            let unreached = |e: &dyn std::fmt::Display| {
+                TurnFailure::Unreached(format!("could not connect to the agent at {target} for turn 0: {e}"))
+            };
             let addresses = outbound.addresses(&host, port).await.map_err(|refused| {
                 TurnFailure::Unreached(format!("the agent at {target} was not called for turn 0: {refused}"))
             })?;
-            tokio::net::TcpStream::connect(&addresses[..]).await.map_err(|e| {
-                TurnFailure::Unreached(format!("could not connect to the agent at {target} for turn 0: {e}"))
-            })
+            let stream = tokio::net::TcpStream::connect(&addresses[..]).await.map_err(|e| unreached(&e))?;
+            // No Nagle: our frames are small and their send time is when
+            // latency starts.
+            let _ = stream.set_nodelay(true);
+            if !tls {
+                return Ok(MaybeTlsStream::Plain(stream));
+            }
+            let config = tls_config().map_err(|e| unreached(&e))?;
+            let name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']').to_string())
+                .map_err(|e| unreached(&e))?;
+            tokio_rustls::TlsConnector::from(config)
+                .connect(name, stream)
+                .await
+                .map(MaybeTlsStream::Rustls)
+                .map_err(|e| unreached(&format_args!("TLS: {e}")))
         };
         let stream = match tokio::time::timeout_at(limit, connecting).await {
             Ok(stream) => stream?,
@@ -119,10 +133,7 @@ impl WsAgent {
                 )))
             }
         };
-        // No Nagle: our frames are small and their send time is when latency
-        // starts.
-        let _ = stream.set_nodelay(true);
-        let handshake = tokio_tungstenite::client_async_tls_with_config(request, stream, Some(config), connector);
+        let handshake = tokio_tungstenite::client_async_with_config(request, stream, Some(config));
         match tokio::time::timeout_at(limit, handshake).await {
             Ok(Ok((ws, _))) => Ok(WsAgent {
                 ws,
