@@ -1399,6 +1399,41 @@ async fn simulated_caller_llm_failure_is_a_caller_error() {
         .starts_with("the simulated caller's LLM failed: its answer has neither a line to say nor \"done\": true: "));
 }
 
+/// An endpoint that answers 200 with its error as the completion (some
+/// gateways do), echoing the caller's key: the answer, taken as the caller's
+/// line, would send the key to the agent and keep it in the transcript, and
+/// a clipped quote of it in a failure reason would keep part of it. The key
+/// is taken out of the answer before either.
+#[tokio::test]
+async fn a_key_echoed_in_the_caller_llms_answer_goes_nowhere() {
+    const KEY: &str = "sk-caller-key-0815-4711";
+    const ECHO: &str = "upstream refused Bearer sk-caller-key-0815-4711";
+    const CLIPPED: &str = concat!(
+        "{\"say\": \"\", \"note\": \"",
+        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx sk-caller-key-0815-4711\"}"
+    );
+    let hidden = |text: &str| {
+        let chars: Vec<char> = KEY.chars().collect();
+        chars.windows(8).map(String::from_iter).all(|run| !text.contains(&run))
+    };
+    let (agent, seen) = serve_http(booking_http).await;
+    let (llm, _) = serve_llm(vec![(200, ECHO), (200, CLIPPED)]).await;
+    let mut plan = simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"));
+    plan.caller_llm.as_mut().unwrap().api_key = Some(KEY.into());
+    let outcome = run(&plan).await;
+    assert!(outcome.caller_error, "{outcome:?}");
+    let error = outcome.error.clone().unwrap();
+    assert!(error.contains("neither a line to say"), "{error}");
+    assert!(hidden(&error), "{error}");
+    for turn in &outcome.transcript {
+        assert!(hidden(&turn.text), "{:?}", outcome.transcript);
+    }
+    for (_, _, line) in events(&seen) {
+        assert!(hidden(line.as_deref().unwrap_or("")), "the agent was told {line:?}");
+    }
+}
+
 #[tokio::test]
 async fn simulated_scenario_without_a_caller_llm() {
     let (agent, seen) = serve_http(booking_http).await;
