@@ -1199,6 +1199,36 @@ async fn a_secret_echoed_escaped_in_a_json_error_body_is_hidden() {
     assert_hidden(&reason, SECRET);
 }
 
+/// A websocket agent (or a gateway in front of it) that echoes a header
+/// value as a frame's `type` gets an error naming the unknown type: the
+/// value is redacted before that name is clipped, so none of it is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_echoed_as_a_websocket_frame_type_is_hidden() {
+    const SECRET: &str = "Bearer sk-live-0a1b2c3d4e5f60718293a4b5c6d7e8f9";
+    let agent = WsAgent::start(|mut peer| async move {
+        while let Some(frame) = ws_recv(&mut peer).await {
+            if frame["type"] == "message" {
+                ws_send(&mut peer, json!({"type": SECRET})).await;
+            }
+        }
+    })
+    .await;
+    let s = TestServer::start().await;
+    let t = s.team("echoes").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = json!({"project_id": p, "name": "echo", "kind": "websocket", "target": agent.target,
+                    "headers": {"authorization": SECRET}});
+    let ch = create(&s, &t.editor, "/v1/channels", ch).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "echo", &ch, &scenario, 1)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    let result = &results_of(&s, &t.viewer, &test).await[0];
+    let reason = result["failure_reason"].as_str().unwrap_or_else(|| panic!("no failure reason: {result:#}"));
+    assert!(reason.contains("unknown type") && reason.contains("[redacted]"), "{reason}");
+    assert_hidden(reason, SECRET);
+}
+
 /// A channel's header values go only where they were set: the engine
 /// follows an agent's redirect within its origin, not to another one (the
 /// 3xx answer is then the turn's error).

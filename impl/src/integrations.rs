@@ -110,20 +110,40 @@ fn check_base_url(state: &AppState, config: &Map<String, Value>) -> Result<()> {
 }
 
 /// What any provider's `config` must be: small and shallow
-/// ([`validate::free_form`]), with no key that looks like a secret.
+/// ([`validate::free_form`]), with no key that looks like a secret, at any
+/// depth (a secret nested in an object of the config is shown as plainly).
 fn check_config_shape(config: &Map<String, Value>) -> Result<()> {
     validate::free_form("config", config)?;
-    for key in config.keys() {
-        if SECRET_LOOKING_KEYS.iter().any(|s| s.eq_ignore_ascii_case(key)) {
-            return Err(Failure::invalid(
-                "config",
-                format_args!(
-                    "`{key}` looks like a secret; send it in `credentials`, which are stored encrypted and never shown"
-                ),
-            ));
-        }
+    if let Some(key) = secret_looking_key(config) {
+        return Err(Failure::invalid(
+            "config",
+            format_args!(
+                "`{key}` looks like a secret; send it in `credentials`, which are stored encrypted and never shown"
+            ),
+        ));
     }
     Ok(())
+}
+
+/// The first key of `object`, or of an object anywhere inside it, that is
+/// one of [`SECRET_LOOKING_KEYS`]; as deep as the object is nested, which
+/// [`validate::free_form`] bounds.
+fn secret_looking_key(object: &Map<String, Value>) -> Option<&str> {
+    fn inside(value: &Value) -> Option<&str> {
+        match value {
+            Value::Object(object) => secret_looking_key(object),
+            Value::Array(items) => items.iter().find_map(inside),
+            _ => None,
+        }
+    }
+    object.iter().find_map(|(key, value)| {
+        let secret = SECRET_LOOKING_KEYS.iter().any(|s| s.eq_ignore_ascii_case(key));
+        if secret {
+            Some(key.as_str())
+        } else {
+            inside(value)
+        }
+    })
 }
 
 /// A phone number, checked.
@@ -651,6 +671,11 @@ mod tests {
         assert!(check_config(P::Telnyx, &obj(json!({}))).is_ok());
         assert!(check_config(P::Vonage, &obj(json!({"application_id": "a"}))).is_ok());
         assert_eq!(code(check_config(P::Vonage, &obj(json!({"Auth_Token": "x"})))), "invalid_config");
+        // At any depth: a secret nested in the config is as much in the clear.
+        let nested = obj(json!({"base_url": "http://x", "model": "m", "extra_body": {"auth": {"API_KEY": "sk"}}}));
+        assert_eq!(code(check_config(P::OpenaiCompatible, &nested)), "invalid_config");
+        assert_eq!(code(check_config(P::Telnyx, &obj(json!({"profiles": [{"token": "t"}]})))), "invalid_config");
+        assert!(check_config(P::Telnyx, &obj(json!({"profiles": [{"name": "token"}]}))).is_ok());
     }
 
     #[test]

@@ -47,7 +47,13 @@ impl<'a> SimulatedCaller<'a> {
         match answer.await {
             Err(_) => Next::Deadline,
             Ok(Err(e)) => Next::Failed(e.to_string()),
-            Ok(Ok(text)) => parse(&text),
+            // Its key taken out first: an endpoint echoing it in an answer
+            // must not have it said to the agent, nor quoted clipped (a
+            // clipped key is no longer found) in a reason.
+            Ok(Ok(text)) => {
+                let key: Vec<&str> = self.llm.api_key.iter().map(String::as_str).collect();
+                parse(&crate::engine::redact(text, &key))
+            }
         }
     }
 }

@@ -786,6 +786,26 @@ async fn scripted_websocket_call_follows_the_script() {
     assert_eq!(upgrades[0]["x-api-key"], "secret-value");
 }
 
+/// A websocket target is called as the URL the API accepted it as (`url`'s
+/// reading, which also sends an http channel's): the handshake's stricter
+/// URI parser refused an upper-case scheme (`WSS://`) and a path or query
+/// with a space, so every call over such a channel failed, and one with a
+/// space was counted as reaching the agent it never connected to.
+#[tokio::test]
+async fn websocket_target_is_called_as_the_url_it_was_accepted_as() {
+    let (url, received, upgrades) = serve_ws(|peer| booking_ws(peer, false)).await;
+    let targets = [url.replacen("ws://", "WS://", 1), format!("{url}/a b"), format!("{url}?q=a b|c")];
+    for target in &targets {
+        assert!(crate::validate::url("target", target, &["ws", "wss"]).is_ok(), "the API accepts {target}");
+        let plan = plan(ChannelKind::Websocket, target.clone(), scripted(Some("Hi, I'd like a table"), &["Thanks"]));
+        let outcome = run(&plan).await;
+        assert_eq!((outcome.ended_reason, &outcome.error), (EndedReason::CallerDone, &None), "{target}");
+        assert_eq!(lines(&outcome).len(), 4, "{target}");
+    }
+    assert_eq!(upgrades.lock().unwrap().len(), targets.len());
+    assert_eq!(frames(&received).iter().filter(|f| *f == "start").count(), targets.len());
+}
+
 #[tokio::test]
 async fn websocket_greeting_first_and_agent_ending() {
     let (url, received, _) = serve_ws(|peer| booking_ws(peer, true)).await;
@@ -1057,6 +1077,44 @@ async fn websocket_connection_never_made_is_unreached() {
         Some(format!("the agent at {url} did not accept the websocket connection for turn 0 within 300 ms"))
     );
     assert!(outcome.reached_agent, "it took the connection: the call costs");
+}
+
+/// TLS is part of the connection, for `wss://` as for `https://` (and the
+/// protocol's "the connection cannot be made (refused, DNS, TLS)"): a TLS
+/// setup that fails or is never answered reached no one, and the call costs
+/// nothing. The websocket client did the TLS setup inside the handshake, so
+/// either counted as reaching the agent.
+#[tokio::test]
+async fn a_tls_setup_that_fails_reaches_no_one_over_either_kind() {
+    // Speaks plain HTTP (and websocket) where TLS is expected.
+    let (base, _) = serve_http(booking_http).await;
+    let (ws, _, upgrades) = serve_ws(|peer| booking_ws(peer, false)).await;
+    // Takes connections and says nothing.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = listener.local_addr().unwrap();
+    let taking = tokio::spawn(async move {
+        let mut taken = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            taken.push(stream);
+        }
+    });
+    let cases = [
+        (ChannelKind::Http, format!("{}/http", base.replacen("http://", "https://", 1)), "could not reach the agent"),
+        (ChannelKind::Websocket, ws.replacen("ws://", "wss://", 1), "could not connect to the agent"),
+        (ChannelKind::Http, format!("https://{silent}/http"), "could not connect to the agent"),
+        (ChannelKind::Websocket, format!("wss://{silent}/ws"), "could not connect to the agent"),
+    ];
+    for (kind, target, said) in cases {
+        let mut plan = plan(kind, target.clone(), scripted(Some("Hi"), &[]));
+        plan.agent.turn_timeout = Duration::from_millis(500);
+        let outcome = run(&plan).await;
+        assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{target}");
+        let error = outcome.error.clone().unwrap();
+        assert!(error.starts_with(&format!("{said} at {target} for turn 0")), "{target}: {error}");
+        assert!(!outcome.reached_agent, "{target}: nothing reached the agent: {outcome:?}");
+    }
+    taking.abort();
+    assert!(upgrades.lock().unwrap().is_empty(), "no upgrade request was read");
 }
 
 #[tokio::test]
@@ -1339,6 +1397,41 @@ async fn simulated_caller_llm_failure_is_a_caller_error() {
         .error
         .unwrap()
         .starts_with("the simulated caller's LLM failed: its answer has neither a line to say nor \"done\": true: "));
+}
+
+/// An endpoint that answers 200 with its error as the completion (some
+/// gateways do), echoing the caller's key: the answer, taken as the caller's
+/// line, would send the key to the agent and keep it in the transcript, and
+/// a clipped quote of it in a failure reason would keep part of it. The key
+/// is taken out of the answer before either.
+#[tokio::test]
+async fn a_key_echoed_in_the_caller_llms_answer_goes_nowhere() {
+    const KEY: &str = "sk-caller-key-0815-4711";
+    const ECHO: &str = "upstream refused Bearer sk-caller-key-0815-4711";
+    const CLIPPED: &str = concat!(
+        "{\"say\": \"\", \"note\": \"",
+        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx sk-caller-key-0815-4711\"}"
+    );
+    let hidden = |text: &str| {
+        let chars: Vec<char> = KEY.chars().collect();
+        chars.windows(8).map(String::from_iter).all(|run| !text.contains(&run))
+    };
+    let (agent, seen) = serve_http(booking_http).await;
+    let (llm, _) = serve_llm(vec![(200, ECHO), (200, CLIPPED)]).await;
+    let mut plan = simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"));
+    plan.caller_llm.as_mut().unwrap().api_key = Some(KEY.into());
+    let outcome = run(&plan).await;
+    assert!(outcome.caller_error, "{outcome:?}");
+    let error = outcome.error.clone().unwrap();
+    assert!(error.contains("neither a line to say"), "{error}");
+    assert!(hidden(&error), "{error}");
+    for turn in &outcome.transcript {
+        assert!(hidden(&turn.text), "{:?}", outcome.transcript);
+    }
+    for (_, _, line) in events(&seen) {
+        assert!(hidden(line.as_deref().unwrap_or("")), "the agent was told {line:?}");
+    }
 }
 
 #[tokio::test]

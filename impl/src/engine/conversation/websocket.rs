@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures::{FutureExt as _, SinkExt, StreamExt};
 use reqwest::header::{HeaderName, HeaderValue};
+use rustls::pki_types::ServerName;
 use rustls_platform_verifier::BuilderVerifierExt;
 use serde_json::{json, Map, Value};
 use tokio::net::TcpStream;
@@ -17,10 +18,10 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::error::{CapacityError, ProtocolError};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
-use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use super::{later, turn_limit, Reply, TurnFailure, CALL_ID_HEADER, MAX_REPLY_BYTES};
-use crate::engine::llm::{clip, excerpt};
+use crate::engine::llm::excerpt;
 use crate::engine::CallPlan;
 
 pub(super) struct WsAgent {
@@ -58,7 +59,13 @@ impl WsAgent {
     pub(super) async fn connect(outbound: &Outbound, plan: &CallPlan, deadline: Instant) -> Result<Self, TurnFailure> {
         let target = plan.agent.target.as_str();
         let secrets: Vec<&str> = plan.agent.headers.iter().map(|(_, value)| value.as_str()).collect();
-        let mut request = target
+        // The target as the URL parser that accepted it reads it (as an http
+        // channel's is sent): scheme and host lower-cased, what a URI may not
+        // hold percent-encoded. The handshake's own parser takes only that
+        // form, and would refuse `WSS://…` or a path with a space.
+        let url = url::Url::parse(target).map(String::from).unwrap_or_else(|_| target.to_string());
+        let mut request = url
+            .as_str()
             .into_client_request()
             .map_err(|e| TurnFailure::Agent(format!("the channel target `{target}` is not a websocket URL: {e}")))?;
         let headers = super::http::header_map(&plan.agent.headers).map_err(TurnFailure::Agent)?;
@@ -69,11 +76,6 @@ impl WsAgent {
                 TurnFailure::Agent(format!("the call id `{}` is not a valid header value", plan.call_id))
             })?,
         );
-        let connector = if target.starts_with("wss:") {
-            Some(Connector::Rustls(tls_config().map_err(TurnFailure::Agent)?))
-        } else {
-            None
-        };
         let turn_timeout = plan.agent.turn_timeout;
         let (limit, deadline_binds) = turn_limit(turn_timeout, deadline);
         // No frame may be larger than a whole turn may be, so a huge one is
@@ -90,18 +92,36 @@ impl WsAgent {
             }
             (Ok(_), Some(host)) => host.to_string(),
         };
-        let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("wss") { 443 } else { 80 });
+        let tls = uri.scheme_str() == Some("wss");
+        let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
         // The connection is made here, not by tungstenite, so that one the
         // agent never took (nothing reached it) is told apart from a
         // handshake it does not finish: only to an address the server may
-        // call (see `outbound`).
+        // call (see `outbound`). For `wss://` the connection is made once
+        // its TLS is set up, as an `https://` one is: a TLS setup that fails
+        // or is never answered reached no one.
         let connecting = async {
+            let unreached = |e: &dyn std::fmt::Display| {
+                TurnFailure::Unreached(format!("could not connect to the agent at {target} for turn 0: {e}"))
+            };
             let addresses = outbound.addresses(&host, port).await.map_err(|refused| {
                 TurnFailure::Unreached(format!("the agent at {target} was not called for turn 0: {refused}"))
             })?;
-            tokio::net::TcpStream::connect(&addresses[..]).await.map_err(|e| {
-                TurnFailure::Unreached(format!("could not connect to the agent at {target} for turn 0: {e}"))
-            })
+            let stream = tokio::net::TcpStream::connect(&addresses[..]).await.map_err(|e| unreached(&e))?;
+            // No Nagle: our frames are small and their send time is when
+            // latency starts.
+            let _ = stream.set_nodelay(true);
+            if !tls {
+                return Ok(MaybeTlsStream::Plain(stream));
+            }
+            let config = tls_config().map_err(|e| unreached(&e))?;
+            let name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']').to_string())
+                .map_err(|e| unreached(&e))?;
+            tokio_rustls::TlsConnector::from(config)
+                .connect(name, stream)
+                .await
+                .map(MaybeTlsStream::Rustls)
+                .map_err(|e| unreached(&format_args!("TLS: {e}")))
         };
         let stream = match tokio::time::timeout_at(limit, connecting).await {
             Ok(stream) => stream?,
@@ -113,10 +133,7 @@ impl WsAgent {
                 )))
             }
         };
-        // No Nagle: our frames are small and their send time is when latency
-        // starts.
-        let _ = stream.set_nodelay(true);
-        let handshake = tokio_tungstenite::client_async_tls_with_config(request, stream, Some(config), connector);
+        let handshake = tokio_tungstenite::client_async_with_config(request, stream, Some(config));
         match tokio::time::timeout_at(limit, handshake).await {
             Ok(Ok((ws, _))) => Ok(WsAgent {
                 ws,
@@ -281,8 +298,10 @@ fn frame_text(
 }
 
 fn parse_frame(when: &str, text: &str, secrets: &[String]) -> Result<Frame, String> {
-    // Only a refused frame is quoted, its secrets taken out.
-    let quoted = || excerpt(text, 200, &secrets.iter().map(String::as_str).collect::<Vec<_>>());
+    // Only a refused frame is quoted, its secrets taken out (before it is
+    // clipped: a clipped secret is no longer found).
+    let hidden = |quote: &str, max: usize| excerpt(quote, max, &secrets.iter().map(String::as_str).collect::<Vec<_>>());
+    let quoted = || hidden(text, 200);
     let value: Value = serde_json::from_str(text)
         .map_err(|e| format!("the agent sent a frame that is not JSON {when} ({e}): {}", quoted()))?;
     let Value::Object(frame) = value else {
@@ -309,7 +328,7 @@ fn parse_frame(when: &str, text: &str, secrets: &[String]) -> Result<Frame, Stri
         Some("turn_end") => Ok(Frame::TurnEnd),
         Some(other) => Err(format!(
             "the agent sent a frame of unknown type `{}` {when} (expected message, tool_call, end_call or turn_end)",
-            clip(other, 40)
+            hidden(other, 40)
         )),
         None => Err(format!("the agent sent a frame without a string `type` {when}: {}", quoted())),
     }

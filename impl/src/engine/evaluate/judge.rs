@@ -53,18 +53,21 @@ pub(super) async fn judge(
     outcome: &Outcome,
     scope: Scope<'_>,
 ) -> Decision {
+    let key: Vec<&str> = llm.api_key.iter().map(String::as_str).filter(|key| !key.is_empty()).collect();
     let decision = match llm::complete(http, llm, &messages(criterion, outcome, scope), JUDGE_TIMEOUT).await {
         Err(e) => Decision::Error(format!("judge error: {e}")),
-        Ok(answer) => match parse_answer(&answer) {
+        // Redacted whole, before a part of it is quoted and clipped: a
+        // clipped key is no longer found.
+        Ok(answer) => match parse_answer(&crate::engine::redact(answer, &key)) {
             Ok(d) => d,
             Err(why) => Decision::Error(format!("judge error: {why}")),
         },
     };
     // An endpoint may echo request headers in an error body; the key must
     // not reach a stored result.
-    match &llm.api_key {
-        Some(key) if !key.is_empty() => redact(decision, key),
-        _ => decision,
+    match key.first() {
+        Some(key) => redact(decision, key),
+        None => decision,
     }
 }
 
@@ -392,6 +395,27 @@ mod tests {
         let v = verdict(&outcome(), &[e]);
         assert_eq!(v.status, TestResultStatus::Error);
         assert!(!v.failure_reason.unwrap().contains(KEY));
+    }
+
+    /// An endpoint that answers 200 with its error as the completion (some
+    /// gateways do), echoing the key where the quote of the answer is
+    /// clipped: the key is redacted before the clip, so none of it is left.
+    #[tokio::test]
+    async fn a_key_echoed_across_the_clip_of_an_answer_is_hidden() {
+        // The quote keeps 200 characters; the echoed value starts at 181.
+        let double =
+            ChatDouble::start_raw(|auth, _| (200, format!("{} {auth} is not a valid key", "x".repeat(180)))).await;
+        let e = judged(Some(&double)).await;
+        assert!(!e.result.passed && e.errored);
+        assert!(
+            e.result.reason.starts_with("judge error: the answer is not a single JSON object: "),
+            "{}",
+            e.result.reason
+        );
+        let chars: Vec<char> = KEY.chars().collect();
+        for run in chars.windows(8).map(String::from_iter) {
+            assert!(!e.result.reason.contains(&run), "`{run}` of the key is in the reason: {}", e.result.reason);
+        }
     }
 
     #[tokio::test]
