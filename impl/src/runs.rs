@@ -11,7 +11,7 @@
 //! `insufficient_credits`, nothing is queued, and the answer is 402. The
 //! workers (see `engine::worker`) take it from there.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::LazyLock;
 
 use rusqlite::{params, OptionalExtension as _};
@@ -88,31 +88,53 @@ fn expand(
     let mut planned = Vec::new();
     let mut worst = 0i64;
     let mut thresholds = BTreeMap::new();
+    // What a start needs of each scenario (its default persona and limit)
+    // and channel (its kind and limit), read once however many tests share
+    // it: a scenario may be as large as a request body, and this runs in
+    // the one writer, which every write of every user waits for.
+    let mut scenarios: HashMap<String, (Option<String>, u32)> = HashMap::new();
+    let mut channels: HashMap<String, (types::ChannelKind, u32)> = HashMap::new();
     for (i, test_id) in test_ids.iter().enumerate() {
         let field = format!("test_ids[{i}]");
         access::require_reference(tx, "tests", &field, test_id, project_id)?;
         let test = crate::tests::load(tx, test_id)?;
-        let scenario = crate::scenarios::load(tx, &test.scenario_id)?;
-        let channel = crate::channels::load(tx, &test.channel_id)?;
-        if !matches!(channel.kind, types::ChannelKind::Http | types::ChannelKind::Websocket) {
+        let (default_persona_id, scenario_limit) = match scenarios.get(&test.scenario_id) {
+            Some(known) => known.clone(),
+            None => {
+                let scenario = crate::scenarios::load(tx, &test.scenario_id)?;
+                let known = (scenario.default_persona_id, scenario.max_duration_s.get());
+                scenarios.insert(test.scenario_id.clone(), known.clone());
+                known
+            }
+        };
+        let (kind, channel_limit) = match channels.get(&test.channel_id) {
+            Some(known) => *known,
+            None => {
+                let channel = crate::channels::load(tx, &test.channel_id)?;
+                let known = (channel.kind, channel.max_call_duration_s.get());
+                channels.insert(test.channel_id.clone(), known);
+                known
+            }
+        };
+        if !matches!(kind, types::ChannelKind::Http | types::ChannelKind::Websocket) {
             return Err(Failure::Unsupported(format!(
-                "test `{test_id}` uses channel `{}` of kind `{}`: calls over `phone` and `sip` channels are not \
+                "test `{test_id}` uses channel `{}` of kind `{kind}`: calls over `phone` and `sip` channels are not \
                  built yet; use an `http` or `websocket` channel",
-                channel.id, channel.kind
+                test.channel_id
             )));
         }
         let personas: Vec<Option<String>> = if test.persona_ids.is_empty() {
-            vec![scenario.default_persona_id.clone()]
+            vec![default_persona_id]
         } else {
             test.persona_ids.iter().cloned().map(Some).collect()
         };
-        let limit = scenario.max_duration_s.get().min(channel.max_call_duration_s.get()).min(project_limit);
+        let limit = scenario_limit.min(channel_limit).min(project_limit);
         let iterations = test.iterations.get();
         for persona in &personas {
             for iteration in 1..=iterations {
                 planned.push(Planned {
                     test_id: test.id.clone(),
-                    scenario_id: scenario.id.clone(),
+                    scenario_id: test.scenario_id.clone(),
                     persona_id: persona.clone(),
                     iteration,
                     max_duration_s: limit,
@@ -1343,6 +1365,54 @@ mod tests {
         assert_eq!((f.run_id.as_str(), f.test_result_id.as_deref()), ("run_2", None));
         assert_eq!(f.failure_reason.as_deref(), Some("the worker holding it was lost 3 times"));
         assert_eq!(f.status, sparring_server::types::TestResultStatus::Error);
+    }
+
+    /// A start reads each scenario its tests share once: a scenario may be
+    /// as large as a request body, and a batch of 1,000 tests of one ~1 MB
+    /// scenario had the single writer decode it 1,000 times (seconds in
+    /// which no one's write went through), also for a start refused for
+    /// credits.
+    #[test]
+    fn a_start_reads_a_shared_scenario_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        let steps: Vec<_> = (0..20).map(|i| serde_json::json!({"say": format!("line {i}"), "expect": []})).collect();
+        let scenario = serde_json::json!({"description": "", "first_message": "hi", "steps": steps, "goal": null,
+                                          "success_criteria": [], "max_turns": 20, "max_duration_s": 60, "tags": []});
+        let tests = 300;
+        let (planned, worst, reads) = store
+            .write_blocking::<_, Failure, _>(|tx| {
+                tx.execute_batch(
+                    "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
+                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', 'usr_1');
+                     INSERT INTO personas VALUES ('per_1', 'prj_1', 'caller', '{}', 't', 't');
+                     INSERT INTO channels VALUES ('chn_1', 'prj_1', 'web', 'http', 'https://a.example', NULL, '[]',
+                                                  NULL, 1000, 600, 't', 't');",
+                )?;
+                tx.execute(
+                    "INSERT INTO scenarios VALUES ('scn_1', 'prj_1', 's', 'scripted', 'per_1', 1, ?1, 't', 't')",
+                    params![scenario.to_string()],
+                )?;
+                let mut ids = Vec::new();
+                for i in 0..tests {
+                    let id = format!("tst_{i:04}");
+                    tx.execute(
+                        "INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at,
+                                            updated_at)
+                         VALUES (?1, 'prj_1', ?1, 'chn_1', 'scn_1',
+                                 '{\"description\": \"\", \"iterations\": 2, \"evaluators\": [],
+                                   \"pass_threshold\": 1.0, \"tags\": []}', 't', 't')",
+                        params![id],
+                    )?;
+                    ids.push(id);
+                }
+                let (planned, worst, _) = super::expand(tx, "prj_1", &ids)?;
+                let reads = tx.prepare_cached(&crate::scenarios::LOAD_SQL)?.get_status(rusqlite::StatementStatus::Run);
+                Ok((planned.len(), worst, reads))
+            })
+            .unwrap();
+        assert_eq!((planned, worst), (2 * tests, 2 * tests as i64), "two one-minute runs per test");
+        assert_eq!(reads, 1, "the scenario of {tests} tests read once");
     }
 
     #[test]
