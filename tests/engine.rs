@@ -299,6 +299,42 @@ async fn a_batch_run_says_how_each_test_did() {
     assert_eq!(hidden["error_code"], "not_found");
 }
 
+/// A page of a batch run's tests names up to three failures of each of up
+/// to 200 tests: their reasons are kept with the runs, not read out of
+/// their results' documents, each up to a call's record in size (600 of
+/// them, 2 MB each, were 1.2 GB read and parsed on the request's thread to
+/// answer 140 KB). Here the documents are emptied under the server: the
+/// reasons are still those the results were written with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tests_failures_are_listed_without_reading_their_results() {
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("failures from the runs").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", booking(p, &persona)).await;
+    let buggy = channel(&s, &t.editor, p, "http", &wrong_day.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "books the right day", &buggy, &scenario, 2)).await;
+    let started = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = started["id"].as_str().unwrap();
+    assert_eq!(wait_for_end(&s, &t.viewer, id).await["counts"]["failed"], 2);
+    let mut results: Vec<Value> = results_of(&s, &t.viewer, &test).await;
+    results.sort_by(|a, b| a["run_id"].as_str().cmp(&b["run_id"].as_str()));
+
+    let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(db.execute("UPDATE test_results SET document = '{}' WHERE batch_run_id = ?1", [id]).unwrap(), 2);
+
+    let listed = s.expect(Method::GET, &format!("/v1/batch-runs/{id}/tests"), &t.viewer, None, 200).await;
+    let failures = listed["tests"][0]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 2, "{listed:#}");
+    for (failure, result) in failures.iter().zip(&results) {
+        assert_eq!((&failure["run_id"], &failure["test_result_id"]), (&result["run_id"], &result["id"]));
+        assert_eq!(failure["failure_reason"], result["failure_reason"], "{failure:#}");
+        assert!(failure["failure_reason"].as_str().unwrap().contains("right day"), "{failure:#}");
+    }
+}
+
 /// A run cancelled mid-conversation keeps a result (an error, "cancelled
 /// after N turns") but it is a cancelled run, not one that failed or ended
 /// in error: it is not among a test's failures.

@@ -898,7 +898,10 @@ pub async fn list_tests(
 /// The first three runs of each of `test_ids` in the batch run that failed
 /// or ended in error, with their results' reasons, or, for a run that ended
 /// in error without a conversation (its lease expired on every attempt),
-/// the run's own. The documents are read for those three only. A run cancelled mid-conversation keeps a result
+/// the run's own. Both are kept with the run (`runs.error`): a page names
+/// up to 600 failures, and their documents (each up to a call's record)
+/// are read only for a run that ended before its result's reason was kept
+/// there. A run cancelled mid-conversation keeps a result
 /// whose status is `error` ("cancelled after N turns"), so the run's own
 /// status says which ones failed.
 fn first_failures(
@@ -913,7 +916,7 @@ fn first_failures(
     let rows = tx
         .prepare_cached(
             "SELECT r.test_id, r.id, r.test_result_id, r.status,
-                    coalesce(json_extract(t.document, '$.failure_reason'), r.error)
+                    coalesce(r.error, json_extract(t.document, '$.failure_reason'))
              FROM runs r JOIN (
                  SELECT id, row_number() OVER (PARTITION BY test_id ORDER BY id) AS n FROM runs
                  WHERE batch_run_id = ?1 AND status IN ('failed', 'error')
