@@ -610,22 +610,7 @@ pub(crate) fn refuse_if_runs_bound(
     what: &str,
     to: BoundTo<'_>,
 ) -> Result<()> {
-    let (condition, id) = match to {
-        BoundTo::Scenario(id) => ("r.scenario_id = ?2", id),
-        BoundTo::Persona(id) => ("r.persona_id = ?2", id),
-        BoundTo::Channel(id) => ("t.channel_id = ?2", id),
-        BoundTo::Judge(id) => (
-            "EXISTS (SELECT 1 FROM json_each(t.evaluators) e WHERE json_extract(e.value, '$.integration_id') = ?2)",
-            id,
-        ),
-    };
-    // Active batch runs first (a partial index), then their unfinished runs.
-    let sql = format!(
-        "SELECT count(*) FROM batch_runs b
-         JOIN runs r ON r.batch_run_id = b.id AND r.status IN ('queued', 'running')
-         JOIN batch_run_tests t ON t.batch_run_id = r.batch_run_id AND t.test_id = r.test_id
-         WHERE b.status IN ('queued', 'running') AND b.project_id = ?1 AND {condition}"
-    );
+    let (sql, id) = bound_sql(to);
     let active: i64 = tx.prepare_cached(&sql)?.query_row(params![project_id, id], |r| r.get(0))?;
     if active > 0 {
         return Err(Failure::runs_active(
@@ -634,6 +619,40 @@ pub(crate) fn refuse_if_runs_bound(
         ));
     }
     Ok(())
+}
+
+/// The statement counting the unfinished runs of project `?1` bound to
+/// `?2` (see [`refuse_if_runs_bound`]), and the id bound as `?2`.
+fn bound_sql(to: BoundTo<'_>) -> (String, &str) {
+    // What the tests were queued with (`t`) is looked at once per test of
+    // an active batch run, in a subquery run once: a test's evaluators may
+    // be a megabyte, and a batch run holds up to 10,000 runs of one test.
+    let of_tests = |condition: &str| {
+        format!(
+            "(r.batch_run_id, r.test_id) IN (
+                 SELECT t.batch_run_id, t.test_id FROM batch_runs tb
+                 JOIN batch_run_tests t ON t.batch_run_id = tb.id
+                 WHERE tb.status IN ('queued', 'running') AND tb.project_id = ?1 AND {condition})"
+        )
+    };
+    let (condition, id) = match to {
+        BoundTo::Scenario(id) => ("r.scenario_id = ?2".to_string(), id),
+        BoundTo::Persona(id) => ("r.persona_id = ?2".to_string(), id),
+        BoundTo::Channel(id) => (of_tests("t.channel_id = ?2"), id),
+        BoundTo::Judge(id) => (
+            of_tests(
+                "EXISTS (SELECT 1 FROM json_each(t.evaluators) e WHERE json_extract(e.value, '$.integration_id') = ?2)",
+            ),
+            id,
+        ),
+    };
+    // Active batch runs first (a partial index), then their unfinished runs.
+    let sql = format!(
+        "SELECT count(*) FROM batch_runs b
+         JOIN runs r ON r.batch_run_id = b.id AND r.status IN ('queued', 'running')
+         WHERE b.status IN ('queued', 'running') AND b.project_id = ?1 AND {condition}"
+    );
+    (sql, id)
 }
 
 pub(crate) fn conversion(column: usize, e: impl std::fmt::Display) -> rusqlite::Error {
@@ -1416,6 +1435,62 @@ mod tests {
             .unwrap();
         assert_eq!((planned, worst), (2 * tests, 2 * tests as i64), "two one-minute runs per test");
         assert_eq!(reads, 1, "the scenario of {tests} tests read once");
+    }
+
+    /// SQLite's steps (which no machine's noise moves) to find whether an
+    /// integration judges the 500 unfinished runs of a batch run of one
+    /// test holding `evaluators` evaluators.
+    fn steps_to_find_a_judge(evaluators: usize) -> i32 {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        let list: Vec<_> = (0..evaluators)
+            .map(|i| serde_json::json!({"type": "contains", "name": format!("e{i}"), "text": "x"}))
+            .collect();
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                tx.execute_batch(
+                    "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
+                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', 'usr_1');
+                     INSERT INTO batch_runs (id, project_id, user_id, source, status, concurrency, total, queued,
+                                             metadata, created_at, updated_at)
+                     VALUES ('brn_1', 'prj_1', 'usr_1', 'test', 'running', 10, 500, 500, '{}', 't', 't');",
+                )?;
+                tx.execute(
+                    "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold, channel_id, evaluators)
+                     VALUES ('brn_1', 'tst_1', 1, 'chn_1', ?1)",
+                    params![serde_json::Value::Array(list.clone()).to_string()],
+                )?;
+                for i in 1..=500 {
+                    tx.execute(
+                        "INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, iteration,
+                                           status, queued_at, queued_ms, created_at, updated_at)
+                         VALUES (?1, 'brn_1', 'prj_1', 'usr_1', 'tst_1', 'scn_1', ?2, 'queued', 't', 0, 't', 't')",
+                        params![format!("run_{i:04}"), i],
+                    )?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                super::refuse_if_runs_bound(tx, "prj_1", "integration", super::BoundTo::Judge("int_1"))?;
+                let (sql, _) = super::bound_sql(super::BoundTo::Judge("int_1"));
+                Ok(tx.prepare_cached(&sql)?.get_status(rusqlite::StatementStatus::VmStep))
+            })
+            .unwrap()
+    }
+
+    /// Deleting an integration looks for judges among the evaluators the
+    /// tests of unfinished runs were queued with: once per test, not once
+    /// per run. (A test of 100 evaluators with long prompts holds about a
+    /// megabyte of them; with 1,000 runs queued, one delete had the writer
+    /// parse a gigabyte, 3 s in which no one's write went through.)
+    #[test]
+    fn a_judge_is_looked_for_once_per_test_not_per_run() {
+        let (few, many) = (steps_to_find_a_judge(2), steps_to_find_a_judge(100));
+        // Fifty times the evaluators: as much more work as they are read
+        // once, not fifty times the work of reading them for every run.
+        assert!(f64::from(many) < 2.0 * f64::from(few), "{few} steps for 2 evaluators, {many} for 100");
     }
 
     #[test]
