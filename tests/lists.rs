@@ -74,6 +74,64 @@ async fn a_cursor_the_list_did_not_issue_is_refused() {
     }
 }
 
+/// The runs of a batch run, the tests of a batch run and the results of a
+/// test are a list each: a cursor one of them issued, given to the same
+/// list of another batch run or test, is refused too. It was taken as a
+/// place in time, and answered with a page of the other list's items
+/// older than it: some skipped, or none at all and no cursor, as if its
+/// end were reached.
+#[tokio::test]
+async fn a_cursor_of_another_batch_runs_or_tests_list_is_refused() {
+    let s = TestServer::start().await;
+    let t = s.team("cursors of a parent").await;
+    let p = &t.project_id;
+    let closed = common::ClosedPort::new();
+    let create = |path: &'static str, body: Value| {
+        let (s, key) = (&s, t.editor.clone());
+        async move { s.expect(Method::POST, path, &key, Some(body), 200).await["id"].as_str().unwrap().to_string() }
+    };
+    let channel = create(
+        "/v1/channels",
+        json!({"project_id": p, "name": "agent", "kind": "http", "target": closed.http_target()}),
+    )
+    .await;
+    let persona = create("/v1/personas", json!({"project_id": p, "name": "caller"})).await;
+    let scenario = create(
+        "/v1/scenarios",
+        json!({"project_id": p, "name": "s", "mode": "scripted", "default_persona_id": persona,
+               "steps": [{"say": "hi", "expect": []}]}),
+    )
+    .await;
+    let test = |name: &str| json!({"project_id": p, "name": name, "channel_id": channel, "scenario_id": scenario, "iterations": 2});
+    let (one, two) = (create("/v1/tests", test("one")).await, create("/v1/tests", test("two")).await);
+    let batch = create("/v1/batches", json!({"project_id": p, "name": "b", "test_ids": [one, two]})).await;
+    // Two batch runs (the batch's first), each ending at once: the agent is
+    // not there, and every run keeps a result saying so.
+    let both = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, Some(json!({})), 200).await;
+    let first = s.expect(Method::POST, &format!("/v1/tests/{one}/run"), &t.editor, Some(json!({})), 200).await;
+    let (both, first) = (both["id"].as_str().unwrap(), first["id"].as_str().unwrap());
+    for id in [both, first] {
+        common::engine::wait_for_end(&s, &t.viewer, id).await;
+    }
+    let cursor_of = async |path: &str| -> String {
+        s.expect(Method::GET, path, &t.viewer, None, 200).await["next_cursor"].as_str().unwrap().to_string()
+    };
+    for (issued_by, given_to) in [
+        (format!("/v1/batch-runs/{both}/runs?limit=1"), format!("/v1/batch-runs/{first}/runs")),
+        (format!("/v1/batch-runs/{first}/runs?limit=1"), format!("/v1/batch-runs/{both}/runs")),
+        (format!("/v1/batch-runs/{both}/tests?limit=1"), format!("/v1/batch-runs/{first}/tests")),
+        (format!("/v1/tests/{two}/results?limit=1"), format!("/v1/tests/{one}/results")),
+        (format!("/v1/tests/{one}/results?limit=1"), format!("/v1/tests/{two}/results")),
+    ] {
+        let cursor = cursor_of(&issued_by).await;
+        // Its own list goes on from it.
+        let own = issued_by.replace("limit=1", &format!("cursor={cursor}"));
+        s.expect(Method::GET, &own, &t.viewer, None, 200).await;
+        let (status, e) = error_body(s.get(&format!("{given_to}?cursor={cursor}"), &t.viewer).await).await;
+        assert_eq!((status, e["error_code"].as_str()), (400, Some("invalid_cursor")), "{issued_by} -> {given_to}: {e}");
+    }
+}
+
 /// `GET /projects/{id}/members`: "newest first" is the member added last
 /// first, whenever their account was made.
 #[tokio::test]

@@ -22,7 +22,7 @@ use crate::access::{self, Need, Role};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{PageRequest, PageSql, AFTER};
+use crate::pagination::{InvalidCursor, PageRequest, PageSql, AFTER};
 use crate::{credits, ids, written, AppState};
 
 /// Most runs one request may queue.
@@ -861,6 +861,8 @@ pub async fn list_tests(
         .store
         .read(move |tx| {
             access::require_resource(tx, &caller.user_id, "batch_runs", "batch run", &path.id, Need::Read)?;
+            let cursor_sql = "SELECT 1 FROM batch_run_tests WHERE test_id = ?1 AND batch_run_id = ?2";
+            require_cursor_of(tx, cursor_sql, &path.id, &page)?;
             let run = seen_by(tx, &caller.user_id, load_batch_run(tx, &path.id)?)?;
             let completed = matches!(run.status, types::BatchRunStatus::Completed);
             let rows = tx
@@ -963,6 +965,20 @@ fn first_failures(
     Ok(failures)
 }
 
+/// A page after a cursor of a list of one batch run's or test's items:
+/// the cursor must be one of those items (`sql` finds it, `?1`, as an item
+/// of `parent`, `?2`). One issued by the same list of another batch run or
+/// test is refused as every list refuses another list's cursor, not read
+/// as a place in time (a page of this list's items older than it: some
+/// skipped, or none and no cursor, as if the end were reached).
+fn require_cursor_of(tx: &rusqlite::Connection, sql: &str, parent: &str, page: &PageRequest) -> Result<()> {
+    let Some(after) = &page.after else { return Ok(()) };
+    match tx.prepare_cached(sql)?.query_row(params![after, parent], |_| Ok(())).optional()? {
+        Some(()) => Ok(()),
+        None => Err(Failure::invalid("cursor", InvalidCursor)),
+    }
+}
+
 const RUN_COLUMNS: &str =
     "id, project_id, batch_run_id, test_id, scenario_id, persona_id, iteration, status, attempt, \
                            call_id, test_result_id, queued_at, started_at, finished_at, created_at, updated_at";
@@ -1018,6 +1034,7 @@ pub async fn list_runs(
         .store
         .read(move |tx| {
             access::require_resource(tx, &caller.user_id, "batch_runs", "batch run", &path.batch_id, Need::Read)?;
+            require_cursor_of(tx, "SELECT 1 FROM runs WHERE id = ?1 AND batch_run_id = ?2", &path.batch_id, &page)?;
             // A run whose result the caller labels blind does not say how
             // it ended, and a list filtered by status leaves it out in the
             // query itself, so that neither the page's length nor its cursor
@@ -1213,6 +1230,7 @@ pub async fn list_test_results(
         .store
         .read(move |tx| {
             access::require_resource(tx, &caller.user_id, "tests", "test", &path.id, Need::Read)?;
+            require_cursor_of(tx, "SELECT 1 FROM test_results WHERE id = ?1 AND test_id = ?2", &path.id, &page)?;
             // The stored documents as they are, but for blind results:
             // hidden one by one, and left out of a list filtered by status
             // (matching the filter would reveal it) in the query itself, so
