@@ -1237,21 +1237,22 @@ pub async fn list_test_results(
             // that neither the page's length nor its cursor tells.
             // A page stops early, with its cursor, once its documents pass
             // RESULTS_PAGE_BYTES: each may be up to a call's record in size.
+            // A page cut early names a next page only if a row follows it
+            // (one more step of the statement, that row left out).
             let mut statement = tx.prepare_cached(TEST_RESULTS_SQL.of(&page))?;
-            let found = statement
-                .query_map(params![path.id, status, page.after, page.fetch_limit(), caller.user_id], |r| {
-                    Ok((r.get::<_, String>(1)?, r.get::<_, String>(0)?))
-                })?;
+            let mut found =
+                statement.query(params![path.id, status, page.after, page.fetch_limit(), caller.user_id])?;
             let (mut rows, mut bytes, mut full) = (Vec::new(), 0, false);
-            for row in found {
-                let row = row?;
-                bytes += row.1.len();
-                rows.push(row);
-                if bytes > RESULTS_PAGE_BYTES && rows.len() < page.fetch_limit() as usize {
+            while let Some(row) = found.next()? {
+                if bytes > RESULTS_PAGE_BYTES {
                     full = true;
                     break;
                 }
+                let row: (String, String) = (row.get(1)?, row.get(0)?);
+                bytes += row.1.len();
+                rows.push(row);
             }
+            drop(found);
             drop(statement);
             let id_of = |(id, _): &(String, String)| id.clone();
             let page = if full { page.finish_early(rows, id_of) } else { page.finish(rows, id_of) };
