@@ -847,6 +847,48 @@ async fn credits_are_reserved_once_and_never_go_below_zero() {
     assert_eq!(seconds.len(), 1, "the second owner paid nothing: {seconds:#?}");
 }
 
+/// A start refused for credits is recorded (its batch run, its tests'
+/// names and thresholds) but keeps nothing for runs it never queued: it
+/// kept a copy of every test's evaluators (up to about a megabyte a test,
+/// a thousand tests a batch), so that each refused start, free to repeat,
+/// grew the database by as much as the tests themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_refused_for_credits_keeps_no_copy_of_its_tests() {
+    let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 0).await;
+    let t = s.team("refused").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let closed = common::ClosedPort::new();
+    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
+    // 100 evaluators of 2,000 characters: 200 KB of them.
+    let evaluators: Vec<Value> =
+        (0..100).map(|i| json!({"type": "contains", "name": format!("says {i}"), "text": "y".repeat(2000)})).collect();
+    let body = json!({"project_id": p, "name": "big", "channel_id": ch, "scenario_id": scenario,
+                      "evaluators": evaluators});
+    let test = create(&s, &t.editor, "/v1/tests", body).await;
+    let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    let pages = || db.query_row("PRAGMA page_count", [], |r| r.get::<_, i64>(0)).unwrap();
+    let page_size: i64 = db.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+    let before = pages();
+    for _ in 0..10 {
+        let (status, e) =
+            error_body(s.send_json(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({}))).await)
+                .await;
+        assert_eq!((status, e["error_code"].as_str()), (402, Some("insufficient_credits")), "{e}");
+    }
+    let grown = (pages() - before) * page_size;
+    assert!(grown < 200_000, "ten refused starts grew the database by {grown} bytes");
+    // What a refused start shows of its tests is still there.
+    let refused = s.expect(Method::GET, "/v1/batch-runs?status=insufficient_credits", &t.viewer, None, 200).await;
+    assert_eq!(refused["batch_runs"].as_array().unwrap().len(), 10);
+    let id = refused["batch_runs"][0]["id"].as_str().unwrap();
+    let tests = s.expect(Method::GET, &format!("/v1/batch-runs/{id}/tests"), &t.viewer, None, 200).await;
+    let shown = &tests["tests"][0];
+    assert_eq!((shown["name"].as_str(), shown["pass_threshold"].as_f64()), (Some("big"), Some(1.0)), "{tests:#}");
+    assert_eq!((shown["counts"]["total"].as_i64(), &shown["passed"]), (Some(0), &Value::Null), "{tests:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_simulated_caller_and_an_llm_judge_talk_to_a_chat_completions_endpoint() {
     let agent = Agent::start(&[]);

@@ -322,7 +322,12 @@ async fn start(
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?;
             for (test_id, t) in &thresholds {
-                insert_test.execute(params![id, test_id, t.pass_threshold, t.channel_id, t.evaluators, t.name])?;
+                // The channel and evaluators are kept for the runs queued;
+                // a start refused for credits queued none (and is free to
+                // repeat): it keeps what it shows of each test only.
+                let (channel_id, evaluators) =
+                    if enough { (Some(&t.channel_id), Some(&t.evaluators)) } else { (None, None) };
+                insert_test.execute(params![id, test_id, t.pass_threshold, channel_id, evaluators, t.name])?;
             }
             if enough {
                 credits::append(
