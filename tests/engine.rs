@@ -299,6 +299,42 @@ async fn a_batch_run_says_how_each_test_did() {
     assert_eq!(hidden["error_code"], "not_found");
 }
 
+/// A page of a batch run's tests names up to three failures of each of up
+/// to 200 tests: their reasons are kept with the runs, not read out of
+/// their results' documents, each up to a call's record in size (600 of
+/// them, 2 MB each, were 1.2 GB read and parsed on the request's thread to
+/// answer 140 KB). Here the documents are emptied under the server: the
+/// reasons are still those the results were written with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tests_failures_are_listed_without_reading_their_results() {
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("failures from the runs").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", booking(p, &persona)).await;
+    let buggy = channel(&s, &t.editor, p, "http", &wrong_day.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "books the right day", &buggy, &scenario, 2)).await;
+    let started = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = started["id"].as_str().unwrap();
+    assert_eq!(wait_for_end(&s, &t.viewer, id).await["counts"]["failed"], 2);
+    let mut results: Vec<Value> = results_of(&s, &t.viewer, &test).await;
+    results.sort_by(|a, b| a["run_id"].as_str().cmp(&b["run_id"].as_str()));
+
+    let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(db.execute("UPDATE test_results SET document = '{}' WHERE batch_run_id = ?1", [id]).unwrap(), 2);
+
+    let listed = s.expect(Method::GET, &format!("/v1/batch-runs/{id}/tests"), &t.viewer, None, 200).await;
+    let failures = listed["tests"][0]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 2, "{listed:#}");
+    for (failure, result) in failures.iter().zip(&results) {
+        assert_eq!((&failure["run_id"], &failure["test_result_id"]), (&result["run_id"], &result["id"]));
+        assert_eq!(failure["failure_reason"], result["failure_reason"], "{failure:#}");
+        assert!(failure["failure_reason"].as_str().unwrap().contains("right day"), "{failure:#}");
+    }
+}
+
 /// A run cancelled mid-conversation keeps a result (an error, "cancelled
 /// after N turns") but it is a cancelled run, not one that failed or ended
 /// in error: it is not among a test's failures.
@@ -809,6 +845,48 @@ async fn credits_are_reserved_once_and_never_go_below_zero() {
     assert_eq!(ledger_balances(&all_pages(&s, &t.owner, "/v1/transactions", "transactions").await), 0);
     let seconds = all_pages(&s, &second, "/v1/transactions", "transactions").await;
     assert_eq!(seconds.len(), 1, "the second owner paid nothing: {seconds:#?}");
+}
+
+/// A start refused for credits is recorded (its batch run, its tests'
+/// names and thresholds) but keeps nothing for runs it never queued: it
+/// kept a copy of every test's evaluators (up to about a megabyte a test,
+/// a thousand tests a batch), so that each refused start, free to repeat,
+/// grew the database by as much as the tests themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_refused_for_credits_keeps_no_copy_of_its_tests() {
+    let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 0).await;
+    let t = s.team("refused").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let closed = common::ClosedPort::new();
+    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
+    // 100 evaluators of 2,000 characters: 200 KB of them.
+    let evaluators: Vec<Value> =
+        (0..100).map(|i| json!({"type": "contains", "name": format!("says {i}"), "text": "y".repeat(2000)})).collect();
+    let body = json!({"project_id": p, "name": "big", "channel_id": ch, "scenario_id": scenario,
+                      "evaluators": evaluators});
+    let test = create(&s, &t.editor, "/v1/tests", body).await;
+    let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    let pages = || db.query_row("PRAGMA page_count", [], |r| r.get::<_, i64>(0)).unwrap();
+    let page_size: i64 = db.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+    let before = pages();
+    for _ in 0..10 {
+        let (status, e) =
+            error_body(s.send_json(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({}))).await)
+                .await;
+        assert_eq!((status, e["error_code"].as_str()), (402, Some("insufficient_credits")), "{e}");
+    }
+    let grown = (pages() - before) * page_size;
+    assert!(grown < 200_000, "ten refused starts grew the database by {grown} bytes");
+    // What a refused start shows of its tests is still there.
+    let refused = s.expect(Method::GET, "/v1/batch-runs?status=insufficient_credits", &t.viewer, None, 200).await;
+    assert_eq!(refused["batch_runs"].as_array().unwrap().len(), 10);
+    let id = refused["batch_runs"][0]["id"].as_str().unwrap();
+    let tests = s.expect(Method::GET, &format!("/v1/batch-runs/{id}/tests"), &t.viewer, None, 200).await;
+    let shown = &tests["tests"][0];
+    assert_eq!((shown["name"].as_str(), shown["pass_threshold"].as_f64()), (Some("big"), Some(1.0)), "{tests:#}");
+    assert_eq!((shown["counts"]["total"].as_i64(), &shown["passed"]), (Some(0), &Value::Null), "{tests:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -74,6 +74,64 @@ async fn a_cursor_the_list_did_not_issue_is_refused() {
     }
 }
 
+/// The runs of a batch run, the tests of a batch run and the results of a
+/// test are a list each: a cursor one of them issued, given to the same
+/// list of another batch run or test, is refused too. It was taken as a
+/// place in time, and answered with a page of the other list's items
+/// older than it: some skipped, or none at all and no cursor, as if its
+/// end were reached.
+#[tokio::test]
+async fn a_cursor_of_another_batch_runs_or_tests_list_is_refused() {
+    let s = TestServer::start().await;
+    let t = s.team("cursors of a parent").await;
+    let p = &t.project_id;
+    let closed = common::ClosedPort::new();
+    let create = |path: &'static str, body: Value| {
+        let (s, key) = (&s, t.editor.clone());
+        async move { s.expect(Method::POST, path, &key, Some(body), 200).await["id"].as_str().unwrap().to_string() }
+    };
+    let channel = create(
+        "/v1/channels",
+        json!({"project_id": p, "name": "agent", "kind": "http", "target": closed.http_target()}),
+    )
+    .await;
+    let persona = create("/v1/personas", json!({"project_id": p, "name": "caller"})).await;
+    let scenario = create(
+        "/v1/scenarios",
+        json!({"project_id": p, "name": "s", "mode": "scripted", "default_persona_id": persona,
+               "steps": [{"say": "hi", "expect": []}]}),
+    )
+    .await;
+    let test = |name: &str| json!({"project_id": p, "name": name, "channel_id": channel, "scenario_id": scenario, "iterations": 2});
+    let (one, two) = (create("/v1/tests", test("one")).await, create("/v1/tests", test("two")).await);
+    let batch = create("/v1/batches", json!({"project_id": p, "name": "b", "test_ids": [one, two]})).await;
+    // Two batch runs (the batch's first), each ending at once: the agent is
+    // not there, and every run keeps a result saying so.
+    let both = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, Some(json!({})), 200).await;
+    let first = s.expect(Method::POST, &format!("/v1/tests/{one}/run"), &t.editor, Some(json!({})), 200).await;
+    let (both, first) = (both["id"].as_str().unwrap(), first["id"].as_str().unwrap());
+    for id in [both, first] {
+        common::engine::wait_for_end(&s, &t.viewer, id).await;
+    }
+    let cursor_of = async |path: &str| -> String {
+        s.expect(Method::GET, path, &t.viewer, None, 200).await["next_cursor"].as_str().unwrap().to_string()
+    };
+    for (issued_by, given_to) in [
+        (format!("/v1/batch-runs/{both}/runs?limit=1"), format!("/v1/batch-runs/{first}/runs")),
+        (format!("/v1/batch-runs/{first}/runs?limit=1"), format!("/v1/batch-runs/{both}/runs")),
+        (format!("/v1/batch-runs/{both}/tests?limit=1"), format!("/v1/batch-runs/{first}/tests")),
+        (format!("/v1/tests/{two}/results?limit=1"), format!("/v1/tests/{one}/results")),
+        (format!("/v1/tests/{one}/results?limit=1"), format!("/v1/tests/{two}/results")),
+    ] {
+        let cursor = cursor_of(&issued_by).await;
+        // Its own list goes on from it.
+        let own = issued_by.replace("limit=1", &format!("cursor={cursor}"));
+        s.expect(Method::GET, &own, &t.viewer, None, 200).await;
+        let (status, e) = error_body(s.get(&format!("{given_to}?cursor={cursor}"), &t.viewer).await).await;
+        assert_eq!((status, e["error_code"].as_str()), (400, Some("invalid_cursor")), "{issued_by} -> {given_to}: {e}");
+    }
+}
+
 /// `GET /projects/{id}/members`: "newest first" is the member added last
 /// first, whenever their account was made.
 #[tokio::test]
@@ -258,4 +316,59 @@ async fn a_page_of_large_results_ends_early_and_goes_on() {
         .await;
     assert_eq!(ids(&rest, "test_results"), newest_first[3..]);
     assert!(rest["next_cursor"].is_null(), "{}", rest["next_cursor"]);
+}
+
+/// A page cut early by its size names a next page only when there is one:
+/// the last results, passing 8 MiB with the last of them, are the last
+/// page (`next_cursor` null), not a page with a cursor to an empty one.
+#[tokio::test]
+async fn a_last_page_cut_by_its_size_has_no_cursor() {
+    let s = TestServer::start().await;
+    let t = s.team("large last page").await;
+    let p = &t.project_id;
+    let create = |path: &'static str, body: Value| {
+        let (s, key) = (&s, t.owner.clone());
+        async move { s.expect(Method::POST, path, &key, Some(body), 200).await["id"].as_str().unwrap().to_string() }
+    };
+    let channel = create(
+        "/v1/channels",
+        json!({"project_id": p, "name": "agent", "kind": "http", "target": "http://127.0.0.1:9/http"}),
+    )
+    .await;
+    let scenario = create(
+        "/v1/scenarios",
+        json!({"project_id": p, "name": "s", "mode": "scripted", "steps": [{"say": "hi", "expect": []}]}),
+    )
+    .await;
+    let persona = create("/v1/personas", json!({"project_id": p, "name": "caller"})).await;
+    let test = json!({"project_id": p, "name": "t", "channel_id": channel, "scenario_id": scenario,
+                      "persona_ids": [persona]});
+    let test = create("/v1/tests", test).await;
+    // Three results of 3 MiB each: the third passes 8 MiB, and is the last.
+    let made: Vec<String> = (0..3).map(|_| sparring_impl::ids::new_id("trs")).collect();
+    let store = sparring_impl::open_store(s.data_dir.path()).unwrap();
+    let (rows, project, test_id) = (made.clone(), p.clone(), test.clone());
+    store
+        .write(move |tx| {
+            for (i, id) in rows.iter().enumerate() {
+                let document = json!({"id": id, "padding": "x".repeat(3 << 20)}).to_string();
+                tx.execute(
+                    "INSERT INTO test_results (id, project_id, run_id, batch_run_id, test_id, call_id, status,
+                                               created_at, document)
+                     VALUES (?1, ?2, ?3, 'brn_x', ?4, ?5, 'passed', '2026-01-01T00:00:00.000000Z', ?6)",
+                    rusqlite::params![id, project, format!("run_{i}"), test_id, format!("call_{i}"), document],
+                )?;
+            }
+            Ok::<_, sparring_impl::store::StoreError>(())
+        })
+        .await
+        .unwrap();
+    let newest_first: Vec<String> = made.iter().rev().cloned().collect();
+    let page = s.expect(Method::GET, &format!("/v1/tests/{test}/results?limit=10"), &t.viewer, None, 200).await;
+    assert_eq!(ids(&page, "test_results"), newest_first);
+    assert!(page["next_cursor"].is_null(), "the last page: {}", page["next_cursor"]);
+    // Cut before its end, a page still names the next.
+    let page = s.expect(Method::GET, &format!("/v1/tests/{test}/results?limit=2"), &t.viewer, None, 200).await;
+    assert_eq!(ids(&page, "test_results"), newest_first[..2]);
+    assert!(page["next_cursor"].is_string(), "{page:#}");
 }

@@ -11,7 +11,7 @@
 //! `insufficient_credits`, nothing is queued, and the answer is 402. The
 //! workers (see `engine::worker`) take it from there.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::LazyLock;
 
 use rusqlite::{params, OptionalExtension as _};
@@ -22,7 +22,7 @@ use crate::access::{self, Need, Role};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{PageRequest, PageSql, AFTER};
+use crate::pagination::{InvalidCursor, PageRequest, PageSql, AFTER};
 use crate::{credits, ids, written, AppState};
 
 /// Most runs one request may queue.
@@ -88,31 +88,53 @@ fn expand(
     let mut planned = Vec::new();
     let mut worst = 0i64;
     let mut thresholds = BTreeMap::new();
+    // What a start needs of each scenario (its default persona and limit)
+    // and channel (its kind and limit), read once however many tests share
+    // it: a scenario may be as large as a request body, and this runs in
+    // the one writer, which every write of every user waits for.
+    let mut scenarios: HashMap<String, (Option<String>, u32)> = HashMap::new();
+    let mut channels: HashMap<String, (types::ChannelKind, u32)> = HashMap::new();
     for (i, test_id) in test_ids.iter().enumerate() {
         let field = format!("test_ids[{i}]");
         access::require_reference(tx, "tests", &field, test_id, project_id)?;
         let test = crate::tests::load(tx, test_id)?;
-        let scenario = crate::scenarios::load(tx, &test.scenario_id)?;
-        let channel = crate::channels::load(tx, &test.channel_id)?;
-        if !matches!(channel.kind, types::ChannelKind::Http | types::ChannelKind::Websocket) {
+        let (default_persona_id, scenario_limit) = match scenarios.get(&test.scenario_id) {
+            Some(known) => known.clone(),
+            None => {
+                let scenario = crate::scenarios::load(tx, &test.scenario_id)?;
+                let known = (scenario.default_persona_id, scenario.max_duration_s.get());
+                scenarios.insert(test.scenario_id.clone(), known.clone());
+                known
+            }
+        };
+        let (kind, channel_limit) = match channels.get(&test.channel_id) {
+            Some(known) => *known,
+            None => {
+                let channel = crate::channels::load(tx, &test.channel_id)?;
+                let known = (channel.kind, channel.max_call_duration_s.get());
+                channels.insert(test.channel_id.clone(), known);
+                known
+            }
+        };
+        if !matches!(kind, types::ChannelKind::Http | types::ChannelKind::Websocket) {
             return Err(Failure::Unsupported(format!(
-                "test `{test_id}` uses channel `{}` of kind `{}`: calls over `phone` and `sip` channels are not \
+                "test `{test_id}` uses channel `{}` of kind `{kind}`: calls over `phone` and `sip` channels are not \
                  built yet; use an `http` or `websocket` channel",
-                channel.id, channel.kind
+                test.channel_id
             )));
         }
         let personas: Vec<Option<String>> = if test.persona_ids.is_empty() {
-            vec![scenario.default_persona_id.clone()]
+            vec![default_persona_id]
         } else {
             test.persona_ids.iter().cloned().map(Some).collect()
         };
-        let limit = scenario.max_duration_s.get().min(channel.max_call_duration_s.get()).min(project_limit);
+        let limit = scenario_limit.min(channel_limit).min(project_limit);
         let iterations = test.iterations.get();
         for persona in &personas {
             for iteration in 1..=iterations {
                 planned.push(Planned {
                     test_id: test.id.clone(),
-                    scenario_id: scenario.id.clone(),
+                    scenario_id: test.scenario_id.clone(),
                     persona_id: persona.clone(),
                     iteration,
                     max_duration_s: limit,
@@ -300,7 +322,12 @@ async fn start(
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?;
             for (test_id, t) in &thresholds {
-                insert_test.execute(params![id, test_id, t.pass_threshold, t.channel_id, t.evaluators, t.name])?;
+                // The channel and evaluators are kept for the runs queued;
+                // a start refused for credits queued none (and is free to
+                // repeat): it keeps what it shows of each test only.
+                let (channel_id, evaluators) =
+                    if enough { (Some(&t.channel_id), Some(&t.evaluators)) } else { (None, None) };
+                insert_test.execute(params![id, test_id, t.pass_threshold, channel_id, evaluators, t.name])?;
             }
             if enough {
                 credits::append(
@@ -588,22 +615,7 @@ pub(crate) fn refuse_if_runs_bound(
     what: &str,
     to: BoundTo<'_>,
 ) -> Result<()> {
-    let (condition, id) = match to {
-        BoundTo::Scenario(id) => ("r.scenario_id = ?2", id),
-        BoundTo::Persona(id) => ("r.persona_id = ?2", id),
-        BoundTo::Channel(id) => ("t.channel_id = ?2", id),
-        BoundTo::Judge(id) => (
-            "EXISTS (SELECT 1 FROM json_each(t.evaluators) e WHERE json_extract(e.value, '$.integration_id') = ?2)",
-            id,
-        ),
-    };
-    // Active batch runs first (a partial index), then their unfinished runs.
-    let sql = format!(
-        "SELECT count(*) FROM batch_runs b
-         JOIN runs r ON r.batch_run_id = b.id AND r.status IN ('queued', 'running')
-         JOIN batch_run_tests t ON t.batch_run_id = r.batch_run_id AND t.test_id = r.test_id
-         WHERE b.status IN ('queued', 'running') AND b.project_id = ?1 AND {condition}"
-    );
+    let (sql, id) = bound_sql(to);
     let active: i64 = tx.prepare_cached(&sql)?.query_row(params![project_id, id], |r| r.get(0))?;
     if active > 0 {
         return Err(Failure::runs_active(
@@ -612,6 +624,40 @@ pub(crate) fn refuse_if_runs_bound(
         ));
     }
     Ok(())
+}
+
+/// The statement counting the unfinished runs of project `?1` bound to
+/// `?2` (see [`refuse_if_runs_bound`]), and the id bound as `?2`.
+fn bound_sql(to: BoundTo<'_>) -> (String, &str) {
+    // What the tests were queued with (`t`) is looked at once per test of
+    // an active batch run, in a subquery run once: a test's evaluators may
+    // be a megabyte, and a batch run holds up to 10,000 runs of one test.
+    let of_tests = |condition: &str| {
+        format!(
+            "(r.batch_run_id, r.test_id) IN (
+                 SELECT t.batch_run_id, t.test_id FROM batch_runs tb
+                 JOIN batch_run_tests t ON t.batch_run_id = tb.id
+                 WHERE tb.status IN ('queued', 'running') AND tb.project_id = ?1 AND {condition})"
+        )
+    };
+    let (condition, id) = match to {
+        BoundTo::Scenario(id) => ("r.scenario_id = ?2".to_string(), id),
+        BoundTo::Persona(id) => ("r.persona_id = ?2".to_string(), id),
+        BoundTo::Channel(id) => (of_tests("t.channel_id = ?2"), id),
+        BoundTo::Judge(id) => (
+            of_tests(
+                "EXISTS (SELECT 1 FROM json_each(t.evaluators) e WHERE json_extract(e.value, '$.integration_id') = ?2)",
+            ),
+            id,
+        ),
+    };
+    // Active batch runs first (a partial index), then their unfinished runs.
+    let sql = format!(
+        "SELECT count(*) FROM batch_runs b
+         JOIN runs r ON r.batch_run_id = b.id AND r.status IN ('queued', 'running')
+         WHERE b.status IN ('queued', 'running') AND b.project_id = ?1 AND {condition}"
+    );
+    (sql, id)
 }
 
 pub(crate) fn conversion(column: usize, e: impl std::fmt::Display) -> rusqlite::Error {
@@ -820,6 +866,8 @@ pub async fn list_tests(
         .store
         .read(move |tx| {
             access::require_resource(tx, &caller.user_id, "batch_runs", "batch run", &path.id, Need::Read)?;
+            let cursor_sql = "SELECT 1 FROM batch_run_tests WHERE test_id = ?1 AND batch_run_id = ?2";
+            require_cursor_of(tx, cursor_sql, &path.id, &page)?;
             let run = seen_by(tx, &caller.user_id, load_batch_run(tx, &path.id)?)?;
             let completed = matches!(run.status, types::BatchRunStatus::Completed);
             let rows = tx
@@ -876,7 +924,10 @@ pub async fn list_tests(
 /// The first three runs of each of `test_ids` in the batch run that failed
 /// or ended in error, with their results' reasons, or, for a run that ended
 /// in error without a conversation (its lease expired on every attempt),
-/// the run's own. The documents are read for those three only. A run cancelled mid-conversation keeps a result
+/// the run's own. Both are kept with the run (`runs.error`): a page names
+/// up to 600 failures, and their documents (each up to a call's record)
+/// are read only for a run that ended before its result's reason was kept
+/// there. A run cancelled mid-conversation keeps a result
 /// whose status is `error` ("cancelled after N turns"), so the run's own
 /// status says which ones failed.
 fn first_failures(
@@ -891,7 +942,7 @@ fn first_failures(
     let rows = tx
         .prepare_cached(
             "SELECT r.test_id, r.id, r.test_result_id, r.status,
-                    coalesce(json_extract(t.document, '$.failure_reason'), r.error)
+                    coalesce(r.error, json_extract(t.document, '$.failure_reason'))
              FROM runs r JOIN (
                  SELECT id, row_number() OVER (PARTITION BY test_id ORDER BY id) AS n FROM runs
                  WHERE batch_run_id = ?1 AND status IN ('failed', 'error')
@@ -917,6 +968,20 @@ fn first_failures(
         failures.entry(test_id).or_default().push(failure);
     }
     Ok(failures)
+}
+
+/// A page after a cursor of a list of one batch run's or test's items:
+/// the cursor must be one of those items (`sql` finds it, `?1`, as an item
+/// of `parent`, `?2`). One issued by the same list of another batch run or
+/// test is refused as every list refuses another list's cursor, not read
+/// as a place in time (a page of this list's items older than it: some
+/// skipped, or none and no cursor, as if the end were reached).
+fn require_cursor_of(tx: &rusqlite::Connection, sql: &str, parent: &str, page: &PageRequest) -> Result<()> {
+    let Some(after) = &page.after else { return Ok(()) };
+    match tx.prepare_cached(sql)?.query_row(params![after, parent], |_| Ok(())).optional()? {
+        Some(()) => Ok(()),
+        None => Err(Failure::invalid("cursor", InvalidCursor)),
+    }
 }
 
 const RUN_COLUMNS: &str =
@@ -974,6 +1039,7 @@ pub async fn list_runs(
         .store
         .read(move |tx| {
             access::require_resource(tx, &caller.user_id, "batch_runs", "batch run", &path.batch_id, Need::Read)?;
+            require_cursor_of(tx, "SELECT 1 FROM runs WHERE id = ?1 AND batch_run_id = ?2", &path.batch_id, &page)?;
             // A run whose result the caller labels blind does not say how
             // it ended, and a list filtered by status leaves it out in the
             // query itself, so that neither the page's length nor its cursor
@@ -1169,27 +1235,29 @@ pub async fn list_test_results(
         .store
         .read(move |tx| {
             access::require_resource(tx, &caller.user_id, "tests", "test", &path.id, Need::Read)?;
+            require_cursor_of(tx, "SELECT 1 FROM test_results WHERE id = ?1 AND test_id = ?2", &path.id, &page)?;
             // The stored documents as they are, but for blind results:
             // hidden one by one, and left out of a list filtered by status
             // (matching the filter would reveal it) in the query itself, so
             // that neither the page's length nor its cursor tells.
             // A page stops early, with its cursor, once its documents pass
             // RESULTS_PAGE_BYTES: each may be up to a call's record in size.
+            // A page cut early names a next page only if a row follows it
+            // (one more step of the statement, that row left out).
             let mut statement = tx.prepare_cached(TEST_RESULTS_SQL.of(&page))?;
-            let found = statement
-                .query_map(params![path.id, status, page.after, page.fetch_limit(), caller.user_id], |r| {
-                    Ok((r.get::<_, String>(1)?, r.get::<_, String>(0)?))
-                })?;
+            let mut found =
+                statement.query(params![path.id, status, page.after, page.fetch_limit(), caller.user_id])?;
             let (mut rows, mut bytes, mut full) = (Vec::new(), 0, false);
-            for row in found {
-                let row = row?;
-                bytes += row.1.len();
-                rows.push(row);
-                if bytes > RESULTS_PAGE_BYTES && rows.len() < page.fetch_limit() as usize {
+            while let Some(row) = found.next()? {
+                if bytes > RESULTS_PAGE_BYTES {
                     full = true;
                     break;
                 }
+                let row: (String, String) = (row.get(1)?, row.get(0)?);
+                bytes += row.1.len();
+                rows.push(row);
             }
+            drop(found);
             drop(statement);
             let id_of = |(id, _): &(String, String)| id.clone();
             let page = if full { page.finish_early(rows, id_of) } else { page.finish(rows, id_of) };
@@ -1343,6 +1411,110 @@ mod tests {
         assert_eq!((f.run_id.as_str(), f.test_result_id.as_deref()), ("run_2", None));
         assert_eq!(f.failure_reason.as_deref(), Some("the worker holding it was lost 3 times"));
         assert_eq!(f.status, sparring_server::types::TestResultStatus::Error);
+    }
+
+    /// A start reads each scenario its tests share once: a scenario may be
+    /// as large as a request body, and a batch of 1,000 tests of one ~1 MB
+    /// scenario had the single writer decode it 1,000 times (seconds in
+    /// which no one's write went through), also for a start refused for
+    /// credits.
+    #[test]
+    fn a_start_reads_a_shared_scenario_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        let steps: Vec<_> = (0..20).map(|i| serde_json::json!({"say": format!("line {i}"), "expect": []})).collect();
+        let scenario = serde_json::json!({"description": "", "first_message": "hi", "steps": steps, "goal": null,
+                                          "success_criteria": [], "max_turns": 20, "max_duration_s": 60, "tags": []});
+        let tests = 300;
+        let (planned, worst, reads) = store
+            .write_blocking::<_, Failure, _>(|tx| {
+                tx.execute_batch(
+                    "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
+                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', 'usr_1');
+                     INSERT INTO personas VALUES ('per_1', 'prj_1', 'caller', '{}', 't', 't');
+                     INSERT INTO channels VALUES ('chn_1', 'prj_1', 'web', 'http', 'https://a.example', NULL, '[]',
+                                                  NULL, 1000, 600, 't', 't');",
+                )?;
+                tx.execute(
+                    "INSERT INTO scenarios VALUES ('scn_1', 'prj_1', 's', 'scripted', 'per_1', 1, ?1, 't', 't')",
+                    params![scenario.to_string()],
+                )?;
+                let mut ids = Vec::new();
+                for i in 0..tests {
+                    let id = format!("tst_{i:04}");
+                    tx.execute(
+                        "INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at,
+                                            updated_at)
+                         VALUES (?1, 'prj_1', ?1, 'chn_1', 'scn_1',
+                                 '{\"description\": \"\", \"iterations\": 2, \"evaluators\": [],
+                                   \"pass_threshold\": 1.0, \"tags\": []}', 't', 't')",
+                        params![id],
+                    )?;
+                    ids.push(id);
+                }
+                let (planned, worst, _) = super::expand(tx, "prj_1", &ids)?;
+                let reads = tx.prepare_cached(&crate::scenarios::LOAD_SQL)?.get_status(rusqlite::StatementStatus::Run);
+                Ok((planned.len(), worst, reads))
+            })
+            .unwrap();
+        assert_eq!((planned, worst), (2 * tests, 2 * tests as i64), "two one-minute runs per test");
+        assert_eq!(reads, 1, "the scenario of {tests} tests read once");
+    }
+
+    /// SQLite's steps (which no machine's noise moves) to find whether an
+    /// integration judges the 500 unfinished runs of a batch run of one
+    /// test holding `evaluators` evaluators.
+    fn steps_to_find_a_judge(evaluators: usize) -> i32 {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        let list: Vec<_> = (0..evaluators)
+            .map(|i| serde_json::json!({"type": "contains", "name": format!("e{i}"), "text": "x"}))
+            .collect();
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                tx.execute_batch(
+                    "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
+                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', 'usr_1');
+                     INSERT INTO batch_runs (id, project_id, user_id, source, status, concurrency, total, queued,
+                                             metadata, created_at, updated_at)
+                     VALUES ('brn_1', 'prj_1', 'usr_1', 'test', 'running', 10, 500, 500, '{}', 't', 't');",
+                )?;
+                tx.execute(
+                    "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold, channel_id, evaluators)
+                     VALUES ('brn_1', 'tst_1', 1, 'chn_1', ?1)",
+                    params![serde_json::Value::Array(list.clone()).to_string()],
+                )?;
+                for i in 1..=500 {
+                    tx.execute(
+                        "INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, iteration,
+                                           status, queued_at, queued_ms, created_at, updated_at)
+                         VALUES (?1, 'brn_1', 'prj_1', 'usr_1', 'tst_1', 'scn_1', ?2, 'queued', 't', 0, 't', 't')",
+                        params![format!("run_{i:04}"), i],
+                    )?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                super::refuse_if_runs_bound(tx, "prj_1", "integration", super::BoundTo::Judge("int_1"))?;
+                let (sql, _) = super::bound_sql(super::BoundTo::Judge("int_1"));
+                Ok(tx.prepare_cached(&sql)?.get_status(rusqlite::StatementStatus::VmStep))
+            })
+            .unwrap()
+    }
+
+    /// Deleting an integration looks for judges among the evaluators the
+    /// tests of unfinished runs were queued with: once per test, not once
+    /// per run. (A test of 100 evaluators with long prompts holds about a
+    /// megabyte of them; with 1,000 runs queued, one delete had the writer
+    /// parse a gigabyte, 3 s in which no one's write went through.)
+    #[test]
+    fn a_judge_is_looked_for_once_per_test_not_per_run() {
+        let (few, many) = (steps_to_find_a_judge(2), steps_to_find_a_judge(100));
+        // Fifty times the evaluators: as much more work as they are read
+        // once, not fifty times the work of reading them for every run.
+        assert!(f64::from(many) < 2.0 * f64::from(few), "{few} steps for 2 evaluators, {many} for 100");
     }
 
     #[test]

@@ -398,8 +398,12 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Scenario> {
     })
 }
 
+/// The statement [`load`] reads a scenario with.
+pub(crate) static LOAD_SQL: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {COLUMNS} FROM scenarios s WHERE s.id = ?1"));
+
 pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Scenario> {
-    tx.prepare_cached(&format!("SELECT {COLUMNS} FROM scenarios s WHERE s.id = ?1"))?
+    tx.prepare_cached(&LOAD_SQL)?
         .query_row(params![id], from_row)
         .optional()?
         .ok_or_else(|| Failure::not_found("scenario", id))

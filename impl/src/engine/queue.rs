@@ -170,7 +170,8 @@ pub struct Finish<'a> {
     pub status: types::RunStatus,
     /// The result to store (absent when the conversation never happened).
     pub result: Option<&'a types::TestResult>,
-    /// Why a run without a result ended.
+    /// Why a run without a result ended (with a result, its
+    /// `failure_reason` is kept with the run).
     pub error: Option<&'a str>,
     pub credits: i64,
 }
@@ -207,6 +208,10 @@ pub fn finish(tx: &rusqlite::Transaction<'_>, owner: &str, run: &Claimed, end: F
             document
         ])?;
     }
+    // Why it failed is kept with the run too: a batch run's failures per
+    // test (`runs::first_failures`) read it from here, not out of the
+    // result's document (up to a call's record in size).
+    let error = end.error.or_else(|| end.result.and_then(|r| r.failure_reason.as_deref()));
     tx.prepare_cached(
         "UPDATE runs SET status = ?2, test_result_id = ?3, error = ?4, credits = ?5, lease_owner = NULL,
                          lease_expires_ms = NULL, finished_at = ?6, finished_ms = ?7, updated_at = ?6
@@ -216,7 +221,7 @@ pub fn finish(tx: &rusqlite::Transaction<'_>, owner: &str, run: &Claimed, end: F
         run.run_id,
         end.status.to_string(),
         end.result.map(|r| r.id.clone()),
-        end.error,
+        error,
         end.credits,
         now_text,
         now.timestamp_millis()
