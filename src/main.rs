@@ -151,9 +151,11 @@ struct ServeArgs {
     #[arg(long, env = "SPARRING_STARTING_CREDITS", default_value_t = sparring_impl::credits::DEFAULT_STARTING_CREDITS,
           value_parser = clap::value_parser!(i64).range(0..), allow_hyphen_values = true)]
     starting_credits: i64,
-    /// How long a worker's claim on a run lasts without renewal, in seconds;
-    /// runs of a server that died are retried after at most this long.
-    #[arg(long, env = "SPARRING_LEASE_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    /// How long a worker's claim on a run lasts without renewal, in seconds
+    /// (at most a day); runs of a server that died are retried after at
+    /// most this long.
+    #[arg(long, env = "SPARRING_LEASE_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
     lease_seconds: u64,
     /// Let channels, LLM integrations and webhooks reach private and local
     /// addresses (loopback, 10/8, 192.168/16, link-local, …). Off, the

@@ -872,6 +872,10 @@ fn out_of_range_serve_values_are_refused() {
         ("--workers", "0"),
         ("--max-calls-per-user", "0"),
         ("--lease-seconds", "0"),
+        // Past a day: a crashed server's runs would wait longer for a retry,
+        // and a lease this long in milliseconds wraps below zero.
+        ("--lease-seconds", "86401"),
+        ("--lease-seconds", "18446744073709551"),
         ("--starting-credits", "-5"),
         ("--starting-credits=-5", ""),
     ] {
