@@ -1249,6 +1249,50 @@ fn assert_hidden(reason: &str, secret: &str) {
     }
 }
 
+/// An agent that echoes a channel's header value in its normal replies, in
+/// what it says and in a tool call's name and arguments, does not put it in
+/// the result every member reads: the transcript, the tool calls and what
+/// the evaluators quote from them hold `[redacted]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_echoed_in_an_agent_s_replies_is_kept_out_of_the_result() {
+    const SECRET: &str = "Bearer sk-live-9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b";
+    let agent = Recorder::start(|req, _| {
+        let echoed = req.header("authorization").unwrap_or_default().to_string();
+        let reply = json!({
+            "messages": [{"role": "assistant", "content": format!("Booked. (debug: {echoed})")}],
+            "tool_calls": [{"name": format!("lookup {echoed}"),
+                            "arguments": {"auth": echoed.clone(), "nested": [{"k": echoed.clone()}], echoed: 1}}],
+        });
+        (200, reply.to_string())
+    })
+    .await;
+    let s = TestServer::start().await;
+    let t = s.team("echoes").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let channel = json!({"project_id": p, "name": "echo", "kind": "http", "target": format!("{}/http", agent.base),
+                         "headers": {"authorization": SECRET}});
+    let channel = create(&s, &t.editor, "/v1/channels", channel).await;
+    let scripted = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    let mut body = test_body(p, "echo", &channel, &scripted, 1);
+    // A rule that fails, quoting the agent's words in its reason.
+    body["evaluators"] = json!([{"type": "not_contains", "name": "no debug output", "text": "debug"}]);
+    let test = create(&s, &t.editor, "/v1/tests", body).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+    assert_eq!(agent.received()[0].header("authorization"), Some(SECRET), "the secret was sent, and echoed");
+    let result = &results_of(&s, &t.viewer, &test).await[0];
+    let said = result["transcript"].as_array().unwrap().iter().find(|turn| turn["role"] == "agent");
+    let said = said.unwrap_or_else(|| panic!("no agent turn: {result:#}"))["text"].as_str().unwrap();
+    assert_eq!(said, "Booked. (debug: [redacted])");
+    let call = &result["tool_calls"][0];
+    assert_eq!(call["name"], "lookup [redacted]", "{call:#}");
+    assert_eq!(call["arguments"], json!({"auth": "[redacted]", "nested": [{"k": "[redacted]"}], "[redacted]": 1}));
+    let rule = result["evaluations"].as_array().unwrap().iter().find(|e| e["name"] == "no debug output").unwrap();
+    assert_eq!(rule["passed"], false, "{rule:#}");
+    assert_hidden(&result.to_string(), SECRET);
+}
+
 /// An echoed secret is redacted before the error body is clipped for the
 /// reason: a clip falling inside the secret leaves none of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,15 +39,71 @@ const SECRET_MIN: usize = 4;
 /// Run on a text before it is clipped or reshaped: a clipped or escaped
 /// secret is no longer found (see [`llm::excerpt`]).
 pub(crate) fn redact(text: String, secrets: &[&str]) -> String {
-    let mut forms: Vec<String> = secrets.iter().flat_map(|s| echoed_forms(s)).collect();
-    // The longest first, so a form holding another is replaced whole (and
-    // equal ones side by side, each replaced once).
-    forms.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-    forms.dedup();
-    forms.iter().fold(
-        text,
-        |text, form| if text.contains(form.as_str()) { text.replace(form.as_str(), "[redacted]") } else { text },
-    )
+    Redaction::of(secrets).apply(text)
+}
+
+/// [`redact`] for many texts: the forms of the secrets found once.
+pub(crate) struct Redaction(Vec<String>);
+
+impl Redaction {
+    pub(crate) fn of(secrets: &[&str]) -> Redaction {
+        let mut forms: Vec<String> = secrets.iter().flat_map(|s| echoed_forms(s)).collect();
+        // The longest first, so a form holding another is replaced whole (and
+        // equal ones side by side, each replaced once).
+        forms.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        forms.dedup();
+        Redaction(forms)
+    }
+
+    pub(crate) fn apply(&self, text: String) -> String {
+        self.0.iter().fold(text, |text, form| {
+            if text.contains(form.as_str()) {
+                text.replace(form.as_str(), "[redacted]")
+            } else {
+                text
+            }
+        })
+    }
+
+    /// Every string in `value`, object keys included, redacted.
+    fn apply_json(&self, value: &mut serde_json::Value) {
+        use serde_json::Value;
+        match value {
+            Value::String(s) => *s = self.apply(std::mem::take(s)),
+            Value::Array(items) => items.iter_mut().for_each(|v| self.apply_json(v)),
+            Value::Object(map) => {
+                let entries = std::mem::take(map);
+                for (key, mut v) in entries {
+                    self.apply_json(&mut v);
+                    map.insert(self.apply(key), v);
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+
+    /// What the agent and the simulated caller said and did, redacted: an
+    /// agent (or what is in front of it) that echoes a channel's header
+    /// value, or a caller LLM that repeats its key, in a normal reply would
+    /// otherwise put it in the transcript every member reads, and in what
+    /// the evaluators quote from it.
+    pub(crate) fn apply_to_conversation(&self, outcome: &mut Outcome) {
+        if self.0.is_empty() {
+            return;
+        }
+        for turn in &mut outcome.transcript {
+            turn.text = self.apply(std::mem::take(&mut turn.text));
+        }
+        for call in &mut outcome.tool_calls {
+            call.name = self.apply(std::mem::take(&mut call.name));
+            let mut arguments = serde_json::Value::Object(std::mem::take(&mut call.arguments));
+            self.apply_json(&mut arguments);
+            if let serde_json::Value::Object(map) = arguments {
+                call.arguments = map;
+            }
+        }
+        outcome.error = outcome.error.take().map(|e| self.apply(e));
+    }
 }
 
 /// The innermost cause of a request error: the useful part ("connection

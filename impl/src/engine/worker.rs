@@ -532,7 +532,12 @@ async fn converse_and_judge(
     loaded: &Loaded,
     token: &CancellationToken,
 ) -> types::TestResult {
-    let outcome = conversation::converse(&engine.http, &loaded.plan, token).await;
+    let mut outcome = conversation::converse(&engine.http, &loaded.plan, token).await;
+    // What the engine keeps and evaluates from what an agent or an LLM
+    // answered holds none of the secrets it was sent with.
+    let secrets = loaded.secrets();
+    let redaction = super::Redaction::of(&secrets);
+    redaction.apply_to_conversation(&mut outcome);
     let evaluated =
         evaluate::evaluate(&engine.http, &loaded.plan.scenario, &loaded.test.evaluators, &outcome, &loaded.judges)
             .await;
@@ -546,11 +551,10 @@ async fn converse_and_judge(
     let ended_at = outcome.started_at + chrono::Duration::milliseconds(outcome.duration_ms as i64);
     let now = ids::now();
     // What the engine wrote from what an agent or an LLM answered.
-    let secrets = loaded.secrets();
-    let failure_reason = failure_reason.map(|r| super::redact(r, &secrets));
+    let failure_reason = failure_reason.map(|r| redaction.apply(r));
     let evaluations = evaluated
         .into_iter()
-        .map(|e| types::EvaluationResult { reason: super::redact(e.result.reason, &secrets), ..e.result })
+        .map(|e| types::EvaluationResult { reason: redaction.apply(e.result.reason), ..e.result })
         .collect();
     types::TestResult {
         id: ids::new_id("trs"),
