@@ -29,6 +29,8 @@ struct Issuer {
     /// The keys it publishes (a test rotates them).
     jwks: Mutex<serde_json::Value>,
     jwks_fetches: AtomicUsize,
+    /// How long it takes to answer for its keys (a slow issuer).
+    jwks_delay: Mutex<Duration>,
 }
 
 impl Issuer {
@@ -53,6 +55,8 @@ async fn discovery(rqctx: RequestContext<Arc<Issuer>>) -> Result<HttpResponseOk<
 #[dropshot::endpoint { method = GET, path = "/jwks" }]
 async fn jwks_document(rqctx: RequestContext<Arc<Issuer>>) -> Result<HttpResponseOk<serde_json::Value>, HttpError> {
     rqctx.context().jwks_fetches.fetch_add(1, Ordering::SeqCst);
+    let delay = *rqctx.context().jwks_delay.lock().unwrap();
+    tokio::time::sleep(delay).await;
     Ok(HttpResponseOk(rqctx.context().jwks.lock().unwrap().clone()))
 }
 
@@ -74,6 +78,7 @@ async fn start_issuer() -> (Arc<Issuer>, dropshot::HttpServer<Arc<Issuer>>) {
         url: OnceLock::new(),
         jwks: Mutex::new(published_jwks()),
         jwks_fetches: AtomicUsize::new(0),
+        jwks_delay: Mutex::new(Duration::ZERO),
     });
     let mut api = ApiDescription::new();
     api.register(discovery).unwrap();
@@ -586,4 +591,46 @@ async fn a_key_made_for_an_address_in_other_case_is_the_signed_in_users() {
         .await
         .unwrap();
     assert_eq!(users, 1);
+}
+
+/// A token signed with a key the issuer has just published, sent while the
+/// server is fetching the issuer's keys (another such token made it refetch,
+/// or the keys it held were old and are being refreshed), waits for that
+/// fetch: refused, it would be refused for a key the server is about to
+/// hold, and a refetch of its own is not allowed so soon after that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_of_a_new_key_waits_for_the_fetch_under_way() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let interval = Duration::from_secs(1);
+    let new_key = |i: i64| sign(Token { key_pem: OTHER_KEY, kid: "k2", expires_in: 600 + i, ..valid(&url, "ivan") });
+
+    // Several first uses of tokens of a new key at once: one refetches, the
+    // others come while it runs.
+    let s = start_refetching(&url, interval).await;
+    assert_eq!(status_with_token(&s, &sign(valid(&url, "ivan"))).await, 200);
+    tokio::time::sleep(interval).await;
+    *issuer.jwks.lock().unwrap() = jwks_of(OTHER_KEY, "k2");
+    *issuer.jwks_delay.lock().unwrap() = Duration::from_millis(500);
+    let fetches = issuer.jwks_fetches.load(Ordering::SeqCst);
+    let tokens: Vec<String> = (0..8).map(new_key).collect();
+    let statuses = futures::future::join_all(tokens.iter().map(|t| status_with_token(&s, t))).await;
+    assert_eq!(statuses, vec![200; 8], "tokens of the key being fetched");
+    assert_eq!(issuer.jwks_fetches.load(Ordering::SeqCst), fetches + 1, "one fetch for all of them");
+
+    // The keys held are old: the first request starts a refresh in the
+    // background, and its token, of a key only the refresh brings, waits.
+    *issuer.jwks.lock().unwrap() = published_jwks();
+    *issuer.jwks_delay.lock().unwrap() = Duration::ZERO;
+    let config = IssuerConfig { issuer: url.clone(), audience: AUDIENCE.into(), jwks_file: None };
+    let s = TestServer::start_configured(vec![config], |c| {
+        c.oidc_refetch_interval = interval;
+        c.oidc_keys_max_age = Duration::from_millis(100);
+    })
+    .await;
+    assert_eq!(status_with_token(&s, &sign(valid(&url, "ivan"))).await, 200);
+    tokio::time::sleep(interval).await;
+    *issuer.jwks.lock().unwrap() = jwks_of(OTHER_KEY, "k2");
+    *issuer.jwks_delay.lock().unwrap() = Duration::from_millis(500);
+    assert_eq!(status_with_token(&s, &new_key(100)).await, 200, "a token of the key the refresh brings");
 }
