@@ -300,6 +300,17 @@ async fn an_issuer_given_for_two_audiences_accepts_either() {
         assert_eq!(status_with_token(&s, &sign(Token { audience, ..valid(url, "gina") })).await, 200, "{audience}");
     }
     assert_eq!(status_with_token(&s, &sign(Token { audience: "other", ..valid(url, "gina") })).await, 401);
+    // A token for both is for either; one also for a client not configured
+    // here is refused (OpenID Connect Core 3.1.3.7: no untrusted audience).
+    let for_audiences = |audiences: serde_json::Value| {
+        let mut payload = valid_payload(url);
+        payload["sub"] = "gina".into();
+        payload["aud"] = audiences;
+        payload["azp"] = "web-client".into();
+        sign_payload(payload)
+    };
+    assert_eq!(status_with_token(&s, &for_audiences(serde_json::json!(["web-client", "cli-client"]))).await, 200);
+    assert_eq!(status_with_token(&s, &for_audiences(serde_json::json!(["web-client", "other"]))).await, 401);
 
     let other = dir.path().join("other.json");
     std::fs::write(&other, jwks_of(OTHER_KEY, "k2").to_string()).unwrap();

@@ -36,7 +36,7 @@ use chrono::{DateTime, Utc};
 use openidconnect::core::{
     CoreIdToken, CoreIdTokenVerifier, CoreJsonWebKeySet, CoreJwsSigningAlgorithm, CoreProviderMetadata,
 };
-use openidconnect::{ClaimsVerificationError, ClientId, IssuerUrl, Nonce, SignatureVerificationError};
+use openidconnect::{Audience, ClaimsVerificationError, ClientId, IssuerUrl, Nonce, SignatureVerificationError};
 
 /// The least time between two fetches of an issuer's keys prompted by
 /// tokens (the server's setting; tests shorten it).
@@ -417,7 +417,11 @@ impl Issuer {
             CoreJwsSigningAlgorithm::EcdsaP256Sha256,
             CoreJwsSigningAlgorithm::EcdsaP384Sha384,
             CoreJwsSigningAlgorithm::EdDsa,
-        ]);
+        ])
+        // A token may name several audiences: besides `audience`, only
+        // those configured for this issuer are trusted (OpenID Connect Core
+        // 3.1.3.7); any other refuses it, as `openidconnect` does by default.
+        .set_other_audience_verifier_fn(|other: &Audience| self.audiences.iter().any(|a| a == other.as_str()));
         // Bearer tokens presented to an API carry no nonce of ours.
         let claims = token.claims(&verifier, |_: Option<&Nonce>| Ok(()))?;
         let identity = Identity {
