@@ -645,3 +645,53 @@ async fn a_token_of_a_new_key_waits_for_the_fetch_under_way() {
     *issuer.jwks_delay.lock().unwrap() = Duration::from_millis(500);
     assert_eq!(status_with_token(&s, &new_key(100)).await, 200, "a token of the key the refresh brings");
 }
+
+/// A user whose first sign-in carried no verified address (a client that
+/// did not ask for the `email` scope, an address not verified yet) gets the
+/// first verified one a later token carries, unless another user has it:
+/// users are found by email, and one who signed in with a verified address
+/// must be found by it.
+#[tokio::test]
+async fn a_verified_email_of_a_later_sign_in_becomes_the_users() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
+    let ivy = |verified: bool, expires_in: i64| {
+        sign(Token { email: Some("Ivy@example.com"), email_verified: verified, expires_in, ..valid(&url, "ivy") })
+    };
+    let first = ivy(false, 600);
+    assert_eq!(status_with_token(&s, &first).await, 200);
+    let owner = s.key_for_user("owner@example.com").await;
+    let project = s.create_project(&owner, "ivy's team").await;
+    let members = format!("/v1/projects/{project}/members");
+    let add = serde_json::json!({"email": "ivy@example.com", "role": "viewer"});
+    let resp = s.send_json(reqwest::Method::POST, &members, &owner, Some(add.clone())).await;
+    assert_eq!(resp.status().as_u16(), 404, "no verified address yet");
+
+    assert_eq!(status_with_token(&s, &ivy(true, 601)).await, 200);
+    let member = s.expect(reqwest::Method::POST, &members, &owner, Some(add), 200).await;
+    assert_eq!(member["email"], "Ivy@example.com", "{member}");
+    assert_eq!(oidc_users(&s, "ivy").await, 1, "the same user");
+    let resp = s.http.get(s.url(&format!("/v1/projects/{project}"))).bearer_auth(&first).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "the user who signed in first is the member");
+
+    // An address another user has stays theirs.
+    let other = |verified: bool, expires_in: i64| {
+        sign(Token { email: Some("ivy@example.com"), email_verified: verified, expires_in, ..valid(&url, "ivy2") })
+    };
+    assert_eq!(status_with_token(&s, &other(false, 600)).await, 200);
+    assert_eq!(status_with_token(&s, &other(true, 601)).await, 200);
+    let resp =
+        s.http.get(s.url(&format!("/v1/projects/{project}"))).bearer_auth(other(true, 602)).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 404, "not the member");
+    let store = sparring_impl::open_store(s.data_dir.path()).unwrap();
+    let emails: i64 = store
+        .read::<_, sparring_impl::store::StoreError, _>(|tx| {
+            Ok(tx.query_row("SELECT count(*) FROM users WHERE email = 'ivy@example.com' COLLATE NOCASE", [], |r| {
+                r.get(0)
+            })?)
+        })
+        .await
+        .unwrap();
+    assert_eq!(emails, 1);
+}
