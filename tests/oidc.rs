@@ -29,6 +29,8 @@ struct Issuer {
     /// The keys it publishes (a test rotates them).
     jwks: Mutex<serde_json::Value>,
     jwks_fetches: AtomicUsize,
+    /// How long it takes to answer for its keys (a slow issuer).
+    jwks_delay: Mutex<Duration>,
 }
 
 impl Issuer {
@@ -53,6 +55,8 @@ async fn discovery(rqctx: RequestContext<Arc<Issuer>>) -> Result<HttpResponseOk<
 #[dropshot::endpoint { method = GET, path = "/jwks" }]
 async fn jwks_document(rqctx: RequestContext<Arc<Issuer>>) -> Result<HttpResponseOk<serde_json::Value>, HttpError> {
     rqctx.context().jwks_fetches.fetch_add(1, Ordering::SeqCst);
+    let delay = *rqctx.context().jwks_delay.lock().unwrap();
+    tokio::time::sleep(delay).await;
     Ok(HttpResponseOk(rqctx.context().jwks.lock().unwrap().clone()))
 }
 
@@ -74,6 +78,7 @@ async fn start_issuer() -> (Arc<Issuer>, dropshot::HttpServer<Arc<Issuer>>) {
         url: OnceLock::new(),
         jwks: Mutex::new(published_jwks()),
         jwks_fetches: AtomicUsize::new(0),
+        jwks_delay: Mutex::new(Duration::ZERO),
     });
     let mut api = ApiDescription::new();
     api.register(discovery).unwrap();
@@ -295,6 +300,17 @@ async fn an_issuer_given_for_two_audiences_accepts_either() {
         assert_eq!(status_with_token(&s, &sign(Token { audience, ..valid(url, "gina") })).await, 200, "{audience}");
     }
     assert_eq!(status_with_token(&s, &sign(Token { audience: "other", ..valid(url, "gina") })).await, 401);
+    // A token for both is for either; one also for a client not configured
+    // here is refused (OpenID Connect Core 3.1.3.7: no untrusted audience).
+    let for_audiences = |audiences: serde_json::Value| {
+        let mut payload = valid_payload(url);
+        payload["sub"] = "gina".into();
+        payload["aud"] = audiences;
+        payload["azp"] = "web-client".into();
+        sign_payload(payload)
+    };
+    assert_eq!(status_with_token(&s, &for_audiences(serde_json::json!(["web-client", "cli-client"]))).await, 200);
+    assert_eq!(status_with_token(&s, &for_audiences(serde_json::json!(["web-client", "other"]))).await, 401);
 
     let other = dir.path().join("other.json");
     std::fs::write(&other, jwks_of(OTHER_KEY, "k2").to_string()).unwrap();
@@ -586,4 +602,96 @@ async fn a_key_made_for_an_address_in_other_case_is_the_signed_in_users() {
         .await
         .unwrap();
     assert_eq!(users, 1);
+}
+
+/// A token signed with a key the issuer has just published, sent while the
+/// server is fetching the issuer's keys (another such token made it refetch,
+/// or the keys it held were old and are being refreshed), waits for that
+/// fetch: refused, it would be refused for a key the server is about to
+/// hold, and a refetch of its own is not allowed so soon after that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_of_a_new_key_waits_for_the_fetch_under_way() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let interval = Duration::from_secs(1);
+    let new_key = |i: i64| sign(Token { key_pem: OTHER_KEY, kid: "k2", expires_in: 600 + i, ..valid(&url, "ivan") });
+
+    // Several first uses of tokens of a new key at once: one refetches, the
+    // others come while it runs.
+    let s = start_refetching(&url, interval).await;
+    assert_eq!(status_with_token(&s, &sign(valid(&url, "ivan"))).await, 200);
+    tokio::time::sleep(interval).await;
+    *issuer.jwks.lock().unwrap() = jwks_of(OTHER_KEY, "k2");
+    *issuer.jwks_delay.lock().unwrap() = Duration::from_millis(500);
+    let fetches = issuer.jwks_fetches.load(Ordering::SeqCst);
+    let tokens: Vec<String> = (0..8).map(new_key).collect();
+    let statuses = futures::future::join_all(tokens.iter().map(|t| status_with_token(&s, t))).await;
+    assert_eq!(statuses, vec![200; 8], "tokens of the key being fetched");
+    assert_eq!(issuer.jwks_fetches.load(Ordering::SeqCst), fetches + 1, "one fetch for all of them");
+
+    // The keys held are old: the first request starts a refresh in the
+    // background, and its token, of a key only the refresh brings, waits.
+    *issuer.jwks.lock().unwrap() = published_jwks();
+    *issuer.jwks_delay.lock().unwrap() = Duration::ZERO;
+    let config = IssuerConfig { issuer: url.clone(), audience: AUDIENCE.into(), jwks_file: None };
+    let s = TestServer::start_configured(vec![config], |c| {
+        c.oidc_refetch_interval = interval;
+        c.oidc_keys_max_age = Duration::from_millis(100);
+    })
+    .await;
+    assert_eq!(status_with_token(&s, &sign(valid(&url, "ivan"))).await, 200);
+    tokio::time::sleep(interval).await;
+    *issuer.jwks.lock().unwrap() = jwks_of(OTHER_KEY, "k2");
+    *issuer.jwks_delay.lock().unwrap() = Duration::from_millis(500);
+    assert_eq!(status_with_token(&s, &new_key(100)).await, 200, "a token of the key the refresh brings");
+}
+
+/// A user whose first sign-in carried no verified address (a client that
+/// did not ask for the `email` scope, an address not verified yet) gets the
+/// first verified one a later token carries, unless another user has it:
+/// users are found by email, and one who signed in with a verified address
+/// must be found by it.
+#[tokio::test]
+async fn a_verified_email_of_a_later_sign_in_becomes_the_users() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
+    let ivy = |verified: bool, expires_in: i64| {
+        sign(Token { email: Some("Ivy@example.com"), email_verified: verified, expires_in, ..valid(&url, "ivy") })
+    };
+    let first = ivy(false, 600);
+    assert_eq!(status_with_token(&s, &first).await, 200);
+    let owner = s.key_for_user("owner@example.com").await;
+    let project = s.create_project(&owner, "ivy's team").await;
+    let members = format!("/v1/projects/{project}/members");
+    let add = serde_json::json!({"email": "ivy@example.com", "role": "viewer"});
+    let resp = s.send_json(reqwest::Method::POST, &members, &owner, Some(add.clone())).await;
+    assert_eq!(resp.status().as_u16(), 404, "no verified address yet");
+
+    assert_eq!(status_with_token(&s, &ivy(true, 601)).await, 200);
+    let member = s.expect(reqwest::Method::POST, &members, &owner, Some(add), 200).await;
+    assert_eq!(member["email"], "Ivy@example.com", "{member}");
+    assert_eq!(oidc_users(&s, "ivy").await, 1, "the same user");
+    let resp = s.http.get(s.url(&format!("/v1/projects/{project}"))).bearer_auth(&first).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "the user who signed in first is the member");
+
+    // An address another user has stays theirs.
+    let other = |verified: bool, expires_in: i64| {
+        sign(Token { email: Some("ivy@example.com"), email_verified: verified, expires_in, ..valid(&url, "ivy2") })
+    };
+    assert_eq!(status_with_token(&s, &other(false, 600)).await, 200);
+    assert_eq!(status_with_token(&s, &other(true, 601)).await, 200);
+    let resp =
+        s.http.get(s.url(&format!("/v1/projects/{project}"))).bearer_auth(other(true, 602)).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 404, "not the member");
+    let store = sparring_impl::open_store(s.data_dir.path()).unwrap();
+    let emails: i64 = store
+        .read::<_, sparring_impl::store::StoreError, _>(|tx| {
+            Ok(tx.query_row("SELECT count(*) FROM users WHERE email = 'ivy@example.com' COLLATE NOCASE", [], |r| {
+                r.get(0)
+            })?)
+        })
+        .await
+        .unwrap();
+    assert_eq!(emails, 1);
 }

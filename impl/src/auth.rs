@@ -129,15 +129,18 @@ impl AppState {
         let cache_key = (identity.issuer.clone(), identity.subject.clone());
         let cached = self.oidc_users.lock().unwrap_or_else(|p| p.into_inner()).get(&cache_key).cloned();
         let user_id = match cached {
-            Some(id) => id,
-            None => {
+            // A user without an address is looked up again when a token
+            // brings one, which may become theirs.
+            Some(known) if known.has_email || identity.email.is_none() => known.user_id,
+            _ => {
                 // A first sign-in makes the user: a write, refused as every
                 // write is when the disk is full.
-                let id = users::ensure_for_identity(&self.store, identity.clone())
+                let signed_in = users::ensure_for_identity(&self.store, identity.clone())
                     .await
                     .map_err(crate::http::store_http_error)?;
-                self.oidc_users.lock().unwrap_or_else(|p| p.into_inner()).insert(cache_key, id.clone());
-                id
+                let user_id = signed_in.user_id.clone();
+                self.oidc_users.lock().unwrap_or_else(|p| p.into_inner()).insert(cache_key, signed_in);
+                user_id
             }
         };
         Ok(Caller { user_id, credential: Credential::IdToken { issuer: identity.issuer, subject: identity.subject } })

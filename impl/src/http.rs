@@ -718,4 +718,20 @@ mod tests {
         );
         assert_eq!(other.external_message, "internal error");
     }
+
+    /// A key revoked while its request waited to create or rotate a key
+    /// is refused as any invalid credential is: a 401 `unauthenticated`
+    /// with the `WWW-Authenticate` challenge every 401 carries.
+    #[test]
+    fn a_key_revoked_meanwhile_is_a_401_with_the_challenge() {
+        let challenges = |e: &dropshot::HttpError| -> Vec<String> {
+            let Some(headers) = e.headers.as_deref() else { return Vec::new() };
+            headers.get_all(http::header::WWW_AUTHENTICATE).iter().map(|v| v.to_str().unwrap().to_string()).collect()
+        };
+        let e: dropshot::HttpError = api_key_error::<()>(ApiKeyError::CredentialRevoked).into();
+        assert_eq!((e.status_code, e.error_code.as_deref()), (ErrorStatusCode::UNAUTHORIZED, Some("unauthenticated")));
+        let refused = challenges(&sparring_server::unauthorized("invalid API key"));
+        assert_eq!(refused.len(), 2, "{refused:?}");
+        assert_eq!(challenges(&e), refused);
+    }
 }

@@ -120,10 +120,10 @@ pub struct AppState {
     /// The results in open calibrations, for `GET /v1/test-results/{id}`
     /// (see `reviews::blind::InOpenCalibrations`).
     pub in_open_calibrations: reviews::blind::InOpenCalibrations,
-    /// (issuer, subject) → user id, for users already signed in. Public
+    /// (issuer, subject) → the user, for users already signed in. Public
     /// only so that `benches/auth.rs` can build an `AppState` without a
     /// server; nothing outside `auth` reads or writes it.
-    pub oidc_users: Mutex<HashMap<(String, String), String>>,
+    pub oidc_users: Mutex<HashMap<(String, String), users::SignedIn>>,
     pub engine: Arc<Engine>,
     pub log: slog::Logger,
 }

@@ -7,7 +7,8 @@
 //! cached; a token signed with a key the cache does not hold (an unknown
 //! `kid`: the issuer rotated its keys) triggers one refetch, at most once a
 //! minute per issuer ([`REFETCH_INTERVAL`]), so a stream of bogus tokens
-//! cannot turn into a stream of requests to the issuer. Keys older than
+//! cannot turn into a stream of requests to the issuer; a token that needs
+//! a key while a fetch is under way waits for that fetch instead. Keys older than
 //! [`KEYS_MAX_AGE`] are fetched again in the background, so a key the issuer
 //! withdrew stops being trusted within that time even when no token asks
 //! for a new one. Signature, `iss`, `aud` and `exp` are
@@ -35,7 +36,7 @@ use chrono::{DateTime, Utc};
 use openidconnect::core::{
     CoreIdToken, CoreIdTokenVerifier, CoreJsonWebKeySet, CoreJwsSigningAlgorithm, CoreProviderMetadata,
 };
-use openidconnect::{ClaimsVerificationError, ClientId, IssuerUrl, Nonce, SignatureVerificationError};
+use openidconnect::{Audience, ClaimsVerificationError, ClientId, IssuerUrl, Nonce, SignatureVerificationError};
 
 /// The least time between two fetches of an issuer's keys prompted by
 /// tokens (the server's setting; tests shorten it).
@@ -157,6 +158,8 @@ struct Issuer {
     url: IssuerUrl,
     keys: RwLock<Arc<CoreJsonWebKeySet>>,
     fetches: Mutex<Fetches>,
+    /// Told when a fetch ends, however it ends.
+    fetch_ended: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -165,6 +168,20 @@ struct Fetches {
     tried: Option<Instant>,
     /// The last fetch that brought keys.
     fetched: Option<Instant>,
+    /// A fetch is under way.
+    running: bool,
+}
+
+/// A fetch claimed by [`Issuer::claim_fetch`]: while it lives the fetch
+/// counts as under way, and when it is dropped (the fetch ended, or the
+/// request running it went away) those waiting for it are told.
+struct FetchClaim(Arc<Issuer>);
+
+impl Drop for FetchClaim {
+    fn drop(&mut self) {
+        self.0.fetches.lock().unwrap_or_else(|p| p.into_inner()).running = false;
+        self.0.fetch_ended.notify_waiters();
+    }
 }
 
 impl Oidc {
@@ -216,6 +233,7 @@ impl Oidc {
                 url,
                 keys: RwLock::new(Arc::new(keys)),
                 fetches: Mutex::new(Fetches::default()),
+                fetch_ended: tokio::sync::Notify::new(),
             });
         }
         let shared =
@@ -256,12 +274,12 @@ impl Oidc {
     /// refused from then on.
     fn refresh_old_keys(&self) {
         for issuer in self.issuers.iter().filter(|i| i.config.jwks_file.is_none()) {
-            if !issuer.claim_fetch(self.shared.refetch_interval, Some(self.shared.keys_max_age)) {
+            let Some(claim) = issuer.claim_fetch(self.shared.refetch_interval, Some(self.shared.keys_max_age)) else {
                 continue;
-            }
-            let (shared, issuer) = (self.shared.clone(), issuer.clone());
+            };
+            let shared = self.shared.clone();
             tokio::spawn(async move {
-                let _ = shared.fetch(&issuer).await;
+                let _ = shared.fetch(claim).await;
             });
         }
     }
@@ -282,7 +300,8 @@ impl Oidc {
             Err(ClaimsVerificationError::SignatureVerification(SignatureVerificationError::NoMatchingKey))
                 if issuer.config.jwks_file.is_none() =>
             {
-                // Maybe the issuer rotated its keys.
+                // Maybe the issuer rotated its keys: fetch them, or wait
+                // for the fetch under way.
                 if self.shared.refetch(issuer).await.is_ok() {
                     issuer.verify(&parsed).map_err(describe)
                 } else {
@@ -301,16 +320,20 @@ impl Oidc {
 
 impl Shared {
     /// Fetches the issuer's discovery document and keys, unless a fetch
-    /// began less than `refetch_interval` ago.
-    async fn refetch(&self, issuer: &Issuer) -> Result<(), String> {
-        if !issuer.claim_fetch(self.refetch_interval, None) {
-            return Err("keys were fetched too recently".into());
+    /// began less than `refetch_interval` ago; if that fetch is still under
+    /// way, waits for it to end (a token that needs a key it may bring is
+    /// checked again with what it brought).
+    async fn refetch(&self, issuer: &Arc<Issuer>) -> Result<(), String> {
+        match issuer.claim_fetch(self.refetch_interval, None) {
+            Some(claim) => self.fetch(claim).await,
+            None if issuer.wait_for_fetch().await => Ok(()),
+            None => Err("keys were fetched too recently".into()),
         }
-        self.fetch(issuer).await
     }
 
     /// The fetch itself, once claimed.
-    async fn fetch(&self, issuer: &Issuer) -> Result<(), String> {
+    async fn fetch(&self, claim: FetchClaim) -> Result<(), String> {
+        let issuer = &claim.0;
         // Discovery fetches the JWKS the document names, too.
         let metadata = CoreProviderMetadata::discover_async(issuer.url.clone(), &self.http)
             .await
@@ -327,19 +350,37 @@ impl Shared {
 impl Issuer {
     /// Whether a fetch may begin now (none began in the last `interval`,
     /// and, given `max_age`, the keys held are older than it or were never
-    /// fetched); if so, it is counted as begun.
-    fn claim_fetch(&self, interval: Duration, max_age: Option<Duration>) -> bool {
+    /// fetched); if so, it is counted as begun, and under way until the
+    /// claim is dropped.
+    fn claim_fetch(self: &Arc<Self>, interval: Duration, max_age: Option<Duration>) -> Option<FetchClaim> {
         let mut fetches = self.fetches.lock().unwrap_or_else(|p| p.into_inner());
         if fetches.tried.is_some_and(|t| t.elapsed() < interval) {
-            return false;
+            return None;
         }
         if let (Some(max_age), Some(fetched)) = (max_age, fetches.fetched) {
             if fetched.elapsed() < max_age {
-                return false;
+                return None;
             }
         }
         fetches.tried = Some(Instant::now());
-        true
+        fetches.running = true;
+        Some(FetchClaim(self.clone()))
+    }
+
+    /// Waits for the fetch under way, if there is one, to end; whether
+    /// there was one. (Bounded: a fetch is two requests with a timeout.)
+    async fn wait_for_fetch(&self) -> bool {
+        let mut waited = false;
+        loop {
+            let mut ended = std::pin::pin!(self.fetch_ended.notified());
+            // Listening before looking: an end between the two is not missed.
+            ended.as_mut().enable();
+            if !self.fetches.lock().unwrap_or_else(|p| p.into_inner()).running {
+                return waited;
+            }
+            ended.await;
+            waited = true;
+        }
     }
 
     /// Checks `token` against each audience in turn: the first it is for
@@ -376,7 +417,11 @@ impl Issuer {
             CoreJwsSigningAlgorithm::EcdsaP256Sha256,
             CoreJwsSigningAlgorithm::EcdsaP384Sha384,
             CoreJwsSigningAlgorithm::EdDsa,
-        ]);
+        ])
+        // A token may name several audiences: besides `audience`, only
+        // those configured for this issuer are trusted (OpenID Connect Core
+        // 3.1.3.7); any other refuses it, as `openidconnect` does by default.
+        .set_other_audience_verifier_fn(|other: &Audience| self.audiences.iter().any(|a| a == other.as_str()));
         // Bearer tokens presented to an API carry no nonce of ours.
         let claims = token.claims(&verifier, |_: Option<&Nonce>| Ok(()))?;
         let identity = Identity {

@@ -59,61 +59,77 @@ pub fn ensure_by_email(tx: &rusqlite::Transaction<'_>, email: &str) -> Result<St
     Ok(id)
 }
 
-/// The user an ID token identifies, created on first sign-in.
-pub async fn ensure_for_identity(store: &Store, identity: Identity) -> Result<String, StoreError> {
+/// The user an ID token identifies, as [`ensure_for_identity`] finds them.
+#[derive(Clone, Debug)]
+pub struct SignedIn {
+    pub user_id: String,
+    /// Whether they have an email: one who has none gets the verified
+    /// address of a later token.
+    pub has_email: bool,
+}
+
+/// Whether no user has this address, case aside (users are found by it).
+fn email_free(tx: &rusqlite::Connection, email: &str) -> Result<bool, StoreError> {
+    Ok(tx
+        .prepare_cached("SELECT 1 FROM users WHERE email = ?1 COLLATE NOCASE")?
+        .query_row(params![email], |_| Ok(()))
+        .optional()?
+        .is_none())
+}
+
+/// The user with this identity: their id and whether they have an email.
+fn find_identity(tx: &rusqlite::Connection, identity: &Identity) -> Result<Option<(String, bool)>, StoreError> {
+    Ok(tx
+        .prepare_cached("SELECT id, email IS NOT NULL FROM users WHERE oidc_issuer = ?1 AND oidc_subject = ?2")?
+        .query_row(params![identity.issuer, identity.subject], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?)
+}
+
+/// The user an ID token identifies, created on first sign-in. The token's
+/// email (verified: see `oidc::Identity`) becomes theirs if no other user
+/// has it, at their first sign-in or, if they had no address then, at the
+/// first that brings one: users are found by email (adding a member, `admin
+/// create-key`), so one who signed in with a verified address is found by
+/// it, whatever their first token carried.
+pub async fn ensure_for_identity(store: &Store, identity: Identity) -> Result<SignedIn, StoreError> {
     let lookup = identity.clone();
     let found = store
         .read(move |tx| {
-            Ok::<_, StoreError>(
-                tx.query_row(
-                    "SELECT id FROM users WHERE oidc_issuer = ?1 AND oidc_subject = ?2",
-                    params![lookup.issuer, lookup.subject],
-                    |r| r.get::<_, String>(0),
-                )
-                .optional()?,
-            )
+            let Some((user_id, has_email)) = find_identity(tx, &lookup)? else { return Ok(None) };
+            // Nothing to write unless an address they lack is free.
+            let settled = match &lookup.email {
+                Some(email) if !has_email => !email_free(tx, email)?,
+                _ => true,
+            };
+            Ok::<_, StoreError>(settled.then_some(SignedIn { user_id, has_email }))
         })
         .await?;
-    if let Some(id) = found {
-        return Ok(id);
+    if let Some(found) = found {
+        return Ok(found);
     }
     store
         .write(move |tx| {
-            // Another request may have created it since the read.
-            if let Some(id) = tx
-                .query_row(
-                    "SELECT id FROM users WHERE oidc_issuer = ?1 AND oidc_subject = ?2",
-                    params![identity.issuer, identity.subject],
-                    |r| r.get::<_, String>(0),
-                )
-                .optional()?
-            {
-                return Ok(id);
-            }
-            // A verified address (see `oidc::Identity`), kept only if no
-            // other user has it: users are found by it, case aside.
-            let email_taken = match &identity.email {
-                Some(e) => tx
-                    .query_row("SELECT 1 FROM users WHERE email = ?1 COLLATE NOCASE", params![e], |_| Ok(()))
-                    .optional()?
-                    .is_some(),
-                None => true,
+            // Free: kept only if no other user has it, case aside.
+            let email = match &identity.email {
+                Some(e) if email_free(tx, e)? => Some(e.clone()),
+                _ => None,
             };
+            // Another request may have created it since the read.
+            if let Some((user_id, has_email)) = find_identity(tx, &identity)? {
+                if has_email || email.is_none() {
+                    return Ok(SignedIn { user_id, has_email });
+                }
+                tx.execute("UPDATE users SET email = ?2 WHERE id = ?1", params![user_id, email])?;
+                return Ok(SignedIn { user_id, has_email: true });
+            }
             let id = ids::new_id("usr");
             let name = identity.name.clone().or_else(|| identity.email.clone()).unwrap_or_else(|| identity.subject.clone());
             tx.execute(
                 "INSERT INTO users (id, email, name, oidc_issuer, oidc_subject, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![
-                    id,
-                    if email_taken { None } else { identity.email.clone() },
-                    name,
-                    identity.issuer,
-                    identity.subject,
-                    ids::format_time(&ids::now())
-                ],
+                params![id, email, name, identity.issuer, identity.subject, ids::format_time(&ids::now())],
             )?;
             crate::credits::grant_starting(tx, &id)?;
-            Ok(id)
+            Ok(SignedIn { user_id: id, has_email: email.is_some() })
         })
         .await
 }

@@ -135,13 +135,19 @@ impl<B> fmt::Display for ApiError<B> {
 /// dropshot assigns; its body is `{error_code, message, request_id}`.
 impl<B> From<ApiError<B>> for HttpError {
     fn from(e: ApiError<B>) -> Self {
-        HttpError {
+        let mut error = HttpError {
             status_code: e.status,
             internal_message: e.internal.unwrap_or_else(|| e.message.clone()),
             external_message: e.message,
             error_code: Some(e.error_code),
             headers: None,
+        };
+        // A credential refused by an operation (a key revoked while its
+        // request waited) is answered as one refused on the way in.
+        if error.status_code == ErrorStatusCode::UNAUTHORIZED {
+            crate::input::add_challenges(&mut error);
         }
+        error
     }
 }
 

@@ -70,10 +70,16 @@ pub fn unauthorized(message: impl Into<String>) -> HttpError {
         dropshot::ClientErrorStatusCode::UNAUTHORIZED,
         message.into(),
     );
+    add_challenges(&mut e);
+    e
+}
+
+/// The `WWW-Authenticate` challenge for both accepted credentials, which
+/// every 401 carries (RFC 9110 15.5.2), whichever layer refuses.
+pub(crate) fn add_challenges(e: &mut HttpError) {
     // Both values are static and valid header text.
     let _ = e.add_header(http::header::WWW_AUTHENTICATE, "Bearer realm=\"sparring\"");
     let _ = e.add_header(http::header::WWW_AUTHENTICATE, "ApiKey realm=\"sparring\", header=\"x-api-key\"");
-    e
 }
 
 /// Everything an endpoint takes from a request, extracted in a fixed order:
