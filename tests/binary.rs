@@ -115,6 +115,48 @@ async fn a_stopped_server_leaves_its_data_in_the_database_file() {
     assert!(used.is_some(), "the key's last use, written as the server stopped, is not in the database file");
 }
 
+/// A client that never finishes its request (a body promised and never
+/// sent whole) does not keep a server asked to stop from stopping: the wait
+/// for requests in flight is bounded, and the stop still writes what it must
+/// on its way out (the key's last use, the WAL emptied into the database).
+#[tokio::test]
+async fn a_request_that_never_finishes_does_not_keep_the_server_from_stopping() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, key) = first_start(dir.path());
+    let resp = http().get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let mut stuck = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        stuck,
+        "POST /v1/projects HTTP/1.1\r\nhost: {addr}\r\nx-api-key: {key}\r\ncontent-type: application/json\r\n\
+         content-length: 100\r\n\r\n{{\"na"
+    )
+    .unwrap();
+    let accepted = format!("\"remote_addr\":\"{}\"", stuck.local_addr().unwrap());
+    server.proc.expect("the connection accepted", |o| o.stderr.contains(&accepted));
+    let asked = std::time::Instant::now();
+    server.stop();
+    assert!(asked.elapsed() < std::time::Duration::from_secs(20), "the stop took {:?}", asked.elapsed());
+    drop(stuck);
+
+    let wal = dir.path().join(format!("{}-wal", sparring_impl::DATABASE_FILE));
+    let wal_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(wal_len, 0, "the WAL still holds {wal_len} bytes after a stop");
+    let store = sparring_impl::open_store(dir.path()).unwrap();
+    let (used, projects): (Option<String>, i64) = store
+        .read_blocking(|c| {
+            Ok::<_, sparring_impl::store::StoreError>((
+                c.query_row("SELECT last_used_at FROM api_keys", [], |r| r.get(0))?,
+                c.query_row("SELECT count(*) FROM projects", [], |r| r.get(0))?,
+            ))
+        })
+        .unwrap();
+    assert!(used.is_some(), "the key's last use was not written as the server stopped");
+    assert_eq!(projects, 0, "the request never sent whole made a project");
+}
+
 #[tokio::test]
 async fn admin_create_key_prints_the_key_alone() {
     let dir = tempfile::tempdir().unwrap();
