@@ -86,6 +86,12 @@ pub enum StoreError {
     /// filesystem's quota) is full. Nothing of it was kept.
     #[error("the disk is full: {0}")]
     Full(String),
+    /// A write's transaction could not be committed: the database cannot be
+    /// written (a file made read-only or immutable, a file system remounted
+    /// read-only, the database file moved away, a failing disk). Nothing of
+    /// it was kept.
+    #[error("the database cannot be written: {0}")]
+    Unwritable(String),
     #[error("database {path} has schema version {found}, newer than this build knows ({known}); upgrade sparring")]
     TooNew { path: PathBuf, found: usize, known: usize },
 }
@@ -100,10 +106,28 @@ impl StoreError {
             _ => false,
         }
     }
+
+    /// Whether the write failed because the database cannot be written
+    /// (then nothing of it was kept, and writes work again once it can).
+    pub fn is_unwritable(&self) -> bool {
+        match self {
+            StoreError::Unwritable(_) => true,
+            StoreError::Sqlite(e) => is_unwritable(e),
+            _ => false,
+        }
+    }
 }
 
 fn is_full(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull)
+}
+
+/// What SQLite answers a write the storage refuses: `SQLITE_READONLY` (and
+/// its kinds: the file moved away, …), or the `unix` VFS's failed `pwrite`
+/// (`EROFS`, `EPERM` on an immutable file, `EIO`).
+fn is_unwritable(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if f.code == rusqlite::ErrorCode::ReadOnly || f.extended_code == rusqlite::ffi::SQLITE_IOERR_WRITE)
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -113,15 +137,16 @@ pub type StoreResult<T> = Result<T, StoreError>;
 struct GroupError {
     message: String,
     full: bool,
+    unwritable: bool,
 }
 
 impl GroupError {
     fn of(e: &rusqlite::Error) -> GroupError {
-        GroupError { message: e.to_string(), full: is_full(e) }
+        GroupError { message: e.to_string(), full: is_full(e), unwritable: is_unwritable(e) }
     }
 
     fn other(message: impl Into<String>) -> GroupError {
-        GroupError { message: message.into(), full: false }
+        GroupError { message: message.into(), full: false, unwritable: false }
     }
 }
 
@@ -129,6 +154,8 @@ impl From<&GroupError> for StoreError {
     fn from(e: &GroupError) -> StoreError {
         if e.full {
             StoreError::Full(e.message.clone())
+        } else if e.unwritable {
+            StoreError::Unwritable(e.message.clone())
         } else {
             StoreError::Task(e.message.clone())
         }
