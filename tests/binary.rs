@@ -330,6 +330,48 @@ async fn admin_create_key_beside_a_running_server_goes_through_it() {
     assert!(status.success(), "{status}: {stderr}");
 }
 
+/// The admin socket answers a request it cannot take with an error saying
+/// why, and does nothing for it: one with a field it does not know (a newer
+/// command's option, which it would otherwise drop without a word), one that
+/// is not UTF-8, one of an unknown kind.
+#[tokio::test]
+async fn the_admin_socket_refuses_a_malformed_request_and_says_why() {
+    use std::io::{BufRead as _, Write as _};
+    let dir = tempfile::tempdir().unwrap();
+    data_dir_at(dir.path());
+    let mut server = serve(dir.path());
+    let socket = dir.path().join(sparring_impl::admin::SOCKET_FILE);
+    let requests: [&[u8]; 4] = [
+        b"{\"create_key\":{\"email\":\"ops@example.com\",\"label\":\"ci\",\"expires_in_days\":30}}\n",
+        b"{\"create_key\":{\"email\":\"ops@example.com\",\"label\":\"\xff\xfe\"}}\n",
+        b"{\"delete_key\":{\"email\":\"ops@example.com\"}}\n",
+        b"\n",
+    ];
+    for request in requests {
+        let mut conn = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        conn.write_all(request).unwrap();
+        let mut answer = String::new();
+        std::io::BufReader::new(&conn).read_line(&mut answer).unwrap();
+        let said = String::from_utf8_lossy(request);
+        let answer: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{said}: {e}: {answer:?}"));
+        let error = answer["error"].as_str().unwrap_or_else(|| panic!("{said}: not refused: {answer}"));
+        assert!(error.starts_with("not an admin request"), "{said}: {error}");
+    }
+    server.stop();
+    let store = sparring_impl::open_store(dir.path()).unwrap();
+    let keys: i64 = store
+        .read_blocking(|c| {
+            c.query_row(
+                "SELECT count(*) FROM api_keys k JOIN users u ON u.id = k.user_id WHERE u.email = 'ops@example.com'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(sparring_impl::store::StoreError::from)
+        })
+        .unwrap();
+    assert_eq!(keys, 0, "a refused request made a key");
+}
+
 /// A `sparring admin` connection the server accepted before it was told
 /// to stop is answered before it exits: a key it makes is shown, not made
 /// and lost with the process.
