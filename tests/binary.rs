@@ -115,6 +115,48 @@ async fn a_stopped_server_leaves_its_data_in_the_database_file() {
     assert!(used.is_some(), "the key's last use, written as the server stopped, is not in the database file");
 }
 
+/// A client that never finishes its request (a body promised and never
+/// sent whole) does not keep a server asked to stop from stopping: the wait
+/// for requests in flight is bounded, and the stop still writes what it must
+/// on its way out (the key's last use, the WAL emptied into the database).
+#[tokio::test]
+async fn a_request_that_never_finishes_does_not_keep_the_server_from_stopping() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, key) = first_start(dir.path());
+    let resp = http().get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let mut stuck = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        stuck,
+        "POST /v1/projects HTTP/1.1\r\nhost: {addr}\r\nx-api-key: {key}\r\ncontent-type: application/json\r\n\
+         content-length: 100\r\n\r\n{{\"na"
+    )
+    .unwrap();
+    let accepted = format!("\"remote_addr\":\"{}\"", stuck.local_addr().unwrap());
+    server.proc.expect("the connection accepted", |o| o.stderr.contains(&accepted));
+    let asked = std::time::Instant::now();
+    server.stop();
+    assert!(asked.elapsed() < std::time::Duration::from_secs(20), "the stop took {:?}", asked.elapsed());
+    drop(stuck);
+
+    let wal = dir.path().join(format!("{}-wal", sparring_impl::DATABASE_FILE));
+    let wal_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(wal_len, 0, "the WAL still holds {wal_len} bytes after a stop");
+    let store = sparring_impl::open_store(dir.path()).unwrap();
+    let (used, projects): (Option<String>, i64) = store
+        .read_blocking(|c| {
+            Ok::<_, sparring_impl::store::StoreError>((
+                c.query_row("SELECT last_used_at FROM api_keys", [], |r| r.get(0))?,
+                c.query_row("SELECT count(*) FROM projects", [], |r| r.get(0))?,
+            ))
+        })
+        .unwrap();
+    assert!(used.is_some(), "the key's last use was not written as the server stopped");
+    assert_eq!(projects, 0, "the request never sent whole made a project");
+}
+
 #[tokio::test]
 async fn admin_create_key_prints_the_key_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -286,6 +328,48 @@ async fn admin_create_key_beside_a_running_server_goes_through_it() {
     let args = ["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "third"];
     let (status, _, stderr) = run(&args);
     assert!(status.success(), "{status}: {stderr}");
+}
+
+/// The admin socket answers a request it cannot take with an error saying
+/// why, and does nothing for it: one with a field it does not know (a newer
+/// command's option, which it would otherwise drop without a word), one that
+/// is not UTF-8, one of an unknown kind.
+#[tokio::test]
+async fn the_admin_socket_refuses_a_malformed_request_and_says_why() {
+    use std::io::{BufRead as _, Write as _};
+    let dir = tempfile::tempdir().unwrap();
+    data_dir_at(dir.path());
+    let mut server = serve(dir.path());
+    let socket = dir.path().join(sparring_impl::admin::SOCKET_FILE);
+    let requests: [&[u8]; 4] = [
+        b"{\"create_key\":{\"email\":\"ops@example.com\",\"label\":\"ci\",\"expires_in_days\":30}}\n",
+        b"{\"create_key\":{\"email\":\"ops@example.com\",\"label\":\"\xff\xfe\"}}\n",
+        b"{\"delete_key\":{\"email\":\"ops@example.com\"}}\n",
+        b"\n",
+    ];
+    for request in requests {
+        let mut conn = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        conn.write_all(request).unwrap();
+        let mut answer = String::new();
+        std::io::BufReader::new(&conn).read_line(&mut answer).unwrap();
+        let said = String::from_utf8_lossy(request);
+        let answer: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{said}: {e}: {answer:?}"));
+        let error = answer["error"].as_str().unwrap_or_else(|| panic!("{said}: not refused: {answer}"));
+        assert!(error.starts_with("not an admin request"), "{said}: {error}");
+    }
+    server.stop();
+    let store = sparring_impl::open_store(dir.path()).unwrap();
+    let keys: i64 = store
+        .read_blocking(|c| {
+            c.query_row(
+                "SELECT count(*) FROM api_keys k JOIN users u ON u.id = k.user_id WHERE u.email = 'ops@example.com'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(sparring_impl::store::StoreError::from)
+        })
+        .unwrap();
+    assert_eq!(keys, 0, "a refused request made a key");
 }
 
 /// A `sparring admin` connection the server accepted before it was told

@@ -42,8 +42,10 @@ const REQUEST_WAIT: Duration = Duration::from_secs(10);
 /// which a server under heavy load still commits in milliseconds.
 const ANSWER_WAIT: Duration = Duration::from_secs(60);
 
+/// A field it does not know is refused, not dropped: a newer command's
+/// option would otherwise be ignored without a word.
 #[derive(Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 enum Request {
     CreateKey { email: String, label: String },
 }
@@ -131,7 +133,10 @@ const DRAIN_MORE: Duration = Duration::from_secs(5);
 async fn answer(stream: UnixStream, state: &AppState) -> anyhow::Result<()> {
     let (read, mut write) = stream.into_split();
     let line = read_request(read).await?;
-    let response = match serde_json::from_str::<Request>(&line) {
+    let request = std::str::from_utf8(&line)
+        .map_err(|e| format!("not UTF-8 ({e})"))
+        .and_then(|line| serde_json::from_str::<Request>(line).map_err(|e| e.to_string()));
+    let response = match request {
         Err(e) => Response::Error(format!("not an admin request: {e}")),
         Ok(Request::CreateKey { email, label }) => match create_key_here(&state.store, email, &label).await {
             Ok(key) => Response::Key(key),
@@ -144,10 +149,11 @@ async fn answer(stream: UnixStream, state: &AppState) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The request line a client sends, if it comes within [`REQUEST_WAIT`].
-async fn read_request(read: impl tokio::io::AsyncRead + Unpin) -> anyhow::Result<String> {
-    let mut line = String::new();
-    tokio::time::timeout(REQUEST_WAIT, BufReader::new(read.take(MAX_REQUEST)).read_line(&mut line))
+/// The request line a client sends, if it comes within [`REQUEST_WAIT`]
+/// (its bytes: one that is not UTF-8 is answered as refused).
+async fn read_request(read: impl tokio::io::AsyncRead + Unpin) -> anyhow::Result<Vec<u8>> {
+    let mut line = Vec::new();
+    tokio::time::timeout(REQUEST_WAIT, BufReader::new(read.take(MAX_REQUEST)).read_until(b'\n', &mut line))
         .await
         .map_err(|_| anyhow::anyhow!("no request within {REQUEST_WAIT:?}; connection closed"))??;
     Ok(line)
@@ -222,6 +228,6 @@ mod tests {
 
         let (server_end, mut client_end) = UnixStream::pair().unwrap();
         client_end.write_all(b"{\"create_key\":{}}\n").await.unwrap();
-        assert_eq!(read_request(server_end).await.unwrap(), "{\"create_key\":{}}\n");
+        assert_eq!(read_request(server_end).await.unwrap(), b"{\"create_key\":{}}\n");
     }
 }

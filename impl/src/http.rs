@@ -60,16 +60,26 @@ pub(crate) fn store_http_error(e: StoreError) -> HttpError {
 const STORAGE_FULL: &str =
     "the server's disk is full: the change was not made; try again once its operator has freed space";
 
-/// A store's failure: 503 `storage_full` when the disk is full (nothing of
-/// the write was kept; writes work again once there is room, and reads go
-/// on meanwhile), else a 500 whose details go to the log only.
+/// What a client is told of a write the database could not be written for.
+const STORAGE_UNAVAILABLE: &str = "the server cannot write to its storage (read-only, or failing): the change was not \
+     made; try again once its operator has made it writable";
+
+/// A store's failure: 503 `storage_full` when the disk is full, 503
+/// `storage_unavailable` when the database cannot be written (nothing of
+/// the write was kept; writes work again once there is room or the storage
+/// is writable, and reads go on meanwhile), else a 500 whose details go to
+/// the log only.
 fn store_failure<B>(e: StoreError) -> ApiError<B> {
-    if e.is_full() {
-        let mut error = ApiError::new(ErrorStatusCode::SERVICE_UNAVAILABLE, "storage_full", STORAGE_FULL);
-        error.set_internal(e);
-        return error;
-    }
-    ApiError::internal(e)
+    let (code, message) = if e.is_full() {
+        ("storage_full", STORAGE_FULL)
+    } else if e.is_unwritable() {
+        ("storage_unavailable", STORAGE_UNAVAILABLE)
+    } else {
+        return ApiError::internal(e);
+    };
+    let mut error = ApiError::new(ErrorStatusCode::SERVICE_UNAVAILABLE, code, message);
+    error.set_internal(e);
+    error
 }
 
 fn cursor_error<B>(e: InvalidCursor) -> ApiError<B> {
@@ -690,6 +700,40 @@ mod tests {
     use crate::api_keys::ApiKeyError;
     use crate::failure::Failure;
     use crate::store::StoreError;
+
+    /// A write whose commit finds the database unwritable (a file made
+    /// read-only or immutable, a file system remounted read-only, a failing
+    /// disk) is the client's 503 `storage_unavailable`, not a bare 500:
+    /// nothing of it is kept, reads go on, and writes once the storage is
+    /// writable again.
+    #[tokio::test]
+    async fn an_unwritable_database_is_a_503_and_reads_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let store = crate::store::Store::open(&path).unwrap();
+        let add = |id: &'static str| {
+            store.write::<(), StoreError, _>(move |tx| {
+                tx.execute("INSERT INTO users (id, name, created_at) VALUES (?1, 'a', 'now')", [id])?;
+                Ok(())
+            })
+        };
+        let users = || {
+            store.read_blocking::<i64, StoreError, _>(|c| {
+                Ok(c.query_row("SELECT count(*) FROM users", [], |r| r.get(0))?)
+            })
+        };
+        add("usr_before").await.unwrap();
+        crate::wal_writes::full_disk::set_unwritable(&path, true);
+        let refused = add("usr_refused").await;
+        let read = users();
+        crate::wal_writes::full_disk::set_unwritable(&path, false);
+        let e = failure::<()>(Failure::Store(refused.expect_err("a commit to an unwritable WAL")));
+        assert_eq!((e.status(), e.error_code()), (ErrorStatusCode::SERVICE_UNAVAILABLE, "storage_unavailable"));
+        assert!(e.message().contains("cannot write"), "{}", e.message());
+        assert_eq!(read.unwrap(), 1, "reads go on, and nothing of the refused write was kept");
+        add("usr_after").await.unwrap();
+        assert_eq!(users().unwrap(), 2);
+    }
 
     /// A full disk is the client's 503 `storage_full`, from a domain write
     /// and from a key's; any other store failure stays a 500 whose details

@@ -282,6 +282,11 @@ pub async fn rotate_secret_key(data_dir: &std::path::Path, key_file: Option<Path
     Ok(resealed)
 }
 
+/// How long a stop waits for the requests in flight: ours answer in
+/// milliseconds; what is still in flight after this is a client that stopped
+/// sending its request or reading its answer.
+pub const REQUESTS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub struct RunningServer {
     _lock: DataDirLock,
     server: HttpServer<ApiContext>,
@@ -300,11 +305,22 @@ impl RunningServer {
         self.server.local_addr()
     }
 
-    /// Stops accepting connections, lets in-flight requests finish, writes
-    /// pending `last_used_at` times, and empties the WAL into the database
-    /// file (see [`Store::checkpoint_all`]).
+    /// Stops accepting connections, lets in-flight requests finish (for up
+    /// to [`REQUESTS_WAIT`]), writes pending `last_used_at` times, and
+    /// empties the WAL into the database file (see
+    /// [`Store::checkpoint_all`]).
     pub async fn shutdown(self) -> anyhow::Result<()> {
-        self.server.close().await.map_err(|e| anyhow::anyhow!(e))?;
+        // A client that stops sending its request halfway (or reading its
+        // answer) would otherwise hold the stop for as long as it likes, and
+        // a stop that never ends is ended with SIGKILL: the runs in flight
+        // then wait out their leases, the last uses of keys are lost, and the
+        // WAL is left. A request still being sent when cut off here was
+        // never run; an answer not read, cut off, was already written.
+        match tokio::time::timeout(REQUESTS_WAIT, self.server.close()).await {
+            Ok(closed) => closed.map_err(|e| anyhow::anyhow!(e))?,
+            Err(_) => slog::warn!(self.state.log, "stopping: requests still in flight are cut off";
+                                  "waited_s" => REQUESTS_WAIT.as_secs()),
+        }
         Engine::shutdown(&self.state).await?;
         self.flusher.abort();
         if let Some((task, answering, path)) = self.admin {

@@ -73,6 +73,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0015_tests_by_project", include_str!("../migrations/0015_tests_by_project.sql"), None),
     ("0016_former_members", include_str!("../migrations/0016_former_members.sql"), None),
     ("0017_billing_owner", include_str!("../migrations/0017_billing_owner.sql"), None),
+    ("0018_results_say_blinded", include_str!("../migrations/0018_results_say_blinded.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +86,12 @@ pub enum StoreError {
     /// filesystem's quota) is full. Nothing of it was kept.
     #[error("the disk is full: {0}")]
     Full(String),
+    /// A write's transaction could not be committed: the database cannot be
+    /// written (a file made read-only or immutable, a file system remounted
+    /// read-only, the database file moved away, a failing disk). Nothing of
+    /// it was kept.
+    #[error("the database cannot be written: {0}")]
+    Unwritable(String),
     #[error("database {path} has schema version {found}, newer than this build knows ({known}); upgrade sparring")]
     TooNew { path: PathBuf, found: usize, known: usize },
 }
@@ -99,10 +106,28 @@ impl StoreError {
             _ => false,
         }
     }
+
+    /// Whether the write failed because the database cannot be written
+    /// (then nothing of it was kept, and writes work again once it can).
+    pub fn is_unwritable(&self) -> bool {
+        match self {
+            StoreError::Unwritable(_) => true,
+            StoreError::Sqlite(e) => is_unwritable(e),
+            _ => false,
+        }
+    }
 }
 
 fn is_full(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull)
+}
+
+/// What SQLite answers a write the storage refuses: `SQLITE_READONLY` (and
+/// its kinds: the file moved away, …), or the `unix` VFS's failed `pwrite`
+/// (`EROFS`, `EPERM` on an immutable file, `EIO`).
+fn is_unwritable(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if f.code == rusqlite::ErrorCode::ReadOnly || f.extended_code == rusqlite::ffi::SQLITE_IOERR_WRITE)
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -112,15 +137,16 @@ pub type StoreResult<T> = Result<T, StoreError>;
 struct GroupError {
     message: String,
     full: bool,
+    unwritable: bool,
 }
 
 impl GroupError {
     fn of(e: &rusqlite::Error) -> GroupError {
-        GroupError { message: e.to_string(), full: is_full(e) }
+        GroupError { message: e.to_string(), full: is_full(e), unwritable: is_unwritable(e) }
     }
 
     fn other(message: impl Into<String>) -> GroupError {
-        GroupError { message: message.into(), full: false }
+        GroupError { message: message.into(), full: false, unwritable: false }
     }
 }
 
@@ -128,6 +154,8 @@ impl From<&GroupError> for StoreError {
     fn from(e: &GroupError) -> StoreError {
         if e.full {
             StoreError::Full(e.message.clone())
+        } else if e.unwritable {
+            StoreError::Unwritable(e.message.clone())
         } else {
             StoreError::Task(e.message.clone())
         }
@@ -1237,6 +1265,57 @@ mod tests {
         assert!(stderr.contains("the database writer thread panicked"), "{stderr}");
         let kept: i64 = Connection::open(&path).unwrap().query_row("SELECT x FROM kept", [], |r| r.get(0)).unwrap();
         assert_eq!(kept, 1);
+    }
+
+    /// A test result is answered as its stored document (`runs`,
+    /// `readable_result`): one stored before `blinded` was a field of
+    /// `TestResult` (schema version 3) says it too once migrated, `null`,
+    /// as the spec requires, and says the same as the typed result.
+    #[test]
+    fn results_stored_before_blinding_say_they_are_not_blinded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let typed: sparring_server::types::TestResult = serde_json::from_value(serde_json::json!({
+            "id": "trs_1", "project_id": "prj_1", "run_id": "run_1", "batch_run_id": "brn_1", "test_id": "tst_1",
+            "call_id": "call_1", "scenario_id": "scn_1", "scenario_version": 1, "persona_id": "per_1",
+            "channel_id": "chn_1", "iteration": 1, "status": "passed", "score": 1.0, "failure_reason": null,
+            "ended_reason": "caller_done", "started_at": "2026-11-23T01:00:00Z", "ended_at": "2026-11-23T01:00:02Z",
+            "duration_ms": 2000,
+            "transcript": [{"role": "caller", "text": "Hi.", "start_ms": 0, "end_ms": 0, "latency_ms": null},
+                           {"role": "agent", "text": "Hello.", "start_ms": 10, "end_ms": 20, "latency_ms": 10}],
+            "tool_calls": [],
+            "metrics": {"turns": 2, "time_to_first_word_ms": 10,
+                        "latency_ms": {"p50": 10, "p90": 10, "p95": 10, "max": 10}},
+            "evaluations": [], "blinded": null, "credits": 1, "metadata": {},
+            "created_at": "2026-11-23T01:00:02Z", "updated_at": "2026-11-23T01:00:02Z"
+        }))
+        .unwrap();
+        // As the engine of schema version 3 wrote it: the same, without `blinded`.
+        let mut old = serde_json::to_value(&typed).unwrap();
+        assert!(old.as_object_mut().unwrap().remove("blinded").is_some());
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            assert!(MIGRATIONS[3].0.starts_with("0004"));
+            migrate_to(&mut conn, &path, 3).unwrap();
+            conn.execute_batch("INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't');")
+                .unwrap();
+            conn.execute(
+                "INSERT INTO test_results (id, project_id, run_id, batch_run_id, test_id, call_id, status, created_at,
+                                           document)
+                 VALUES ('trs_1', 'prj_1', 'run_1', 'brn_1', 'tst_1', 'call_1', 'passed', 't', ?1)",
+                [old.to_string()],
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let document: String = store
+            .read_blocking::<_, StoreError, _>(|c| {
+                Ok(c.query_row("SELECT document FROM test_results WHERE id = 'trs_1'", [], |r| r.get(0))?)
+            })
+            .unwrap();
+        let served: serde_json::Value = serde_json::from_str(&document).unwrap();
+        assert_eq!(served.get("blinded"), Some(&serde_json::Value::Null), "{document}");
+        assert_eq!(served, serde_json::to_value(&typed).unwrap());
     }
 
     /// Migration 0017 keeps the payer every project had: of its owners, the

@@ -120,8 +120,8 @@ impl WalFile {
         tests::REAL_WRITES.with(|n| n.set(n.get() + 1));
         #[cfg(test)]
         // SAFETY: per the contract.
-        if full_disk::is_full(unsafe { &(*(this as *mut WalFile)).path }) {
-            return ffi::SQLITE_FULL;
+        if let Some(rc) = full_disk::failure(unsafe { &(*(this as *mut WalFile)).path }) {
+            return rc;
         }
         let real = WalFile::real(this);
         // SAFETY: per the contract.
@@ -321,27 +321,44 @@ unsafe extern "C" fn open(
 }
 
 /// For tests: a full disk under chosen WAL files, whose every write then
-/// fails as the `unix` VFS fails one on a full disk (`SQLITE_FULL`).
+/// fails as the `unix` VFS fails one on a full disk (`SQLITE_FULL`), or WAL
+/// files that can no longer be written (a file made read-only or immutable,
+/// a file system remounted read-only, a failing disk: the `unix` VFS's
+/// `SQLITE_IOERR_WRITE`).
 #[cfg(test)]
 pub(crate) mod full_disk {
+    use std::ffi::c_int;
     use std::path::Path;
     use std::sync::Mutex;
 
-    static FULL: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    use rusqlite::ffi;
+
+    static FAILING: Mutex<Vec<(String, c_int)>> = Mutex::new(Vec::new());
+
+    fn fail(db: &Path, with: Option<c_int>) {
+        let wal = format!("{}-wal", db.display());
+        let mut paths = FAILING.lock().unwrap();
+        paths.retain(|(p, _)| *p != wal);
+        if let Some(rc) = with {
+            paths.push((wal, rc));
+        }
+    }
 
     /// Fills (or, `full` false, frees) the disk under the WAL of the
     /// database at `db`.
     pub fn set(db: &Path, full: bool) {
-        let wal = format!("{}-wal", db.display());
-        let mut paths = FULL.lock().unwrap();
-        paths.retain(|p| *p != wal);
-        if full {
-            paths.push(wal);
-        }
+        fail(db, full.then_some(ffi::SQLITE_FULL));
     }
 
-    pub(super) fn is_full(wal: &str) -> bool {
-        FULL.lock().unwrap().iter().any(|p| p == wal)
+    /// Makes the WAL of the database at `db` unwritable (or, `unwritable`
+    /// false, writable again).
+    pub fn set_unwritable(db: &Path, unwritable: bool) {
+        fail(db, unwritable.then_some(ffi::SQLITE_IOERR_WRITE));
+    }
+
+    /// What a write to `wal` fails with, if it fails.
+    pub(super) fn failure(wal: &str) -> Option<c_int> {
+        FAILING.lock().unwrap().iter().find(|(p, _)| p == wal).map(|(_, rc)| *rc)
     }
 }
 
