@@ -505,7 +505,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
         }
     }
     let generation = cache.generation();
-    let (rows, role) = state
+    let rows = state
         .store
         .read(|tx| {
             let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
@@ -521,14 +521,28 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
             let sql = page_sql(query.project_id.is_some(), filters.map(Option::is_some));
             let limit = if newest.is_some() { test_cache::NEWEST as i64 } else { page.fetch_limit() };
             args.push(&limit);
-            let rows = tx
-                .prepare_cached(&sql)?
-                .query_map(&args[..], |r| Ok((r.get::<_, String>(0)?, Arc::<str>::from(r.get::<_, String>(1)?))))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok::<_, Failure>((rows, role))
+            let mut statement = tx.prepare_cached(&sql)?;
+            let found = statement
+                .query_map(&args[..], |r| Ok((r.get::<_, String>(0)?, Arc::<str>::from(r.get::<_, String>(1)?))))?;
+            // Read up to the test that takes them past `PAGE_BYTES`, and
+            // the one after it (which says whether a page cut there has a
+            // next one): what `page_of` needs, and no more.
+            let (mut rows, mut bytes, mut whole) = (Vec::new(), 0, true);
+            for row in found {
+                let row = row?;
+                if bytes > PAGE_BYTES {
+                    rows.push(row);
+                    whole = false;
+                    break;
+                }
+                bytes += row.1.len();
+                rows.push(row);
+            }
+            Ok::<_, Failure>((rows, role, whole))
         })
         .await?;
-    if let (Some(project_id), Some(role)) = (newest, role) {
+    let (rows, role, whole) = rows;
+    if let (Some(project_id), Some(role), true) = (newest, role, whole) {
         let tests = rows.iter().take(page.limit + 1).cloned().collect();
         cache.keep_newest(generation, project_id, rows, &caller.user_id, role);
         return Ok(Json::written(page_of(&page, tests)));
@@ -536,9 +550,26 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
     Ok(Json::written(page_of(&page, rows)))
 }
 
-/// A page of tests as served, from `page`'s rows: (id, served JSON).
-fn page_of(page: &PageRequest, rows: Vec<test_cache::Listed>) -> String {
-    let page = page.finish(rows, |(id, _)| id.clone());
+/// Past this many bytes of tests (each up to a request body in size), a
+/// page ends before its `limit`, with its cursor.
+const PAGE_BYTES: usize = 8 << 20;
+
+/// A page of tests as served, from `page`'s rows: (id, served JSON), the
+/// page's and at least one more if there is one. It ends early after the
+/// test that takes it past [`PAGE_BYTES`] when another follows.
+fn page_of(page: &PageRequest, mut rows: Vec<test_cache::Listed>) -> String {
+    let mut bytes = 0;
+    let cut = rows.iter().take(page.limit).position(|(_, json)| {
+        bytes += json.len();
+        bytes > PAGE_BYTES
+    });
+    let page = match cut {
+        Some(last) if last + 1 < rows.len() => {
+            rows.truncate(last + 1);
+            page.finish_early(rows, |(id, _)| id.clone())
+        }
+        _ => page.finish(rows, |(id, _)| id.clone()),
+    };
     let tests = page.items.iter().map(|(_, json)| &**json);
     written::page("tests", tests, page.next_cursor.as_deref())
 }
