@@ -34,7 +34,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{PageRequest, PageSql, AFTER};
+use crate::pagination::{PageRequest, PageRows, PageSql, AFTER};
 use crate::{evaluators, ids, validate, AppState};
 
 pub const DEFAULT_MAX_TURNS: u32 = 20;
@@ -430,15 +430,30 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListScenariosQuery
             if let Some(project_id) = &query.project_id {
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
-            let rows = tx
-                .prepare_cached(LIST_SQL.of(&page))?
-                .query_map(
-                    params![caller.user_id, query.project_id, mode, query.tag, page.after, page.fetch_limit()],
-                    from_row,
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |s| s.id.clone());
-            Ok(types::ScenarioList { scenarios: page.items, next_cursor: page.next_cursor })
+            let mut statement = tx.prepare_cached(LIST_SQL.of(&page))?;
+            let mut rows = statement.query(params![
+                caller.user_id,
+                query.project_id,
+                mode,
+                query.tag,
+                page.after,
+                page.fetch_limit()
+            ])?;
+            // A scenario is up to a request body in size: the page ends
+            // early past `PAGE_BYTES` of their documents.
+            let mut read = PageRows::default();
+            while let Some(row) = rows.next()? {
+                let size = match row.get_ref(6)? {
+                    rusqlite::types::ValueRef::Text(document) => document.len(),
+                    _ => 0,
+                };
+                if !read.read((from_row(row)?, size), size) {
+                    break;
+                }
+            }
+            let page = page.finish_sized(read.rows, |(_, size)| *size, |(s, _)| s.id.clone());
+            let scenarios = page.items.into_iter().map(|(s, _)| s).collect();
+            Ok(types::ScenarioList { scenarios, next_cursor: page.next_cursor })
         })
         .await
 }

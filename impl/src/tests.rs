@@ -41,7 +41,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageRows};
 use crate::{evaluators, ids, scenarios, test_cache, validate, written, AppState};
 
 pub const DEFAULT_ITERATIONS: u32 = 1;
@@ -524,21 +524,18 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
             let mut statement = tx.prepare_cached(&sql)?;
             let found = statement
                 .query_map(&args[..], |r| Ok((r.get::<_, String>(0)?, Arc::<str>::from(r.get::<_, String>(1)?))))?;
-            // Read up to the test that takes them past `PAGE_BYTES`, and
-            // the one after it (which says whether a page cut there has a
-            // next one): what `page_of` needs, and no more.
-            let (mut rows, mut bytes, mut whole) = (Vec::new(), 0, true);
+            // A test is up to a request body in size: read what `page_of`
+            // needs (see `PageRows`), and no more.
+            let (mut read, mut whole) = (PageRows::default(), true);
             for row in found {
                 let row = row?;
-                if bytes > PAGE_BYTES {
-                    rows.push(row);
+                let size = row.1.len();
+                if !read.read(row, size) {
                     whole = false;
                     break;
                 }
-                bytes += row.1.len();
-                rows.push(row);
             }
-            Ok::<_, Failure>((rows, role, whole))
+            Ok::<_, Failure>((read.rows, role, whole))
         })
         .await?;
     let (rows, role, whole) = rows;
@@ -550,26 +547,11 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
     Ok(Json::written(page_of(&page, rows)))
 }
 
-/// Past this many bytes of tests (each up to a request body in size), a
-/// page ends before its `limit`, with its cursor.
-const PAGE_BYTES: usize = 8 << 20;
-
 /// A page of tests as served, from `page`'s rows: (id, served JSON), the
 /// page's and at least one more if there is one. It ends early after the
-/// test that takes it past [`PAGE_BYTES`] when another follows.
-fn page_of(page: &PageRequest, mut rows: Vec<test_cache::Listed>) -> String {
-    let mut bytes = 0;
-    let cut = rows.iter().take(page.limit).position(|(_, json)| {
-        bytes += json.len();
-        bytes > PAGE_BYTES
-    });
-    let page = match cut {
-        Some(last) if last + 1 < rows.len() => {
-            rows.truncate(last + 1);
-            page.finish_early(rows, |(id, _)| id.clone())
-        }
-        _ => page.finish(rows, |(id, _)| id.clone()),
-    };
+/// test that takes it past `pagination::PAGE_BYTES` when another follows.
+fn page_of(page: &PageRequest, rows: Vec<test_cache::Listed>) -> String {
+    let page = page.finish_sized(rows, |(_, json)| json.len(), |(id, _)| id.clone());
     let tests = page.items.iter().map(|(_, json)| &**json);
     written::page("tests", tests, page.next_cursor.as_deref())
 }
