@@ -330,6 +330,23 @@ pub(crate) mod tests {
         assert!(page_of_small.next_cursor.is_some());
     }
 
+    /// A page of personas or scenarios is read from each project's index in
+    /// order and stops at the page's size: no sort of everything in the
+    /// caller's projects (after the cursor), which read every one of them
+    /// for each page, however small.
+    #[test]
+    fn a_page_of_personas_or_scenarios_sorts_nothing() {
+        on_schema(|tx| {
+            for sql in [&*crate::personas::LIST_SQL, &*crate::scenarios::LIST_SQL] {
+                for after in [false, true] {
+                    let steps = plan(tx, sql.of_cursor(after))?;
+                    assert!(!steps.iter().any(|s| s.contains("TEMP B-TREE")), "{steps:#?}");
+                }
+            }
+            Ok(())
+        });
+    }
+
     /// The cursor's condition goes where the SQL marks it, and only in a
     /// page after a cursor.
     #[test]
