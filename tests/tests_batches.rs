@@ -1101,6 +1101,19 @@ async fn tests_are_listed_by_filter_and_page() {
         }
     }
     assert_eq!(seen, newest_first(made.clone()));
+    // The owner is in both projects: page by page, both projects' tests,
+    // newest first, each once.
+    let mut both_projects = s.expect(Method::GET, &format!("/v1/tests?project_id={other}"), &t.owner, None, 200).await
+        ["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(id)
+        .collect::<Vec<_>>();
+    both_projects.extend(made.clone());
+    both_projects.sort_unstable_by(|a, b| b.cmp(a));
+    let listed = common::items_of_pages(&s, &t.owner, "/v1/tests?limit=2", "tests").await;
+    assert_eq!(listed.iter().map(id).collect::<Vec<_>>(), both_projects);
     let (status, e) = error_body(s.get("/v1/tests?cursor=bm90IGEgY3Vyc29yIQ", &t.viewer).await).await;
     assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_cursor"));
 }
