@@ -232,3 +232,47 @@ async fn a_resource_history_pages_in_both_orders() {
         }
     }
 }
+
+/// A record's `changes` are up to a request body (1 MiB) in size (a
+/// scenario's steps, a test's evaluators): a page of 200 records was up to
+/// 200 MB to read and write for one request. A page of the log, or of one
+/// resource's history in either order, ends before its `limit`, with a
+/// cursor, once its records pass 8 MiB, and page by page every record is
+/// listed once.
+#[tokio::test]
+async fn a_page_of_records_ends_once_its_records_pass_8_mib() {
+    const PAGE_BYTES: usize = 8 << 20;
+    let s = TestServer::start().await;
+    let key = s.key_for_user("big-records@example.com").await;
+    let project_id = s.create_project(&key, "big records").await;
+    // ~960 KB of steps, different each time so that each change records them.
+    let scenario = |i: usize| {
+        let steps: Vec<Value> = (0..48).map(|_| json!({"say": format!("{i}").repeat(20_000), "expect": []})).collect();
+        json!({"project_id": project_id, "name": "big", "mode": "scripted", "steps": steps})
+    };
+    let created = s.expect(Method::POST, "/v1/scenarios", &key, Some(scenario(0)), 200).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    for i in 1..12 {
+        let mut body = scenario(i % 2);
+        body.as_object_mut().unwrap().remove("project_id");
+        s.expect(Method::PUT, &format!("/v1/scenarios/{id}"), &key, Some(body), 200).await;
+    }
+    let all = paged(&s, &key, &format!("project_id={project_id}&limit=1")).await;
+    assert_eq!(all.len(), 13, "a project.create, a scenario.create and 11 scenario.update");
+    for (path, expected) in [
+        (format!("/v1/activity?project_id={project_id}&limit=200"), all.clone()),
+        ("/v1/activity?limit=200".to_string(), all.clone()),
+        (format!("/v1/activity/resource/scenario/{id}?limit=200"), all[..12].to_vec()),
+        (format!("/v1/activity/resource/scenario/{id}?order=asc&limit=200"), all[..12].iter().rev().cloned().collect()),
+    ] {
+        let body = s.get(&path, &key).await.text().await.unwrap();
+        let page: Value = serde_json::from_str(&body).unwrap();
+        let ids: Vec<String> =
+            page["activity"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap().to_string()).collect();
+        assert!(body.len() < PAGE_BYTES + (1 << 20), "{path}: a page of {} bytes, {} records", body.len(), ids.len());
+        assert!(!ids.is_empty() && ids.len() < expected.len(), "{path}: {} records", ids.len());
+        assert_eq!(ids, expected[..ids.len()], "{path}");
+        assert!(page["next_cursor"].is_string(), "{path}: a page cut short has a next one");
+        assert_eq!(keys_of_pages(&s, &key, &path, "activity", "id").await, expected, "{path}: page by page");
+    }
+}

@@ -1109,6 +1109,36 @@ async fn pages_return_each_item_once_newest_first() {
     assert_eq!(all["next_cursor"], json!(null));
 }
 
+/// A scenario is up to a request body (1 MiB) in size: a page of 200 of
+/// them was up to 200 MB to read, decode and write for one request. A page
+/// ends before its `limit`, with a cursor, once its scenarios pass 8 MiB,
+/// and page by page every scenario is listed once.
+#[tokio::test]
+async fn a_page_of_scenarios_ends_once_its_scenarios_pass_8_mib() {
+    const PAGE_BYTES: usize = 8 << 20;
+    let s = TestServer::start().await;
+    let owner = s.key_for_user("big-scenarios@example.com").await;
+    let project_id = s.create_project(&owner, "big scenarios").await;
+    // ~960 KB each: 48 steps of 20,000 characters.
+    let steps: Vec<Value> = (0..48).map(|_| json!({"say": "s".repeat(20_000), "expect": []})).collect();
+    let mut made = Vec::new();
+    for i in 0..12 {
+        let scenario = with(scripted(&project_id, &format!("big {i}")), json!({"steps": steps}));
+        made.insert(0, id(&create(&s, "/v1/scenarios", &owner, scenario).await));
+    }
+    for path in [format!("/v1/scenarios?project_id={project_id}&limit=200"), "/v1/scenarios?limit=200".to_string()] {
+        let body = s.get(&path, &owner).await.text().await.unwrap();
+        let page: Value = serde_json::from_str(&body).unwrap();
+        let ids: Vec<String> = page["scenarios"].as_array().unwrap().iter().map(id).collect();
+        assert!(body.len() < PAGE_BYTES + (1 << 20), "{path}: a page of {} bytes, {} scenarios", body.len(), ids.len());
+        assert!(!ids.is_empty() && ids.len() < made.len(), "{path}: {} scenarios", ids.len());
+        assert_eq!(ids, made[..ids.len()], "{path}");
+        assert!(page["next_cursor"].is_string(), "{path}: a page cut short has a next one");
+        let all = common::items_of_pages(&s, &owner, &path, "scenarios").await;
+        assert_eq!(all.iter().map(id).collect::<Vec<_>>(), made, "{path}: page by page");
+    }
+}
+
 // Activity.
 
 #[tokio::test]

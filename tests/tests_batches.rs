@@ -987,6 +987,47 @@ async fn what_queued_runs_were_queued_with_cannot_be_deleted_from_under_them() {
     }
 }
 
+/// A test is up to a request body (1 MiB) in size: a page of 200 of them
+/// was up to 200 MB, read, kept and written whole for one request. A page
+/// ends before its `limit`, with a cursor, once its tests pass 8 MiB, from
+/// the database or from memory alike, and page by page every test is listed
+/// once.
+#[tokio::test]
+async fn a_page_of_tests_ends_once_its_tests_pass_8_mib() {
+    const PAGE_BYTES: usize = 8 << 20;
+    let s = TestServer::start().await;
+    let owner = s.key_for_user("big-tests@example.com").await;
+    let project_id = s.create_project(&owner, "big tests").await;
+    let x = parts(&s, &owner, &project_id).await;
+    let llm = id(&create(&s, "/v1/integrations", &owner, llm(&project_id, "judge")).await);
+    // ~960 KB each: 48 judges with prompts of 20,000 characters.
+    let judges: Vec<Value> = (0..48)
+        .map(|i| {
+            json!({"type": "llm_judge", "name": format!("judge {i}"), "integration_id": llm,
+                   "prompt": "p".repeat(20_000)})
+        })
+        .collect();
+    let mut made = Vec::new();
+    for i in 0..12 {
+        let test = with(x.test(&format!("big {i}")), json!({"evaluators": judges}));
+        made.insert(0, id(&create(&s, "/v1/tests", &owner, test).await));
+    }
+    for path in [format!("/v1/tests?project_id={project_id}&limit=200"), "/v1/tests?limit=200".to_string()] {
+        // Twice: the second may be answered from memory.
+        for _ in 0..2 {
+            let body = s.get(&path, &owner).await.text().await.unwrap();
+            let page: Value = serde_json::from_str(&body).unwrap();
+            let ids = ids_of(&page);
+            assert!(body.len() < PAGE_BYTES + (1 << 20), "{path}: a page of {} bytes, {} tests", body.len(), ids.len());
+            assert!(!ids.is_empty() && ids.len() < made.len(), "{path}: {} tests", ids.len());
+            assert_eq!(ids, made[..ids.len()], "{path}");
+            assert!(page["next_cursor"].is_string(), "{path}: a page cut short has a next one");
+            let all = common::items_of_pages(&s, &owner, &path, "tests").await;
+            assert_eq!(all.iter().map(id).collect::<Vec<_>>(), made, "{path}: page by page");
+        }
+    }
+}
+
 #[tokio::test]
 async fn tests_are_listed_by_filter_and_page() {
     let s = TestServer::start().await;
@@ -1060,6 +1101,19 @@ async fn tests_are_listed_by_filter_and_page() {
         }
     }
     assert_eq!(seen, newest_first(made.clone()));
+    // The owner is in both projects: page by page, both projects' tests,
+    // newest first, each once.
+    let mut both_projects = s.expect(Method::GET, &format!("/v1/tests?project_id={other}"), &t.owner, None, 200).await
+        ["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(id)
+        .collect::<Vec<_>>();
+    both_projects.extend(made.clone());
+    both_projects.sort_unstable_by(|a, b| b.cmp(a));
+    let listed = common::items_of_pages(&s, &t.owner, "/v1/tests?limit=2", "tests").await;
+    assert_eq!(listed.iter().map(id).collect::<Vec<_>>(), both_projects);
     let (status, e) = error_body(s.get("/v1/tests?cursor=bm90IGEgY3Vyc29yIQ", &t.viewer).await).await;
     assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_cursor"));
 }

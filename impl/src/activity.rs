@@ -69,7 +69,7 @@ use rusqlite::OptionalExtension as _;
 use sparring_server::{params as p, types, Caller};
 
 use crate::failure::{Failure, Result};
-use crate::pagination::{PageRequest, PageSql, AFTER};
+use crate::pagination::{PageRequest, PageRows, PageSql, AFTER};
 use crate::store::Store;
 
 const COLUMNS: &str = "a.id, a.actor_user_id, a.credential, a.api_key_id, a.action, a.resource_type, a.resource_id, \
@@ -118,7 +118,25 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Activity> {
     })
 }
 
-fn page_of(query_limit: Option<i32>, cursor: Option<&str>) -> Result<PageRequest> {
+/// A record from a row of [`COLUMNS`], and about how many bytes it takes.
+fn sized_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<(types::Activity, usize)> {
+    let text = |i: usize| match row.get_ref(i) {
+        Ok(rusqlite::types::ValueRef::Text(t)) => t.len(),
+        _ => 0,
+    };
+    let size = text(8) + text(9);
+    Ok((from_row(row)?, size))
+}
+
+/// A page of records, from the records read: their `changes` are up to a
+/// request body each, so the page ends early after the record that takes
+/// it past `pagination::PAGE_BYTES` when another follows.
+fn page_of(page: &PageRequest, read: PageRows<(types::Activity, usize)>) -> types::ActivityList {
+    let page = page.finish_sized(read.rows, |(_, size)| *size, |(a, _)| a.id.clone());
+    types::ActivityList { activity: page.items.into_iter().map(|(a, _)| a).collect(), next_cursor: page.next_cursor }
+}
+
+fn page_request(query_limit: Option<i32>, cursor: Option<&str>) -> Result<PageRequest> {
     PageRequest::parse(query_limit, cursor, "act").map_err(|e| Failure::invalid("cursor", e))
 }
 
@@ -174,7 +192,7 @@ static SOURCE_SQL: std::sync::LazyLock<[PageSql; 2]> =
 /// filter few records pass walks each source to its end, and the caller's
 /// own records in their projects twice, once per source.
 pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) -> Result<types::ActivityList> {
-    let page = page_of(query.limit, query.cursor.as_deref())?;
+    let page = page_request(query.limit, query.cursor.as_deref())?;
     if let (Some(since), Some(until)) = (&query.since, &query.until) {
         if since > until {
             return Err(Failure::invalid("since", "must not be after `until`"));
@@ -225,9 +243,14 @@ pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) ->
             ids.dedup();
             ids.truncate(page.limit + 1);
             let mut by_id = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM activity a WHERE a.id = ?1"))?;
-            let rows = ids.iter().map(|id| by_id.query_row([id], from_row)).collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |a| a.id.clone());
-            Ok(types::ActivityList { activity: page.items, next_cursor: page.next_cursor })
+            let mut read = PageRows::default();
+            for id in &ids {
+                let (record, size) = by_id.query_row([id], sized_row)?;
+                if !read.read((record, size), size) {
+                    break;
+                }
+            }
+            Ok(page_of(&page, read))
         })
         .await
 }
@@ -269,20 +292,27 @@ pub async fn list_for_resource(
     path: p::ListResourceActivityPath,
     query: p::ListResourceActivityQuery,
 ) -> Result<types::ActivityList> {
-    let page = page_of(query.limit, query.cursor.as_deref())?;
+    let page = page_request(query.limit, query.cursor.as_deref())?;
     let ascending = matches!(query.order, Some(types::SortOrder::Asc));
     store
         .read(move |tx| {
             let sql = RESOURCE_SQL[usize::from(ascending)].of(&page);
-            let rows = tx
-                .prepare_cached(sql)?
-                .query_map(
-                    params![caller.user_id, path.resource_type, path.resource_id, page.after, page.fetch_limit()],
-                    from_row,
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |a| a.id.clone());
-            Ok(types::ActivityList { activity: page.items, next_cursor: page.next_cursor })
+            let mut statement = tx.prepare_cached(sql)?;
+            let mut rows = statement.query(params![
+                caller.user_id,
+                path.resource_type,
+                path.resource_id,
+                page.after,
+                page.fetch_limit()
+            ])?;
+            let mut read = PageRows::default();
+            while let Some(row) = rows.next()? {
+                let (record, size) = sized_row(row)?;
+                if !read.read((record, size), size) {
+                    break;
+                }
+            }
+            Ok(page_of(&page, read))
         })
         .await
 }

@@ -100,12 +100,65 @@ impl PageRequest {
         Page { items: rows, next_cursor }
     }
 
+    /// [`finish`](Self::finish) for a list whose items may each be up to a
+    /// request body in size: the page ends early after the item that takes
+    /// it past [`PAGE_BYTES`] when another follows. `rows` holds what
+    /// [`PageRows::read`] kept.
+    pub fn finish_sized<T>(
+        &self,
+        mut rows: Vec<T>,
+        size_of: impl Fn(&T) -> usize,
+        id_of: impl Fn(&T) -> String,
+    ) -> Page<T> {
+        let mut bytes = 0;
+        let cut = rows.iter().take(self.limit).position(|row| {
+            bytes += size_of(row);
+            bytes > PAGE_BYTES
+        });
+        match cut {
+            Some(last) if last + 1 < rows.len() => {
+                rows.truncate(last + 1);
+                self.finish_early(rows, id_of)
+            }
+            _ => self.finish(rows, id_of),
+        }
+    }
+
     pub fn finish<T>(&self, rows: Vec<T>, id_of: impl Fn(&T) -> String) -> Page<T> {
         if rows.len() > self.limit {
             self.finish_early(rows, id_of)
         } else {
             Page { items: rows, next_cursor: None }
         }
+    }
+}
+
+/// Past this many bytes of items, each up to a request body (1 MiB) in
+/// size, a page ends before its `limit`, with its cursor: a page of 200 was
+/// otherwise up to 200 MB to read, hold and write for one request.
+pub const PAGE_BYTES: usize = 8 << 20;
+
+/// The rows of a page of such a list, as they are read: up to the one that
+/// takes them past [`PAGE_BYTES`], and the one after it (which says whether
+/// a page cut there has a next one), and no more.
+pub struct PageRows<T> {
+    pub rows: Vec<T>,
+    bytes: usize,
+}
+
+impl<T> Default for PageRows<T> {
+    fn default() -> Self {
+        PageRows { rows: Vec::new(), bytes: 0 }
+    }
+}
+
+impl<T> PageRows<T> {
+    /// Keeps `row`, of `size` bytes; false once no more is needed.
+    pub fn read(&mut self, row: T, size: usize) -> bool {
+        let more = self.bytes <= PAGE_BYTES;
+        self.bytes += size;
+        self.rows.push(row);
+        more
     }
 }
 
@@ -241,6 +294,54 @@ pub(crate) mod tests {
                 assert!(after.iter().any(|s| s == step), "{step}\n{after:#?}");
                 let first = plan(tx, sql.of_cursor(false))?;
                 assert!(!first.iter().any(|s| s.contains("<?")), "{first:#?}");
+            }
+            Ok(())
+        });
+    }
+
+    /// Items up to a request body each: a page is read up to the item past
+    /// `PAGE_BYTES` and the one after it, and ends after the first of them
+    /// when the second is there; a page within its bytes ends as usual.
+    #[test]
+    fn a_page_of_big_items_ends_past_its_bytes() {
+        let mib = 1 << 20;
+        let page = PageRequest::parse(Some(50), None, "tst").unwrap();
+        let mut read = PageRows::default();
+        let mut offered = 0;
+        for i in 0..20 {
+            offered += 1;
+            if !read.read(format!("tst_{:032}", 20 - i), mib) {
+                break;
+            }
+        }
+        // 9 items pass 8 MiB; the 10th says there is more.
+        assert_eq!((offered, read.rows.len()), (10, 10));
+        let cut = page.finish_sized(read.rows.clone(), |_| mib, String::clone);
+        assert_eq!(cut.items.len(), 9);
+        let cursor = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&cut.items[8]);
+        assert_eq!(cut.next_cursor, Some(cursor));
+        // The list's last items: nothing follows the one past the bytes.
+        let last = page.finish_sized(read.rows[..9].to_vec(), |_| mib, String::clone);
+        assert_eq!((last.items.len(), last.next_cursor), (9, None));
+        // Small items: the limit decides.
+        let small: Vec<String> = (0..51).map(|i| format!("tst_{i:032}")).collect();
+        let page_of_small = page.finish_sized(small, |_| 100, String::clone);
+        assert_eq!(page_of_small.items.len(), 50);
+        assert!(page_of_small.next_cursor.is_some());
+    }
+
+    /// A page of personas or scenarios is read from each project's index in
+    /// order and stops at the page's size: no sort of everything in the
+    /// caller's projects (after the cursor), which read every one of them
+    /// for each page, however small.
+    #[test]
+    fn a_page_of_personas_or_scenarios_sorts_nothing() {
+        on_schema(|tx| {
+            for sql in [&*crate::personas::LIST_SQL, &*crate::scenarios::LIST_SQL] {
+                for after in [false, true] {
+                    let steps = plan(tx, sql.of_cursor(after))?;
+                    assert!(!steps.iter().any(|s| s.contains("TEMP B-TREE")), "{steps:#?}");
+                }
             }
             Ok(())
         });

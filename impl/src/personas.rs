@@ -177,37 +177,55 @@ pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Persona
         .ok_or_else(|| Failure::not_found("persona", id))
 }
 
-/// A page of `GET /v1/personas` (see [`PageSql`]).
+/// The ids of a page of one project's personas (`?1`), newest first, with
+/// the tag `?2` (all when NULL), after the cursor `?3`, at most `?4` (see
+/// [`PageSql`]): in order from `personas_by_project`, no sort, and the
+/// walk stops at the limit.
 pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(
-            "SELECT {COLUMNS} FROM personas t
-             WHERE t.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-               AND (?2 IS NULL OR t.project_id = ?2)
-               AND (?3 IS NULL OR EXISTS (SELECT 1 FROM json_each(t.document, '$.tags') WHERE value = ?3))
+            "SELECT t.id FROM personas t
+             WHERE t.project_id = ?1
+               AND (?2 IS NULL OR EXISTS (SELECT 1 FROM json_each(t.document, '$.tags') WHERE value = ?2))
                {AFTER}
-             ORDER BY t.id DESC LIMIT ?5"
+             ORDER BY t.id DESC LIMIT ?4"
         ),
-        "AND t.id < ?4",
+        "AND t.id < ?3",
     )
 });
 
+/// A page is merged from one walk per project of the caller's (only the
+/// one asked for, when it is), each stopped at the page's size: one
+/// statement over all of them sorted every persona of every project of
+/// theirs (after the cursor) for each page.
 pub async fn list(state: &AppState, caller: Caller, query: p::ListPersonasQuery) -> Result<types::PersonaList> {
     let page =
         PageRequest::parse(query.limit, query.cursor.as_deref(), "per").map_err(|e| Failure::invalid("cursor", e))?;
     state
         .store
         .read(move |tx| {
-            if let Some(project_id) = &query.project_id {
-                access::require(tx, &caller.user_id, project_id, Need::Read)?;
+            let projects: Vec<String> = match &query.project_id {
+                Some(project_id) => {
+                    access::require(tx, &caller.user_id, project_id, Need::Read)?;
+                    vec![project_id.clone()]
+                }
+                None => tx
+                    .prepare_cached("SELECT project_id FROM project_members WHERE user_id = ?1")?
+                    .query_map(params![caller.user_id], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?,
+            };
+            let mut ids: Vec<String> = Vec::new();
+            let mut statement = tx.prepare_cached(LIST_SQL.of(&page))?;
+            for project_id in &projects {
+                let found = statement
+                    .query_map(params![project_id, query.tag, page.after, page.fetch_limit()], |r| r.get(0))?;
+                for id in found {
+                    ids.push(id?);
+                }
             }
-            let rows = tx
-                .prepare_cached(LIST_SQL.of(&page))?
-                .query_map(
-                    params![caller.user_id, query.project_id, query.tag, page.after, page.fetch_limit()],
-                    from_row,
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+            ids.sort_unstable_by(|a, b| b.cmp(a));
+            ids.truncate(page.limit + 1);
+            let rows = ids.iter().map(|id| load(tx, id)).collect::<Result<Vec<_>>>()?;
             let page = page.finish(rows, |t| t.id.clone());
             Ok(types::PersonaList { personas: page.items, next_cursor: page.next_cursor })
         })

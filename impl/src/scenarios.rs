@@ -34,7 +34,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{PageRequest, PageSql, AFTER};
+use crate::pagination::{PageRequest, PageRows, PageSql, AFTER};
 use crate::{evaluators, ids, validate, AppState};
 
 pub const DEFAULT_MAX_TURNS: u32 = 20;
@@ -409,21 +409,27 @@ pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Scenari
         .ok_or_else(|| Failure::not_found("scenario", id))
 }
 
-/// A page of `GET /v1/scenarios` (see [`PageSql`]).
+/// The ids of a page of one project's scenarios (`?1`), newest first, in
+/// the mode `?2` and with the tag `?3` (all when NULL), after the cursor
+/// `?4`, at most `?5` (see [`PageSql`]): in order from
+/// `scenarios_by_project`, no sort, and the walk stops at the limit.
 pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(
-            "SELECT {COLUMNS} FROM scenarios s
-             WHERE s.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-               AND (?2 IS NULL OR s.project_id = ?2) AND (?3 IS NULL OR s.mode = ?3)
-               AND (?4 IS NULL OR EXISTS (SELECT 1 FROM json_each(s.document, '$.tags') WHERE value = ?4))
+            "SELECT s.id FROM scenarios s
+             WHERE s.project_id = ?1 AND (?2 IS NULL OR s.mode = ?2)
+               AND (?3 IS NULL OR EXISTS (SELECT 1 FROM json_each(s.document, '$.tags') WHERE value = ?3))
                {AFTER}
-             ORDER BY s.id DESC LIMIT ?6"
+             ORDER BY s.id DESC LIMIT ?5"
         ),
-        "AND s.id < ?5",
+        "AND s.id < ?4",
     )
 });
 
+/// A page is merged from one walk per project of the caller's (only the
+/// one asked for, when it is), each stopped at the page's size: one
+/// statement over all of them sorted every scenario of every project of
+/// theirs (after the cursor) for each page.
 pub async fn list(state: &AppState, caller: Caller, query: p::ListScenariosQuery) -> Result<types::ScenarioList> {
     let page =
         PageRequest::parse(query.limit, query.cursor.as_deref(), "scn").map_err(|e| Failure::invalid("cursor", e))?;
@@ -431,18 +437,46 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListScenariosQuery
     state
         .store
         .read(move |tx| {
-            if let Some(project_id) = &query.project_id {
-                access::require(tx, &caller.user_id, project_id, Need::Read)?;
+            let projects: Vec<String> = match &query.project_id {
+                Some(project_id) => {
+                    access::require(tx, &caller.user_id, project_id, Need::Read)?;
+                    vec![project_id.clone()]
+                }
+                None => tx
+                    .prepare_cached("SELECT project_id FROM project_members WHERE user_id = ?1")?
+                    .query_map(params![caller.user_id], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?,
+            };
+            let mut ids: Vec<String> = Vec::new();
+            let mut statement = tx.prepare_cached(LIST_SQL.of(&page))?;
+            for project_id in &projects {
+                let found = statement
+                    .query_map(params![project_id, mode, query.tag, page.after, page.fetch_limit()], |r| r.get(0))?;
+                for id in found {
+                    ids.push(id?);
+                }
             }
-            let rows = tx
-                .prepare_cached(LIST_SQL.of(&page))?
-                .query_map(
-                    params![caller.user_id, query.project_id, mode, query.tag, page.after, page.fetch_limit()],
-                    from_row,
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |s| s.id.clone());
-            Ok(types::ScenarioList { scenarios: page.items, next_cursor: page.next_cursor })
+            ids.sort_unstable_by(|a, b| b.cmp(a));
+            ids.truncate(page.limit + 1);
+            // A scenario is up to a request body in size: the page ends
+            // early past `PAGE_BYTES` of their documents.
+            let mut by_id = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM scenarios s WHERE s.id = ?1"))?;
+            let mut read = PageRows::default();
+            for id in &ids {
+                let (scenario, size) = by_id.query_row([id], |row| {
+                    let size = match row.get_ref(6)? {
+                        rusqlite::types::ValueRef::Text(document) => document.len(),
+                        _ => 0,
+                    };
+                    Ok((from_row(row)?, size))
+                })?;
+                if !read.read((scenario, size), size) {
+                    break;
+                }
+            }
+            let page = page.finish_sized(read.rows, |(_, size)| *size, |(s, _)| s.id.clone());
+            let scenarios = page.items.into_iter().map(|(s, _)| s).collect();
+            Ok(types::ScenarioList { scenarios, next_cursor: page.next_cursor })
         })
         .await
 }

@@ -149,14 +149,19 @@ impl TestCache {
             let all = tests.len() < NEWEST;
             tests.truncate(NEWEST);
             let size: usize = project_id.len() + tests.iter().map(|(id, served)| size_of(id, served)).sum::<usize>();
+            if let Some(old) = kept.newest.remove(project_id) {
+                kept.newest_bytes -= project_id.len() + old.tests.iter().map(|(id, s)| size_of(id, s)).sum::<usize>();
+            }
             if kept.newest_bytes + size > MAX_NEWEST_BYTES {
                 kept.newest.clear();
                 kept.newest_bytes = 0;
             }
-            if let Some(old) = kept.newest.insert(project_id.to_string(), Newest { tests, all }) {
-                kept.newest_bytes -= project_id.len() + old.tests.iter().map(|(id, s)| size_of(id, s)).sum::<usize>();
+            // Tests of up to a request body each: one project's may be more
+            // than the bound alone, and are then not kept.
+            if size <= MAX_NEWEST_BYTES {
+                kept.newest.insert(project_id.to_string(), Newest { tests, all });
+                kept.newest_bytes += size;
             }
-            kept.newest_bytes += size;
             keep_role(kept, user_id, project_id, role);
         });
     }
@@ -185,6 +190,11 @@ impl TestCache {
                     kept.newest_bytes -= size_of(&id, &served);
                 }
                 newest.all = false;
+            }
+            // Kept tests grow by creates too: past the bound, they start over.
+            if kept.newest_bytes > MAX_NEWEST_BYTES {
+                kept.newest.clear();
+                kept.newest_bytes = 0;
             }
         });
     }
@@ -341,6 +351,28 @@ mod tests {
         cache.created(&id(NEWEST + 1), "prj_2", served("{}"));
         assert!(newest(&cache, "prj_2", NEWEST + 1).is_none());
         assert_eq!(newest(&cache, "prj_2", NEWEST).unwrap()[NEWEST - 1], id(1));
+    }
+
+    /// Tests are up to a request body in size (1 MiB): a project's newest,
+    /// whether read at once or made one by one after, stay under their
+    /// bound as well.
+    #[test]
+    fn the_newest_tests_kept_stay_under_their_bound() {
+        let cache = TestCache { kept: Arc::default() };
+        let big: Arc<str> = "x".repeat(MAX_NEWEST_BYTES / 4).into();
+        let id = |i: usize| format!("tst_{i:04}");
+        let bytes = || cache.kept.read(|kept| kept.newest_bytes);
+        // Read at once: more than the bound is not kept.
+        let many = (0..8).rev().map(|i| (id(i), big.clone())).collect();
+        cache.keep_newest(cache.generation(), "prj_1", many, "usr_1", Role::Owner);
+        assert!(bytes() <= MAX_NEWEST_BYTES, "{}", bytes());
+        assert!(cache.newest("prj_1", "usr_1", 1).is_none());
+        // Made one by one after a read of a project with none.
+        cache.keep_newest(cache.generation(), "prj_2", vec![], "usr_1", Role::Owner);
+        for i in 0..8 {
+            cache.created(&id(100 + i), "prj_2", big.clone());
+            assert!(bytes() <= MAX_NEWEST_BYTES, "after {} tests: {}", i + 1, bytes());
+        }
     }
 
     #[test]

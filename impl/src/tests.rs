@@ -41,7 +41,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, PageRows};
 use crate::{evaluators, ids, scenarios, test_cache, validate, written, AppState};
 
 pub const DEFAULT_ITERATIONS: u32 = 1;
@@ -463,22 +463,22 @@ const PAGE_FILTERS: [&str; 4] = [
     "t.id < ?",
 ];
 
-/// The SQL of a page of `GET /v1/tests`, newest first. Its parameters: the
-/// project (or, without one, the caller, for the tests of every project they
-/// are in), then the value of each filter given, then the limit.
+/// The SQL of a walk down one project's tests, newest first. Its
+/// parameters: the project, then the value of each filter given, then the
+/// limit. With `served`, it reads each test's id and served JSON (a page
+/// of one project's tests); without, its id only (one project's share of a
+/// page across the caller's projects, whose tests are read by id once
+/// merged: one statement over all of them sorted every test of every
+/// project of the caller's, served JSON included, for every page).
 ///
-/// With a project, its tests come in order from the index `tests_by_project`
-/// (migration 0015): no sort, and the page stops at the limit. Only the
-/// filters given are in the SQL (one cached statement per combination), so
-/// the planner sees each one: it cannot use an index for `(? IS NULL OR …)`
-/// (see `store` on why plans do not look at bound values).
-fn page_sql(by_project: bool, given: [bool; 4]) -> String {
-    let mut sql = String::from("SELECT t.id, t.served FROM tests t WHERE ");
-    sql.push_str(if by_project {
-        "t.project_id = ?"
-    } else {
-        "t.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?)"
-    });
+/// The tests come in order from the index `tests_by_project` (migration
+/// 0015): no sort, and the walk stops at the limit. Only the filters given
+/// are in the SQL (one cached statement per combination), so the planner
+/// sees each one: it cannot use an index for `(? IS NULL OR …)` (see
+/// `store` on why plans do not look at bound values).
+fn page_sql(served: bool, given: [bool; 4]) -> String {
+    let mut sql = String::from(if served { "SELECT t.id, t.served" } else { "SELECT t.id" });
+    sql.push_str(" FROM tests t WHERE t.project_id = ?");
     for (condition, _) in PAGE_FILTERS.iter().zip(given).filter(|(_, given)| *given) {
         sql.push_str(" AND ");
         sql.push_str(condition);
@@ -505,30 +505,71 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
         }
     }
     let generation = cache.generation();
-    let (rows, role) = state
+    let given = filters.map(Option::is_some);
+    let rows = state
         .store
         .read(|tx| {
-            let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
-            let mut role = None;
-            match &query.project_id {
+            // A walk's parameters (see `page_sql`).
+            let walk = |project_id: &str, limit: i64| {
+                use rusqlite::types::Value as Param;
+                let mut args = vec![Param::Text(project_id.to_string())];
+                args.extend(filters.iter().filter_map(|v| v.as_ref().map(|v| Param::Text(v.to_string()))));
+                args.push(Param::Integer(limit));
+                rusqlite::params_from_iter(args)
+            };
+            // A test is up to a request body in size: read what `page_of`
+            // needs (see `PageRows`), and no more.
+            let (mut read, mut whole) = (PageRows::default(), true);
+            let mut keep = |row: test_cache::Listed| {
+                let size = row.1.len();
+                let more = read.read(row, size);
+                whole &= more;
+                more
+            };
+            let role = match &query.project_id {
                 Some(project_id) => {
-                    role = Some(access::require(tx, &caller.user_id, project_id, Need::Read)?);
-                    args.push(project_id);
+                    let role = access::require(tx, &caller.user_id, project_id, Need::Read)?;
+                    let limit = if newest.is_some() { test_cache::NEWEST as i64 } else { page.fetch_limit() };
+                    let mut statement = tx.prepare_cached(&page_sql(true, given))?;
+                    let mut found = statement.query(walk(project_id, limit))?;
+                    while let Some(r) = found.next()? {
+                        if !keep((r.get::<_, String>(0)?, Arc::<str>::from(r.get::<_, String>(1)?))) {
+                            break;
+                        }
+                    }
+                    Some(role)
                 }
-                None => args.push(&caller.user_id),
-            }
-            args.extend(filters.iter().filter_map(|v| v.as_ref().map(|v| v as &dyn rusqlite::ToSql)));
-            let sql = page_sql(query.project_id.is_some(), filters.map(Option::is_some));
-            let limit = if newest.is_some() { test_cache::NEWEST as i64 } else { page.fetch_limit() };
-            args.push(&limit);
-            let rows = tx
-                .prepare_cached(&sql)?
-                .query_map(&args[..], |r| Ok((r.get::<_, String>(0)?, Arc::<str>::from(r.get::<_, String>(1)?))))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok::<_, Failure>((rows, role))
+                None => {
+                    // One walk per project of the caller's, merged.
+                    let projects: Vec<String> = tx
+                        .prepare_cached("SELECT project_id FROM project_members WHERE user_id = ?1")?
+                        .query_map(params![caller.user_id], |r| r.get(0))?
+                        .collect::<rusqlite::Result<_>>()?;
+                    let mut ids: Vec<String> = Vec::new();
+                    let mut statement = tx.prepare_cached(&page_sql(false, given))?;
+                    for project_id in &projects {
+                        let found = statement.query_map(walk(project_id, page.fetch_limit()), |r| r.get(0))?;
+                        for id in found {
+                            ids.push(id?);
+                        }
+                    }
+                    ids.sort_unstable_by(|a, b| b.cmp(a));
+                    ids.truncate(page.limit + 1);
+                    let mut by_id = tx.prepare_cached("SELECT served FROM tests WHERE id = ?1")?;
+                    for id in ids {
+                        let served: String = by_id.query_row([&id], |r| r.get(0))?;
+                        if !keep((id, served.into())) {
+                            break;
+                        }
+                    }
+                    None
+                }
+            };
+            Ok::<_, Failure>((read.rows, role, whole))
         })
         .await?;
-    if let (Some(project_id), Some(role)) = (newest, role) {
+    let (rows, role, whole) = rows;
+    if let (Some(project_id), Some(role), true) = (newest, role, whole) {
         let tests = rows.iter().take(page.limit + 1).cloned().collect();
         cache.keep_newest(generation, project_id, rows, &caller.user_id, role);
         return Ok(Json::written(page_of(&page, tests)));
@@ -536,9 +577,11 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
     Ok(Json::written(page_of(&page, rows)))
 }
 
-/// A page of tests as served, from `page`'s rows: (id, served JSON).
+/// A page of tests as served, from `page`'s rows: (id, served JSON), the
+/// page's and at least one more if there is one. It ends early after the
+/// test that takes it past `pagination::PAGE_BYTES` when another follows.
 fn page_of(page: &PageRequest, rows: Vec<test_cache::Listed>) -> String {
-    let page = page.finish(rows, |(id, _)| id.clone());
+    let page = page.finish_sized(rows, |(_, json)| json.len(), |(id, _)| id.clone());
     let tests = page.items.iter().map(|(_, json)| &**json);
     written::page("tests", tests, page.next_cursor.as_deref())
 }
@@ -1019,6 +1062,24 @@ mod unit {
                     .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?
                     .collect::<rusqlite::Result<Vec<_>>>()?;
                 assert_eq!(plan, [format!("SEARCH t USING INDEX tests_by_project {search}")], "{sql}");
+            }
+            Ok(())
+        });
+    }
+
+    /// Every statement a page of tests runs, with a project or across the
+    /// caller's, any filters, after a cursor or not, reads an index in
+    /// order: none sorts the tests of every project of the caller's.
+    #[test]
+    fn no_page_of_tests_sorts() {
+        crate::personas::tests::with_users_of_a_persona(3, |tx| {
+            for served in [true, false] {
+                for n in 0..16 {
+                    let given = [n & 1 != 0, n & 2 != 0, n & 4 != 0, n & 8 != 0];
+                    let sql = page_sql(served, given);
+                    let steps = crate::pagination::tests::plan(tx, &sql)?;
+                    assert!(!steps.iter().any(|s| s.contains("TEMP B-TREE")), "{sql}\n{steps:#?}");
+                }
             }
             Ok(())
         });
