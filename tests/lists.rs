@@ -261,16 +261,13 @@ async fn a_list_paged_a_few_at_a_time_is_its_whole_page() {
     }
 }
 
-/// A page of a test's results ends before its `limit`, with a cursor, once
-/// the results in it pass 8 MiB (each may be a call's whole record), and
-/// the next page goes on from there: nothing skipped, nothing twice.
-#[tokio::test]
-async fn a_page_of_large_results_ends_early_and_goes_on() {
-    let s = TestServer::start().await;
-    let t = s.team("large results").await;
+/// A test of the team's project with `n` results of 3 MiB each, stored as
+/// the engine stores them (a document the list serves as it is): the test
+/// and its results' ids, newest first.
+async fn a_test_with_large_results(s: &TestServer, t: &common::Team, n: usize) -> (String, Vec<String>) {
     let p = &t.project_id;
     let create = |path: &'static str, body: Value| {
-        let (s, key) = (&s, t.owner.clone());
+        let key = t.owner.clone();
         async move { s.expect(Method::POST, path, &key, Some(body), 200).await["id"].as_str().unwrap().to_string() }
     };
     let channel = create(
@@ -287,9 +284,7 @@ async fn a_page_of_large_results_ends_early_and_goes_on() {
     let test = json!({"project_id": p, "name": "t", "channel_id": channel, "scenario_id": scenario,
                       "persona_ids": [persona]});
     let test = create("/v1/tests", test).await;
-    // Four results of 3 MiB each, oldest first, stored as the engine stores
-    // them (a document the list serves as it is).
-    let made: Vec<String> = (0..4).map(|_| sparring_impl::ids::new_id("trs")).collect();
+    let made: Vec<String> = (0..n).map(|_| sparring_impl::ids::new_id("trs")).collect();
     let store = sparring_impl::open_store(s.data_dir.path()).unwrap();
     let (rows, project, test_id) = (made.clone(), p.clone(), test.clone());
     store
@@ -307,7 +302,17 @@ async fn a_page_of_large_results_ends_early_and_goes_on() {
         })
         .await
         .unwrap();
-    let newest_first: Vec<String> = made.iter().rev().cloned().collect();
+    (test, made.into_iter().rev().collect())
+}
+
+/// A page of a test's results ends before its `limit`, with a cursor, once
+/// the results in it pass 8 MiB (each may be a call's whole record), and
+/// the next page goes on from there: nothing skipped, nothing twice.
+#[tokio::test]
+async fn a_page_of_large_results_ends_early_and_goes_on() {
+    let s = TestServer::start().await;
+    let t = s.team("large results").await;
+    let (test, newest_first) = a_test_with_large_results(&s, &t, 4).await;
     let first = s.expect(Method::GET, &format!("/v1/tests/{test}/results?limit=10"), &t.viewer, None, 200).await;
     assert_eq!(ids(&first, "test_results"), newest_first[..3], "three pass 8 MiB");
     let cursor = first["next_cursor"].as_str().expect("a cursor to the rest");
@@ -325,45 +330,8 @@ async fn a_page_of_large_results_ends_early_and_goes_on() {
 async fn a_last_page_cut_by_its_size_has_no_cursor() {
     let s = TestServer::start().await;
     let t = s.team("large last page").await;
-    let p = &t.project_id;
-    let create = |path: &'static str, body: Value| {
-        let (s, key) = (&s, t.owner.clone());
-        async move { s.expect(Method::POST, path, &key, Some(body), 200).await["id"].as_str().unwrap().to_string() }
-    };
-    let channel = create(
-        "/v1/channels",
-        json!({"project_id": p, "name": "agent", "kind": "http", "target": "http://127.0.0.1:9/http"}),
-    )
-    .await;
-    let scenario = create(
-        "/v1/scenarios",
-        json!({"project_id": p, "name": "s", "mode": "scripted", "steps": [{"say": "hi", "expect": []}]}),
-    )
-    .await;
-    let persona = create("/v1/personas", json!({"project_id": p, "name": "caller"})).await;
-    let test = json!({"project_id": p, "name": "t", "channel_id": channel, "scenario_id": scenario,
-                      "persona_ids": [persona]});
-    let test = create("/v1/tests", test).await;
     // Three results of 3 MiB each: the third passes 8 MiB, and is the last.
-    let made: Vec<String> = (0..3).map(|_| sparring_impl::ids::new_id("trs")).collect();
-    let store = sparring_impl::open_store(s.data_dir.path()).unwrap();
-    let (rows, project, test_id) = (made.clone(), p.clone(), test.clone());
-    store
-        .write(move |tx| {
-            for (i, id) in rows.iter().enumerate() {
-                let document = json!({"id": id, "padding": "x".repeat(3 << 20)}).to_string();
-                tx.execute(
-                    "INSERT INTO test_results (id, project_id, run_id, batch_run_id, test_id, call_id, status,
-                                               created_at, document)
-                     VALUES (?1, ?2, ?3, 'brn_x', ?4, ?5, 'passed', '2026-01-01T00:00:00.000000Z', ?6)",
-                    rusqlite::params![id, project, format!("run_{i}"), test_id, format!("call_{i}"), document],
-                )?;
-            }
-            Ok::<_, sparring_impl::store::StoreError>(())
-        })
-        .await
-        .unwrap();
-    let newest_first: Vec<String> = made.iter().rev().cloned().collect();
+    let (test, newest_first) = a_test_with_large_results(&s, &t, 3).await;
     let page = s.expect(Method::GET, &format!("/v1/tests/{test}/results?limit=10"), &t.viewer, None, 200).await;
     assert_eq!(ids(&page, "test_results"), newest_first);
     assert!(page["next_cursor"].is_null(), "the last page: {}", page["next_cursor"]);
