@@ -279,7 +279,7 @@ pub(crate) mod tests {
     fn lists() -> Vec<(&'static PageSql, &'static str)> {
         vec![
             (&crate::api_keys::PAGE_SQL, "SEARCH api_keys USING COVERING INDEX api_keys_listing (user_id=? AND id<?)"),
-            (&crate::batches::LIST_SQL, "SEARCH b USING INDEX batches_by_project (project_id=? AND id<?)"),
+            (&crate::batches::LIST_SQL, "SEARCH b USING COVERING INDEX batches_by_project (project_id=? AND id<?)"),
             (&crate::channels::LIST_SQL, "SEARCH c USING INDEX channels_by_project (project_id=? AND id<?)"),
             (&crate::credits::LIST_SQL, "SEARCH transactions USING INDEX transactions_by_user_id (user_id=? AND id<?)"),
             (
@@ -387,7 +387,12 @@ pub(crate) mod tests {
     #[test]
     fn a_page_across_the_callers_projects_sorts_nothing() {
         on_schema(|tx| {
-            for sql in [&*crate::personas::LIST_SQL, &*crate::scenarios::LIST_SQL, &*crate::runs::BATCH_RUNS_SQL] {
+            for sql in [
+                &*crate::personas::LIST_SQL,
+                &*crate::scenarios::LIST_SQL,
+                &*crate::runs::BATCH_RUNS_SQL,
+                &*crate::batches::LIST_SQL,
+            ] {
                 for after in [false, true] {
                     let steps = plan(tx, sql.of_cursor(after))?;
                     assert!(!steps.iter().any(|s| s.contains("TEMP B-TREE")), "{steps:#?}");
