@@ -222,12 +222,17 @@ async fn a_list_paged_a_few_at_a_time_is_its_whole_page() {
     let mut integration = String::new();
     for i in 0..4 {
         s.expect(Method::POST, "/v1/api-keys", &t.owner, Some(json!({"label": format!("k{i}")})), 201).await;
-        s.create_project(&t.owner, &format!("more {i}")).await;
+        let more = s.create_project(&t.owner, &format!("more {i}")).await;
         s.expect(Method::POST, "/v1/personas", &t.owner, Some(json!({"project_id": p, "name": format!("p{i}")})), 200)
             .await;
         let channel =
             json!({"project_id": p, "name": format!("c{i}"), "kind": "http", "target": "http://127.0.0.1:9/a"});
         s.expect(Method::POST, "/v1/channels", &t.owner, Some(channel), 200).await;
+        // And one in another project: a page across the caller's projects
+        // is merged from each one's.
+        let elsewhere =
+            json!({"project_id": more, "name": format!("c{i}"), "kind": "http", "target": "http://127.0.0.1:9/a"});
+        s.expect(Method::POST, "/v1/channels", &t.owner, Some(elsewhere), 200).await;
         let twilio = json!({
             "project_id": p,
             "provider": "twilio",
@@ -255,6 +260,11 @@ async fn a_list_paged_a_few_at_a_time_is_its_whole_page() {
         };
         let whole = paged(200).await;
         assert!(whole.len() >= 4, "{path}: {whole:?}");
+        if item_key == "id" {
+            let mut newest_first = whole.clone();
+            newest_first.sort_unstable_by(|a, b| b.cmp(a));
+            assert_eq!(whole, newest_first, "{path}: newest first");
+        }
         for limit in [1, 2] {
             assert_eq!(paged(limit).await, whole, "{path}, {limit} at a time");
         }

@@ -392,6 +392,7 @@ pub(crate) mod tests {
                 &*crate::scenarios::LIST_SQL,
                 &*crate::runs::BATCH_RUNS_SQL,
                 &*crate::batches::LIST_SQL,
+                &*crate::channels::LIST_SQL,
             ] {
                 for after in [false, true] {
                     let steps = plan(tx, sql.of_cursor(after))?;
