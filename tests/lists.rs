@@ -242,6 +242,13 @@ async fn a_list_paged_a_few_at_a_time_is_its_whole_page() {
         });
         let created = s.expect(Method::POST, "/v1/integrations", &t.owner, Some(twilio), 200).await;
         integration = created["id"].as_str().unwrap().to_string();
+        let elsewhere = json!({
+            "project_id": more,
+            "provider": "twilio",
+            "name": format!("tel {i}"),
+            "config": {"account_sid": "AC0123456789abcdef0123456789abcdef"},
+        });
+        s.expect(Method::POST, "/v1/integrations", &t.owner, Some(elsewhere), 200).await;
     }
     for (path, field) in [
         ("/v1/api-keys".to_string(), "keys"),
@@ -250,6 +257,7 @@ async fn a_list_paged_a_few_at_a_time_is_its_whole_page() {
         (format!("/v1/channels?project_id={p}"), "channels"),
         ("/v1/channels".to_string(), "channels"),
         (format!("/v1/integrations?project_id={p}"), "integrations"),
+        ("/v1/integrations".to_string(), "integrations"),
         (format!("/v1/integrations/{integration}/phone-numbers"), "phone_numbers"),
     ] {
         // Phone numbers are named by their number; the rest by their id.

@@ -393,6 +393,7 @@ pub(crate) mod tests {
                 &*crate::runs::BATCH_RUNS_SQL,
                 &*crate::batches::LIST_SQL,
                 &*crate::channels::LIST_SQL,
+                &*crate::integrations::LIST_SQL,
             ] {
                 for after in [false, true] {
                     let steps = plan(tx, sql.of_cursor(after))?;
