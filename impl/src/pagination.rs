@@ -394,6 +394,7 @@ pub(crate) mod tests {
                 &*crate::batches::LIST_SQL,
                 &*crate::channels::LIST_SQL,
                 &*crate::integrations::LIST_SQL,
+                &*crate::projects::LIST_SQL,
             ] {
                 for after in [false, true] {
                     let steps = plan(tx, sql.of_cursor(after))?;
