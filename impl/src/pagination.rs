@@ -395,6 +395,7 @@ pub(crate) mod tests {
                 &*crate::channels::LIST_SQL,
                 &*crate::integrations::LIST_SQL,
                 &*crate::projects::LIST_SQL,
+                &*crate::reviews::LIST_SQL,
             ] {
                 for after in [false, true] {
                     let steps = plan(tx, sql.of_cursor(after))?;
