@@ -396,6 +396,7 @@ pub(crate) mod tests {
                 &*crate::integrations::LIST_SQL,
                 &*crate::projects::LIST_SQL,
                 &*crate::reviews::LIST_SQL,
+                &*crate::reviews::calibration::LIST_SQL,
             ] {
                 for after in [false, true] {
                     let steps = plan(tx, sql.of_cursor(after))?;
