@@ -222,12 +222,17 @@ async fn a_list_paged_a_few_at_a_time_is_its_whole_page() {
     let mut integration = String::new();
     for i in 0..4 {
         s.expect(Method::POST, "/v1/api-keys", &t.owner, Some(json!({"label": format!("k{i}")})), 201).await;
-        s.create_project(&t.owner, &format!("more {i}")).await;
+        let more = s.create_project(&t.owner, &format!("more {i}")).await;
         s.expect(Method::POST, "/v1/personas", &t.owner, Some(json!({"project_id": p, "name": format!("p{i}")})), 200)
             .await;
         let channel =
             json!({"project_id": p, "name": format!("c{i}"), "kind": "http", "target": "http://127.0.0.1:9/a"});
         s.expect(Method::POST, "/v1/channels", &t.owner, Some(channel), 200).await;
+        // And one in another project: a page across the caller's projects
+        // is merged from each one's.
+        let elsewhere =
+            json!({"project_id": more, "name": format!("c{i}"), "kind": "http", "target": "http://127.0.0.1:9/a"});
+        s.expect(Method::POST, "/v1/channels", &t.owner, Some(elsewhere), 200).await;
         let twilio = json!({
             "project_id": p,
             "provider": "twilio",
@@ -237,6 +242,13 @@ async fn a_list_paged_a_few_at_a_time_is_its_whole_page() {
         });
         let created = s.expect(Method::POST, "/v1/integrations", &t.owner, Some(twilio), 200).await;
         integration = created["id"].as_str().unwrap().to_string();
+        let elsewhere = json!({
+            "project_id": more,
+            "provider": "twilio",
+            "name": format!("tel {i}"),
+            "config": {"account_sid": "AC0123456789abcdef0123456789abcdef"},
+        });
+        s.expect(Method::POST, "/v1/integrations", &t.owner, Some(elsewhere), 200).await;
     }
     for (path, field) in [
         ("/v1/api-keys".to_string(), "keys"),
@@ -245,6 +257,7 @@ async fn a_list_paged_a_few_at_a_time_is_its_whole_page() {
         (format!("/v1/channels?project_id={p}"), "channels"),
         ("/v1/channels".to_string(), "channels"),
         (format!("/v1/integrations?project_id={p}"), "integrations"),
+        ("/v1/integrations".to_string(), "integrations"),
         (format!("/v1/integrations/{integration}/phone-numbers"), "phone_numbers"),
     ] {
         // Phone numbers are named by their number; the rest by their id.
@@ -255,6 +268,11 @@ async fn a_list_paged_a_few_at_a_time_is_its_whole_page() {
         };
         let whole = paged(200).await;
         assert!(whole.len() >= 4, "{path}: {whole:?}");
+        if item_key == "id" {
+            let mut newest_first = whole.clone();
+            newest_first.sort_unstable_by(|a, b| b.cmp(a));
+            assert_eq!(whole, newest_first, "{path}: newest first");
+        }
         for limit in [1, 2] {
             assert_eq!(paged(limit).await, whole, "{path}, {limit} at a time");
         }

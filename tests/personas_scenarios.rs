@@ -1139,6 +1139,37 @@ async fn a_page_of_scenarios_ends_once_its_scenarios_pass_8_mib() {
     }
 }
 
+/// A persona is up to about 100 KB (a prompt of 20,000 characters of up
+/// to 4 bytes each, and its description): a page of 200 was up to 20 MB.
+/// A page ends before its `limit`, with a cursor, once its personas pass
+/// 8 MiB, and page by page every persona is listed once.
+#[tokio::test]
+async fn a_page_of_personas_ends_once_its_personas_pass_8_mib() {
+    const PAGE_BYTES: usize = 8 << 20;
+    let s = TestServer::start().await;
+    let owner = s.key_for_user("big-personas@example.com").await;
+    let project_id = s.create_project(&owner, "big personas").await;
+    // ~88 KB each: 20,000 and 2,000 characters of 4 bytes.
+    let (prompt, description) = ("\u{1F600}".repeat(20_000), "\u{1F600}".repeat(2_000));
+    let mut made = Vec::new();
+    for i in 0..110 {
+        let body =
+            with(persona(&project_id, &format!("big {i}")), json!({"prompt": prompt, "description": description}));
+        made.insert(0, id(&create(&s, "/v1/personas", &owner, body).await));
+    }
+    for path in [format!("/v1/personas?project_id={project_id}&limit=200"), "/v1/personas?limit=200".to_string()] {
+        let body = s.get(&path, &owner).await.text().await.unwrap();
+        let page: Value = serde_json::from_str(&body).unwrap();
+        let ids: Vec<String> = page["personas"].as_array().unwrap().iter().map(id).collect();
+        assert!(body.len() < PAGE_BYTES + (1 << 20), "{path}: a page of {} bytes, {} personas", body.len(), ids.len());
+        assert!(!ids.is_empty() && ids.len() < made.len(), "{path}: {} personas", ids.len());
+        assert_eq!(ids, made[..ids.len()], "{path}");
+        assert!(page["next_cursor"].is_string(), "{path}: a page cut short has a next one");
+        let all = common::items_of_pages(&s, &owner, &path, "personas").await;
+        assert_eq!(all.iter().map(id).collect::<Vec<_>>(), made, "{path}: page by page");
+    }
+}
+
 // Activity.
 
 #[tokio::test]

@@ -1249,6 +1249,11 @@ async fn batches_are_listed_by_page() {
     // The owner sees both projects' batches.
     let owners = s.expect(Method::GET, "/v1/batches", &t.owner, None, 200).await;
     assert_eq!(owners["batches"].as_array().unwrap().len(), 6);
+    // Page by page across both, newest first, each once.
+    let paged = common::items_of_pages(&s, &t.owner, "/v1/batches?limit=2", "batches").await;
+    let mut newest_first: Vec<String> = owners["batches"].as_array().unwrap().iter().map(id).collect();
+    newest_first.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(paged.iter().map(id).collect::<Vec<_>>(), newest_first);
 }
 
 // The first hour, through the generated client.

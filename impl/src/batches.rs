@@ -21,7 +21,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{PageRequest, PageSql, AFTER};
+use crate::pagination::{self, PageRequest, PageSql, AFTER};
 use crate::{ids, validate, AppState};
 
 pub const MAX_TESTS: usize = 1000;
@@ -145,16 +145,13 @@ pub(crate) fn load(tx: &rusqlite::Connection, user_id: &str, id: &str) -> Result
     with_tests(tx, user_id, batch)
 }
 
-/// A page of `GET /v1/batches` (see [`PageSql`]).
+/// The ids of a page of one project's batches (`?1`), newest first, after
+/// the cursor `?2`, at most `?3` (see [`PageSql`]): in order from
+/// `batches_by_project`, no sort, and the walk stops at the limit.
 pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
-        &format!(
-            "SELECT {COLUMNS} FROM batches b
-             WHERE b.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-               AND (?2 IS NULL OR b.project_id = ?2) {AFTER}
-             ORDER BY b.id DESC LIMIT ?4"
-        ),
-        "AND b.id < ?3",
+        &format!("SELECT b.id FROM batches b WHERE b.project_id = ?1 {AFTER} ORDER BY b.id DESC LIMIT ?3"),
+        "AND b.id < ?2",
     )
 });
 
@@ -167,10 +164,18 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListBatchesQuery) 
             if let Some(project_id) = &query.project_id {
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
-            let rows = tx
-                .prepare_cached(LIST_SQL.of(&page))?
-                .query_map(params![caller.user_id, query.project_id, page.after, page.fetch_limit()], from_row)?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+            // One walk per project of the caller's (only the one asked for,
+            // when it is), merged (see `pagination::merge_walks`).
+            let projects = pagination::projects_to_walk(tx, &caller.user_id, query.project_id.as_deref())?;
+            let ids = pagination::merge_walks(
+                tx,
+                LIST_SQL.of(&page),
+                &projects,
+                &page,
+                params![page.after, page.fetch_limit()],
+            )?;
+            let mut by_id = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM batches b WHERE b.id = ?1"))?;
+            let rows = ids.iter().map(|id| by_id.query_row([id], from_row)).collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |b| b.id.clone());
             let batches =
                 page.items.into_iter().map(|b| with_tests(tx, &caller.user_id, b)).collect::<Result<Vec<_>>>()?;

@@ -26,7 +26,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{PageRequest, PageSql, AFTER};
+use crate::pagination::{self, PageRequest, PageSql, AFTER};
 use crate::{ids, integrations, validate, AppState};
 
 pub const DEFAULT_TURN_TIMEOUT_MS: i32 = 10_000;
@@ -281,17 +281,17 @@ pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Channel
         .ok_or_else(|| Failure::not_found("channel", id))
 }
 
-/// A page of `GET /v1/channels` (see [`PageSql`]).
+/// The ids of a page of one project's channels (`?1`), newest first, of
+/// the kind `?2` (all when NULL), after the cursor `?3`, at most `?4` (see
+/// [`PageSql`]): in order from `channels_by_project`, no sort, and the walk
+/// stops at the limit.
 pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(
-            "SELECT {COLUMNS} FROM channels c
-             WHERE c.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-               AND (?2 IS NULL OR c.project_id = ?2) AND (?3 IS NULL OR c.kind = ?3)
-               {AFTER}
-             ORDER BY c.id DESC LIMIT ?5"
+            "SELECT c.id FROM channels c WHERE c.project_id = ?1 AND (?2 IS NULL OR c.kind = ?2) {AFTER}
+             ORDER BY c.id DESC LIMIT ?4"
         ),
-        "AND c.id < ?4",
+        "AND c.id < ?3",
     )
 });
 
@@ -305,10 +305,17 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListChannelsQuery)
             if let Some(project_id) = &query.project_id {
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
-            let rows = tx
-                .prepare_cached(LIST_SQL.of(&page))?
-                .query_map(params![caller.user_id, query.project_id, kind, page.after, page.fetch_limit()], from_row)?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+            // One walk per project of the caller's (only the one asked for,
+            // when it is), merged (see `pagination::merge_walks`).
+            let projects = pagination::projects_to_walk(tx, &caller.user_id, query.project_id.as_deref())?;
+            let ids = pagination::merge_walks(
+                tx,
+                LIST_SQL.of(&page),
+                &projects,
+                &page,
+                params![kind, page.after, page.fetch_limit()],
+            )?;
+            let rows = ids.iter().map(|id| load(tx, id)).collect::<Result<Vec<_>>>()?;
             let page = page.finish(rows, |c| c.id.clone());
             Ok(types::ChannelList { channels: page.items, next_cursor: page.next_cursor })
         })

@@ -30,7 +30,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{PageRequest, PageSql, AFTER};
+use crate::pagination::{self, PageRequest, PageSql, AFTER};
 use crate::{ids, validate, AppState};
 
 pub const MAX_PHONE_NUMBERS: usize = 100;
@@ -316,17 +316,17 @@ fn check_name_free(tx: &rusqlite::Transaction<'_>, project_id: &str, name: &str,
     access::check_name_free(tx, "integrations", "an integration", project_id, name, except)
 }
 
-/// A page of `GET /v1/integrations` (see [`PageSql`]).
+/// The ids of a page of one project's integrations (`?1`), newest first,
+/// of the provider `?2` (all when NULL), after the cursor `?3`, at most
+/// `?4` (see [`PageSql`]): in order from `integrations_by_project`, no
+/// sort, and the walk stops at the limit.
 pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(
-            "SELECT {COLUMNS} FROM integrations i
-             WHERE i.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-               AND (?2 IS NULL OR i.project_id = ?2) AND (?3 IS NULL OR i.provider = ?3)
-               {AFTER}
-             ORDER BY i.id DESC LIMIT ?5"
+            "SELECT i.id FROM integrations i WHERE i.project_id = ?1 AND (?2 IS NULL OR i.provider = ?2) {AFTER}
+             ORDER BY i.id DESC LIMIT ?4"
         ),
-        "AND i.id < ?4",
+        "AND i.id < ?3",
     )
 });
 
@@ -340,13 +340,18 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListIntegrationsQu
             if let Some(project_id) = &query.project_id {
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
-            let rows = tx
-                .prepare_cached(LIST_SQL.of(&page))?
-                .query_map(
-                    params![caller.user_id, query.project_id, provider, page.after, page.fetch_limit()],
-                    from_row,
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+            // One walk per project of the caller's (only the one asked for,
+            // when it is), merged (see `pagination::merge_walks`).
+            let projects = pagination::projects_to_walk(tx, &caller.user_id, query.project_id.as_deref())?;
+            let ids = pagination::merge_walks(
+                tx,
+                LIST_SQL.of(&page),
+                &projects,
+                &page,
+                params![provider, page.after, page.fetch_limit()],
+            )?;
+            let mut by_id = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM integrations i WHERE i.id = ?1"))?;
+            let rows = ids.iter().map(|id| by_id.query_row([id], from_row)).collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |i| i.id.clone());
             let integrations = page.items.into_iter().map(|i| with_numbers(tx, i)).collect::<Result<_>>()?;
             Ok(types::IntegrationList { integrations, next_cursor: page.next_cursor })

@@ -219,6 +219,56 @@ impl PageSql {
     }
 }
 
+/// The projects a page of a list across the caller's projects walks: only
+/// `project_id` when one is asked for (the list checks the caller's access
+/// to it first), else every project `user_id` is a member of.
+pub(crate) fn projects_to_walk(
+    tx: &rusqlite::Connection,
+    user_id: &str,
+    project_id: Option<&str>,
+) -> rusqlite::Result<Vec<String>> {
+    match project_id {
+        Some(project_id) => Ok(vec![project_id.to_string()]),
+        None => tx
+            .prepare_cached("SELECT project_id FROM project_members WHERE user_id = ?1")?
+            .query_map([user_id], |r| r.get(0))?
+            .collect(),
+    }
+}
+
+/// The ids of a page merged from one walk per project, newest first, at
+/// most the page's [`fetch_limit`](PageRequest::fetch_limit): `sql` (a
+/// [`PageSql`] form) gives one project's ids in order from its index on
+/// (project, id), stopped at that limit, its project bound as `?1` and
+/// `rest` as `?2` on. One statement over all the caller's projects
+/// (`project_id IN (…)`) is in no index's order: it sorted every item of
+/// every project of theirs after the cursor, for each page, however small.
+pub(crate) fn merge_walks(
+    tx: &rusqlite::Connection,
+    sql: &str,
+    projects: &[String],
+    page: &PageRequest,
+    rest: &[&dyn rusqlite::ToSql],
+) -> rusqlite::Result<Vec<String>> {
+    let keep = page.fetch_limit() as usize;
+    let mut statement = tx.prepare_cached(sql)?;
+    let mut ids: Vec<String> = Vec::new();
+    for project_id in projects {
+        let mut args: Vec<&dyn rusqlite::ToSql> = vec![project_id];
+        args.extend_from_slice(rest);
+        for id in statement.query_map(&args[..], |r| r.get::<_, String>(0))? {
+            ids.push(id?);
+        }
+        if ids.len() > 2 * keep {
+            ids.sort_unstable_by(|a, b| b.cmp(a));
+            ids.truncate(keep);
+        }
+    }
+    ids.sort_unstable_by(|a, b| b.cmp(a));
+    ids.truncate(keep);
+    Ok(ids)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -229,7 +279,7 @@ pub(crate) mod tests {
     fn lists() -> Vec<(&'static PageSql, &'static str)> {
         vec![
             (&crate::api_keys::PAGE_SQL, "SEARCH api_keys USING COVERING INDEX api_keys_listing (user_id=? AND id<?)"),
-            (&crate::batches::LIST_SQL, "SEARCH b USING INDEX batches_by_project (project_id=? AND id<?)"),
+            (&crate::batches::LIST_SQL, "SEARCH b USING COVERING INDEX batches_by_project (project_id=? AND id<?)"),
             (&crate::channels::LIST_SQL, "SEARCH c USING INDEX channels_by_project (project_id=? AND id<?)"),
             (&crate::credits::LIST_SQL, "SEARCH transactions USING INDEX transactions_by_user_id (user_id=? AND id<?)"),
             (
@@ -330,14 +380,24 @@ pub(crate) mod tests {
         assert!(page_of_small.next_cursor.is_some());
     }
 
-    /// A page of personas or scenarios is read from each project's index in
-    /// order and stops at the page's size: no sort of everything in the
-    /// caller's projects (after the cursor), which read every one of them
-    /// for each page, however small.
+    /// A page of a list across the caller's projects is read from each
+    /// project's index in order and stops at the page's size: no sort of
+    /// everything in the caller's projects (after the cursor), which read
+    /// every one of them for each page, however small.
     #[test]
-    fn a_page_of_personas_or_scenarios_sorts_nothing() {
+    fn a_page_across_the_callers_projects_sorts_nothing() {
         on_schema(|tx| {
-            for sql in [&*crate::personas::LIST_SQL, &*crate::scenarios::LIST_SQL] {
+            for sql in [
+                &*crate::personas::LIST_SQL,
+                &*crate::scenarios::LIST_SQL,
+                &*crate::runs::BATCH_RUNS_SQL,
+                &*crate::batches::LIST_SQL,
+                &*crate::channels::LIST_SQL,
+                &*crate::integrations::LIST_SQL,
+                &*crate::projects::LIST_SQL,
+                &*crate::reviews::LIST_SQL,
+                &*crate::reviews::calibration::LIST_SQL,
+            ] {
                 for after in [false, true] {
                     let steps = plan(tx, sql.of_cursor(after))?;
                     assert!(!steps.iter().any(|s| s.contains("TEMP B-TREE")), "{steps:#?}");

@@ -183,12 +183,16 @@ fn load(tx: &rusqlite::Connection, user_id: &str, project_id: &str) -> Result<ty
     .ok_or_else(|| Failure::not_found("project", project_id))
 }
 
-/// A page of `GET /v1/projects` (see [`PageSql`]).
+/// A page of `GET /v1/projects` (see [`PageSql`]): the caller's
+/// memberships in order from `project_members_by_user`, each joined to its
+/// project, no sort, and the walk stops at the limit. (Ordered by `p.id`,
+/// the same value, the planner does not see that the index gives that
+/// order: it read and sorted every project of the caller's for each page.)
 pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(
             "SELECT {COLUMNS} FROM projects p JOIN project_members m ON m.project_id = p.id AND m.user_id = ?1
-             {AFTER} ORDER BY p.id DESC LIMIT ?3"
+             {AFTER} ORDER BY m.project_id DESC LIMIT ?3"
         ),
         "WHERE m.project_id < ?2",
     )

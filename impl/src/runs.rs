@@ -22,7 +22,7 @@ use crate::access::{self, Need, Role};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{InvalidCursor, PageRequest, PageSql, AFTER};
+use crate::pagination::{self, InvalidCursor, PageRequest, PageSql, AFTER};
 use crate::{credits, ids, written, AppState};
 
 /// Most runs one request may queue.
@@ -775,17 +775,18 @@ pub async fn get_batch_run(state: &AppState, caller: Caller, path: p::GetBatchRu
         .await
 }
 
-/// A page of `GET /v1/batch-runs` (see [`PageSql`]).
+/// The ids of a page of one project's batch runs (`?1`), newest first, of
+/// the batch `?2` and in the status `?3` (all when NULL), after the cursor
+/// `?4`, at most `?5` (see [`PageSql`]): in order from
+/// `batch_runs_by_project`, no sort, and the walk stops at the limit.
 pub(crate) static BATCH_RUNS_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(
-            "SELECT {BATCH_RUN_COLUMNS} FROM batch_runs
-             WHERE project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-               AND (?2 IS NULL OR project_id = ?2) AND (?3 IS NULL OR batch_id = ?3)
-               AND (?4 IS NULL OR status = ?4) {AFTER}
-             ORDER BY id DESC LIMIT ?6"
+            "SELECT id FROM batch_runs
+             WHERE project_id = ?1 AND (?2 IS NULL OR batch_id = ?2) AND (?3 IS NULL OR status = ?3) {AFTER}
+             ORDER BY id DESC LIMIT ?5"
         ),
-        "AND id < ?5",
+        "AND id < ?4",
     )
 });
 
@@ -803,13 +804,17 @@ pub async fn list_batch_runs(
             if let Some(project_id) = &query.project_id {
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
-            let rows = tx
-                .prepare_cached(BATCH_RUNS_SQL.of(&page))?
-                .query_map(
-                    params![caller.user_id, query.project_id, query.batch_id, status, page.after, page.fetch_limit()],
-                    batch_run_from_row,
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+            // One walk per project of the caller's (only the one asked for,
+            // when it is), merged (see `pagination::merge_walks`).
+            let projects = pagination::projects_to_walk(tx, &caller.user_id, query.project_id.as_deref())?;
+            let ids = pagination::merge_walks(
+                tx,
+                BATCH_RUNS_SQL.of(&page),
+                &projects,
+                &page,
+                params![query.batch_id, status, page.after, page.fetch_limit()],
+            )?;
+            let rows = ids.iter().map(|id| load_batch_run(tx, id)).collect::<Result<Vec<_>>>()?;
             let mut page = page.finish(rows, |b| b.id.clone());
             // Almost always nobody labels blind: one query says so.
             if !crate::reviews::blind::blind_map(tx, &caller.user_id)?.is_empty() {

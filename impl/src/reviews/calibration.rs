@@ -30,7 +30,7 @@ use crate::access::{self, Need, Role};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{PageRequest, PageSql, AFTER};
+use crate::pagination::{self, PageRequest, PageSql, AFTER};
 use crate::runs::conversion;
 use crate::{ids, AppState};
 
@@ -256,17 +256,17 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetCalibrationPath) 
         .await
 }
 
-/// A page of `GET /v1/calibrations` (see [`PageSql`]).
+/// The ids of a page of one project's calibration reviews (`?1`), newest
+/// first, in the status `?2` (all when NULL), after the cursor `?3`, at
+/// most `?4` (see [`PageSql`]): in order from `calibrations_by_project`,
+/// no sort, and the walk stops at the limit.
 pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(
-            "SELECT id FROM calibrations
-             WHERE project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-               AND (?2 IS NULL OR project_id = ?2) AND (?3 IS NULL OR status = ?3)
-               {AFTER}
-             ORDER BY id DESC LIMIT ?5"
+            "SELECT id FROM calibrations WHERE project_id = ?1 AND (?2 IS NULL OR status = ?2) {AFTER}
+             ORDER BY id DESC LIMIT ?4"
         ),
-        "AND id < ?4",
+        "AND id < ?3",
     )
 });
 
@@ -281,12 +281,16 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListCalibrationsQu
             if let Some(project_id) = &query.project_id {
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
-            let ids: Vec<String> = tx
-                .prepare_cached(LIST_SQL.of(&page))?
-                .query_map(params![caller.user_id, query.project_id, status, page.after, page.fetch_limit()], |r| {
-                    r.get(0)
-                })?
-                .collect::<rusqlite::Result<_>>()?;
+            // One walk per project of the caller's (only the one asked for,
+            // when it is), merged (see `pagination::merge_walks`).
+            let projects = pagination::projects_to_walk(tx, &caller.user_id, query.project_id.as_deref())?;
+            let ids = pagination::merge_walks(
+                tx,
+                LIST_SQL.of(&page),
+                &projects,
+                &page,
+                params![status, page.after, page.fetch_limit()],
+            )?;
             let page = page.finish(ids, Clone::clone);
             let calibrations = page.items.iter().map(|id| view(tx, &caller.user_id, id)).collect::<Result<Vec<_>>>()?;
             Ok(types::CalibrationList { calibrations, next_cursor: page.next_cursor })

@@ -35,7 +35,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{PageRequest, PageSql, AFTER};
+use crate::pagination::{self, PageRequest, PageSql, AFTER};
 use crate::runs::{conversion, time};
 use crate::{ids, validate, AppState};
 
@@ -256,18 +256,21 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteReviewPath)
         .await
 }
 
-/// A page of `GET /v1/reviews` (see [`PageSql`]).
+/// The ids of a page of one project's reviews (`?1`) that the caller
+/// (`?2`) may see, newest first, of the test result `?3`, by the reviewer
+/// `?4`, in the calibration `?5`, with the verdict `?6` (each all when
+/// NULL), after the cursor `?7`, at most `?8` (see [`PageSql`]): in order
+/// from `reviews_by_project`, no sort, and the walk stops at the limit.
 pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(
-            "SELECT {COLUMNS} FROM reviews r
-             WHERE r.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
-               AND (?2 IS NULL OR r.project_id = ?2) AND (?3 IS NULL OR r.test_result_id = ?3)
+            "SELECT r.id FROM reviews r
+             WHERE r.project_id = ?1 AND (?3 IS NULL OR r.test_result_id = ?3)
                AND (?4 IS NULL OR r.reviewer_id = ?4) AND (?5 IS NULL OR r.calibration_id = ?5)
                AND (?6 IS NULL OR r.verdict = ?6) {AFTER}
-               AND (r.reviewer_id = ?1 OR r.test_result_id NOT IN ({}))
+               AND (r.reviewer_id = ?2 OR r.test_result_id NOT IN ({}))
              ORDER BY r.id DESC LIMIT ?8",
-            blind::blind_results("?1")
+            blind::blind_results("?2")
         ),
         "AND r.id < ?7",
     )
@@ -285,22 +288,26 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewsQuery) 
             if let Some(project_id) = &query.project_id {
                 access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
-            let rows = tx
-                .prepare_cached(LIST_SQL.of(&page))?
-                .query_map(
-                    params![
-                        caller.user_id,
-                        query.project_id,
-                        query.test_result_id,
-                        query.reviewer_id,
-                        query.calibration_id,
-                        verdict,
-                        page.after,
-                        page.fetch_limit()
-                    ],
-                    from_row,
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+            // One walk per project of the caller's (only the one asked for,
+            // when it is), merged (see `pagination::merge_walks`).
+            let projects = pagination::projects_to_walk(tx, &caller.user_id, query.project_id.as_deref())?;
+            let ids = pagination::merge_walks(
+                tx,
+                LIST_SQL.of(&page),
+                &projects,
+                &page,
+                params![
+                    caller.user_id,
+                    query.test_result_id,
+                    query.reviewer_id,
+                    query.calibration_id,
+                    verdict,
+                    page.after,
+                    page.fetch_limit()
+                ],
+            )?;
+            let mut by_id = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM reviews r WHERE r.id = ?1"))?;
+            let rows = ids.iter().map(|id| by_id.query_row([id], from_row)).collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |r| r.id.clone());
             Ok(types::ReviewList { reviews: page.items, next_cursor: page.next_cursor })
         })
