@@ -26,7 +26,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{PageRequest, PageRows, PageSql, AFTER};
+use crate::pagination::{self, PageRequest, PageRows, PageSql, AFTER};
 use crate::{ids, validate, AppState};
 
 pub const DEFAULT_LANGUAGE: &str = "en-US";
@@ -204,27 +204,17 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListPersonasQuery)
     state
         .store
         .read(move |tx| {
-            let projects: Vec<String> = match &query.project_id {
-                Some(project_id) => {
-                    access::require(tx, &caller.user_id, project_id, Need::Read)?;
-                    vec![project_id.clone()]
-                }
-                None => tx
-                    .prepare_cached("SELECT project_id FROM project_members WHERE user_id = ?1")?
-                    .query_map(params![caller.user_id], |r| r.get(0))?
-                    .collect::<rusqlite::Result<_>>()?,
-            };
-            let mut ids: Vec<String> = Vec::new();
-            let mut statement = tx.prepare_cached(LIST_SQL.of(&page))?;
-            for project_id in &projects {
-                let found = statement
-                    .query_map(params![project_id, query.tag, page.after, page.fetch_limit()], |r| r.get(0))?;
-                for id in found {
-                    ids.push(id?);
-                }
+            if let Some(project_id) = &query.project_id {
+                access::require(tx, &caller.user_id, project_id, Need::Read)?;
             }
-            ids.sort_unstable_by(|a, b| b.cmp(a));
-            ids.truncate(page.limit + 1);
+            let projects = pagination::projects_to_walk(tx, &caller.user_id, query.project_id.as_deref())?;
+            let ids = pagination::merge_walks(
+                tx,
+                LIST_SQL.of(&page),
+                &projects,
+                &page,
+                params![query.tag, page.after, page.fetch_limit()],
+            )?;
             // A persona is up to about 100 KB (its prompt and description):
             // the page ends early past `PAGE_BYTES` of their documents.
             let mut by_id = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM personas t WHERE t.id = ?1"))?;

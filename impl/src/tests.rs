@@ -41,7 +41,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{PageRequest, PageRows};
+use crate::pagination::{self, PageRequest, PageRows};
 use crate::{evaluators, ids, scenarios, test_cache, validate, written, AppState};
 
 pub const DEFAULT_ITERATIONS: u32 = 1;
@@ -541,10 +541,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
                 }
                 None => {
                     // One walk per project of the caller's, merged.
-                    let projects: Vec<String> = tx
-                        .prepare_cached("SELECT project_id FROM project_members WHERE user_id = ?1")?
-                        .query_map(params![caller.user_id], |r| r.get(0))?
-                        .collect::<rusqlite::Result<_>>()?;
+                    let projects = pagination::projects_to_walk(tx, &caller.user_id, None)?;
                     let mut ids: Vec<String> = Vec::new();
                     let mut statement = tx.prepare_cached(&page_sql(false, given))?;
                     for project_id in &projects {
