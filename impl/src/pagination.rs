@@ -236,6 +236,24 @@ pub(crate) fn projects_to_walk(
     }
 }
 
+/// The ids of a page of a list across the caller's projects, or of the one
+/// `project_id` asked for once the caller is found to read it: one walk per
+/// project ([`projects_to_walk`]), merged ([`merge_walks`]).
+pub(crate) fn ids_across_projects(
+    tx: &rusqlite::Connection,
+    user_id: &str,
+    project_id: Option<&str>,
+    sql: &str,
+    page: &PageRequest,
+    rest: &[&dyn rusqlite::ToSql],
+) -> crate::failure::Result<Vec<String>> {
+    if let Some(project_id) = project_id {
+        crate::access::require(tx, user_id, project_id, crate::access::Need::Read)?;
+    }
+    let projects = projects_to_walk(tx, user_id, project_id)?;
+    Ok(merge_walks(tx, sql, &projects, page, rest)?)
+}
+
 /// The ids of a page merged from one walk per project, newest first, at
 /// most the page's [`fetch_limit`](PageRequest::fetch_limit): `sql` (a
 /// [`PageSql`] form) gives one project's ids in order from its index on

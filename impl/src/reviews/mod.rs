@@ -285,16 +285,11 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewsQuery) 
     state
         .store
         .read(move |tx| {
-            if let Some(project_id) = &query.project_id {
-                access::require(tx, &caller.user_id, project_id, Need::Read)?;
-            }
-            // One walk per project of the caller's (only the one asked for,
-            // when it is), merged (see `pagination::merge_walks`).
-            let projects = pagination::projects_to_walk(tx, &caller.user_id, query.project_id.as_deref())?;
-            let ids = pagination::merge_walks(
+            let ids = pagination::ids_across_projects(
                 tx,
+                &caller.user_id,
+                query.project_id.as_deref(),
                 LIST_SQL.of(&page),
-                &projects,
                 &page,
                 params![
                     caller.user_id,
