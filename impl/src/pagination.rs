@@ -162,6 +162,34 @@ impl<T> PageRows<T> {
     }
 }
 
+/// The rows with these `ids`, in order, each read by `by_id` (a statement
+/// whose `?1` is an id) with the length of its text column `sized` (the
+/// document that makes it large), as [`PageRows`] keeps them: for
+/// [`PageRequest::finish_sized`].
+pub(crate) fn read_sized<T>(
+    tx: &rusqlite::Connection,
+    by_id: &str,
+    ids: &[String],
+    sized: usize,
+    from_row: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<Vec<(T, usize)>> {
+    let mut by_id = tx.prepare_cached(by_id)?;
+    let mut read = PageRows::default();
+    for id in ids {
+        let (row, size) = by_id.query_row([id], |row| {
+            let size = match row.get_ref(sized)? {
+                rusqlite::types::ValueRef::Text(document) => document.len(),
+                _ => 0,
+            };
+            Ok((from_row(row)?, size))
+        })?;
+        if !read.read((row, size), size) {
+            break;
+        }
+    }
+    Ok(read.rows)
+}
+
 fn split_timed(cursor: &str, prefix: &str) -> Option<(String, String)> {
     let (micros, id) = cursor.split_once('.')?;
     if micros.is_empty()

@@ -26,7 +26,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{self, PageRequest, PageRows, PageSql, AFTER};
+use crate::pagination::{self, PageRequest, PageSql, AFTER};
 use crate::{ids, validate, AppState};
 
 pub const DEFAULT_LANGUAGE: &str = "en-US";
@@ -214,21 +214,9 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListPersonasQuery)
             )?;
             // A persona is up to about 100 KB (its prompt and description):
             // the page ends early past `PAGE_BYTES` of their documents.
-            let mut by_id = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM personas t WHERE t.id = ?1"))?;
-            let mut read = PageRows::default();
-            for id in &ids {
-                let (persona, size) = by_id.query_row([id], |row| {
-                    let size = match row.get_ref(3)? {
-                        rusqlite::types::ValueRef::Text(document) => document.len(),
-                        _ => 0,
-                    };
-                    Ok((from_row(row)?, size))
-                })?;
-                if !read.read((persona, size), size) {
-                    break;
-                }
-            }
-            let page = page.finish_sized(read.rows, |(_, size)| *size, |(t, _)| t.id.clone());
+            let by_id = format!("SELECT {COLUMNS} FROM personas t WHERE t.id = ?1");
+            let rows = pagination::read_sized(tx, &by_id, &ids, 3, from_row)?;
+            let page = page.finish_sized(rows, |(_, size)| *size, |(t, _)| t.id.clone());
             let personas = page.items.into_iter().map(|(t, _)| t).collect();
             Ok(types::PersonaList { personas, next_cursor: page.next_cursor })
         })

@@ -34,7 +34,7 @@ use crate::access::{self, Need};
 use crate::activity::{self, Record};
 use crate::auth::Actor;
 use crate::failure::{Failure, Result};
-use crate::pagination::{self, PageRequest, PageRows, PageSql, AFTER};
+use crate::pagination::{self, PageRequest, PageSql, AFTER};
 use crate::{evaluators, ids, validate, AppState};
 
 pub const DEFAULT_MAX_TURNS: u32 = 20;
@@ -447,21 +447,9 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListScenariosQuery
             )?;
             // A scenario is up to a request body in size: the page ends
             // early past `PAGE_BYTES` of their documents.
-            let mut by_id = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM scenarios s WHERE s.id = ?1"))?;
-            let mut read = PageRows::default();
-            for id in &ids {
-                let (scenario, size) = by_id.query_row([id], |row| {
-                    let size = match row.get_ref(6)? {
-                        rusqlite::types::ValueRef::Text(document) => document.len(),
-                        _ => 0,
-                    };
-                    Ok((from_row(row)?, size))
-                })?;
-                if !read.read((scenario, size), size) {
-                    break;
-                }
-            }
-            let page = page.finish_sized(read.rows, |(_, size)| *size, |(s, _)| s.id.clone());
+            let by_id = format!("SELECT {COLUMNS} FROM scenarios s WHERE s.id = ?1");
+            let rows = pagination::read_sized(tx, &by_id, &ids, 6, from_row)?;
+            let page = page.finish_sized(rows, |(_, size)| *size, |(s, _)| s.id.clone());
             let scenarios = page.items.into_iter().map(|(s, _)| s).collect();
             Ok(types::ScenarioList { scenarios, next_cursor: page.next_cursor })
         })
