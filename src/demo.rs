@@ -76,6 +76,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         // Its reference agents listen on loopback.
         engine: sparring_impl::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() },
         starting_credits: sparring_impl::credits::DEFAULT_STARTING_CREDITS,
+        body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
     };
     let server = sparring_impl::start(config, quiet_logger()).await?;
     let good = agent::serve(agent_config(Bug::None), quiet_logger()).await?;

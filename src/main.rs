@@ -288,6 +288,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             allow_private_targets: args.allow_private_targets,
         },
         starting_credits: args.starting_credits,
+        body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
     };
     let server = sparring_impl::start(config, log.clone()).await?;
     let addr = server.local_addr();

@@ -67,6 +67,7 @@ async fn rotation_reseals_everything_and_needs_the_server_stopped() {
         secret_key_file: Some(wrong),
         engine: Default::default(),
         starting_credits: sparring_impl::credits::DEFAULT_STARTING_CREDITS,
+        body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
     };
     let log = slog::Logger::root(slog::Discard, slog::o!());
     let refused = sparring_impl::start(config, log).await.err().expect("a key that opens nothing");

@@ -540,6 +540,70 @@ async fn request_bodies_over_one_mib_are_refused() {
     assert_eq!(list["keys"].as_array().unwrap().len(), 1, "{list}");
 }
 
+/// Sends a `POST /v1/api-keys` whose body declares `declared` bytes, then
+/// `parts` of it with `gap` before each, and returns everything the server
+/// wrote back before it closed the connection (which must be within 20 s).
+/// With `close`, the request asks for the connection to be closed after it.
+async fn post_body_in_parts(
+    s: &TestServer,
+    declared: usize,
+    parts: &[&str],
+    gap: std::time::Duration,
+    close: bool,
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/api-keys HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\ncontent-type: application/json\r\n\
+         content-length: {declared}\r\n{}\r\n",
+        s.admin_key,
+        if close { "connection: close\r\n" } else { "" }
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    for part in parts {
+        tokio::time::sleep(gap).await;
+        conn.write_all(part.as_bytes()).await.unwrap();
+    }
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(20), conn.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the server neither answered nor closed: {:?}", String::from_utf8_lossy(&answer));
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A body that stops coming is a 408 once no byte came for the idle
+/// timeout, and the connection is closed; nothing is created. (Headers
+/// that stop coming are hyper's: it closes the connection after 30 s.)
+#[tokio::test]
+async fn a_request_body_that_stops_coming_is_a_408_and_the_connection_closes() {
+    let s =
+        TestServer::start_configured(Vec::new(), |c| c.body_idle_timeout = std::time::Duration::from_millis(500)).await;
+    let answer = post_body_in_parts(&s, 100, &[r#"{"label": "#], std::time::Duration::ZERO, false).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    let (_, body) = answer.split_once("\r\n\r\n").expect("a body");
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["error_code"], "request_timeout", "{body}");
+    let list: Value = s.get("/v1/api-keys", &s.admin_key).await.json().await.unwrap();
+    assert_eq!(list["keys"].as_array().unwrap().len(), 1, "{list}");
+}
+
+/// The timeout is between bytes, not for the whole body: a slow client
+/// that keeps sending gets its answer.
+#[tokio::test]
+async fn a_slow_body_that_keeps_coming_is_read() {
+    let s = TestServer::start_configured(Vec::new(), |c| c.body_idle_timeout = std::time::Duration::from_secs(2)).await;
+    let body = r#"{"label": "slow but steady"}"#;
+    let parts: Vec<String> = body.chars().collect::<Vec<_>>().chunks(3).map(|c| c.iter().collect()).collect();
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    // 10 parts 300 ms apart: 3 s in all, longer than the idle timeout.
+    assert!(parts.len() >= 8, "{}", parts.len());
+    let answer = post_body_in_parts(&s, body.len(), &parts, std::time::Duration::from_millis(300), true).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    let list: Value = s.get("/v1/api-keys", &s.admin_key).await.json().await.unwrap();
+    assert_eq!(list["keys"].as_array().unwrap().len(), 2, "{list}");
+}
+
 async fn create_key(s: &TestServer, label: &str) -> String {
     let resp = s.post_json("/v1/api-keys", &s.admin_key, &json!({ "label": label }).to_string()).await;
     assert_eq!(resp.status().as_u16(), 201, "creating {label}");

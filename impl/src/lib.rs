@@ -94,6 +94,9 @@ pub struct Config {
     pub engine: EngineConfig,
     /// Credits a new user gets.
     pub starting_credits: i64,
+    /// How long a request body may go without a byte before the request is
+    /// a 408 ([`sparring_server::BODY_IDLE_TIMEOUT`] in the server).
+    pub body_idle_timeout: std::time::Duration,
 }
 
 impl Config {
@@ -410,15 +413,19 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
         .map_err(|e| anyhow::anyhow!("building the API description: {e}"))?;
     api.register(http::openapi_document).map_err(|e| anyhow::anyhow!("registering /v1/openapi.json: {e}"))?;
 
-    let server = ServerBuilder::new(api, ApiContext::new(state.clone()), log.clone())
-        .config(dropshot_config(config.bind))
-        .start()
-        .map_err(|e| {
-            // dropshot's message ("failed to bind to ADDR") leaves out why:
-            // the cause ("Address already in use") is its source.
-            let cause = std::error::Error::source(&e).map(|c| format!(": {c}")).unwrap_or_default();
-            anyhow::anyhow!("starting the server on {}: {e}{cause}", config.bind)
-        })?;
+    let server = ServerBuilder::new(
+        api,
+        ApiContext::new(state.clone()).with_body_idle_timeout(config.body_idle_timeout),
+        log.clone(),
+    )
+    .config(dropshot_config(config.bind))
+    .start()
+    .map_err(|e| {
+        // dropshot's message ("failed to bind to ADDR") leaves out why:
+        // the cause ("Address already in use") is its source.
+        let cause = std::error::Error::source(&e).map(|c| format!(": {c}")).unwrap_or_default();
+        anyhow::anyhow!("starting the server on {}: {e}{cause}", config.bind)
+    })?;
 
     let flusher = {
         let state = state.clone();

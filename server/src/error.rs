@@ -17,6 +17,7 @@ impl ErrorCode {
     pub const INVALID_PATH: &'static str = "invalid_path";
     pub const INVALID_HEADER: &'static str = "invalid_header";
     pub const BODY_TOO_LARGE: &'static str = "body_too_large";
+    pub const REQUEST_TIMEOUT: &'static str = "request_timeout";
     pub const UNSUPPORTED_MEDIA_TYPE: &'static str = "unsupported_media_type";
     pub const NOT_FOUND: &'static str = "not_found";
     pub const METHOD_NOT_ALLOWED: &'static str = "method_not_allowed";
@@ -155,6 +156,7 @@ pub(crate) fn code_for_status(status: ErrorStatusCode) -> &'static str {
     match status.as_u16() {
         401 => ErrorCode::UNAUTHENTICATED,
         404 => ErrorCode::NOT_FOUND,
+        408 => ErrorCode::REQUEST_TIMEOUT,
         413 => ErrorCode::BODY_TOO_LARGE,
         415 => ErrorCode::UNSUPPORTED_MEDIA_TYPE,
         501 => ErrorCode::NOT_IMPLEMENTED,

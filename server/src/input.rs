@@ -1,7 +1,12 @@
 use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use http_body::Body as _;
 
 use async_trait::async_trait;
 use dropshot::{
@@ -49,11 +54,23 @@ pub trait Authenticator: Send + Sync + 'static {
 pub struct ApiContext {
     authenticator: Arc<dyn Authenticator>,
     state: Arc<dyn Any + Send + Sync>,
+    body_idle_timeout: Duration,
 }
+
+/// How long a request body may go without a byte before the request is
+/// answered 408 `request_timeout` and its connection closed: as long as
+/// hyper waits for a request's headers.
+pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl ApiContext {
     pub fn new<S: Authenticator>(state: Arc<S>) -> Self {
-        ApiContext { authenticator: state.clone(), state }
+        ApiContext { authenticator: state.clone(), state, body_idle_timeout: BODY_IDLE_TIMEOUT }
+    }
+
+    /// With another wait than [`BODY_IDLE_TIMEOUT`] for a body's next byte.
+    pub fn with_body_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.body_idle_timeout = timeout;
+        self
     }
 
     /// The implementation's state, if it is an `S`.
@@ -115,9 +132,7 @@ where
         rqctx: &RequestContext<Context>,
         request: hyper::Request<dropshot::Body>,
     ) -> Result<Self, HttpError> {
-        let context = (&rqctx.server.private as &dyn Any).downcast_ref::<ApiContext>().ok_or_else(|| {
-            HttpError::for_internal_error("the server context must be sparring_server::ApiContext".to_string())
-        })?;
+        let context = api_context(rqctx)?;
         // The path first: a bridged route's path that is no operation's is
         // answered 404 or 405 before the credential is looked at, as
         // dropshot's router answers a path it does not hold.
@@ -136,6 +151,12 @@ where
         parameters.extend(B::metadata(body_content_type).parameters);
         ExtractorMetadata { extension_mode: ExtensionMode::None, parameters }
     }
+}
+
+fn api_context<Context: ServerContext>(rqctx: &RequestContext<Context>) -> Result<&ApiContext, HttpError> {
+    (&rqctx.server.private as &dyn Any).downcast_ref::<ApiContext>().ok_or_else(|| {
+        HttpError::for_internal_error("the server context must be sparring_server::ApiContext".to_string())
+    })
 }
 
 /// An operation's header parameters: the fields of `T`, each named (by
@@ -344,7 +365,101 @@ where
 /// Reads the whole body. Over the server's limit is a 413: dropshot's own
 /// extractors answer 400 there, so the declared length is checked first and
 /// dropshot's streaming check (for bodies without one) is mapped.
+///
+/// A body that stops coming is a 408 once no byte of it came for the
+/// context's idle timeout ([`BODY_IDLE_TIMEOUT`]), and the connection is
+/// closed: hyper bounds the wait for a request's headers, but nothing
+/// bounded the wait for its body, so a client could hold a connection and
+/// its task for as long as it liked.
 async fn read_body<Context: ServerContext>(
+    rqctx: &RequestContext<Context>,
+    request: hyper::Request<dropshot::Body>,
+) -> Result<UntypedBody, HttpError> {
+    let idle = api_context(rqctx)?.body_idle_timeout;
+    let stalled = Arc::new(AtomicBool::new(false));
+    let request = if request.body().is_end_stream() {
+        request
+    } else {
+        let stalled = stalled.clone();
+        request.map(|body| dropshot::Body::wrap(IdleBody::new(body, idle, stalled)))
+    };
+    read_whole_body(rqctx, request).await.map_err(|e| {
+        if stalled.load(Ordering::Relaxed) {
+            let mut e = HttpError::for_client_error(
+                Some(ErrorCode::REQUEST_TIMEOUT.to_string()),
+                dropshot::ClientErrorStatusCode::REQUEST_TIMEOUT,
+                format!("no byte of the request body came for {} s", idle.as_secs_f64()),
+            );
+            // The rest of the body, if it ever comes, is not read: the
+            // connection cannot carry another request.
+            let _ = e.add_header(http::header::CONNECTION, "close");
+            e
+        } else {
+            e
+        }
+    })
+}
+
+/// A request body that fails once no frame of it came for `idle`, and says
+/// so in `stalled`.
+///
+/// The timer is set only when the next frame is not there yet: a body that
+/// came whole with its headers (most do) never touches the timer wheel.
+struct IdleBody {
+    inner: dropshot::Body,
+    idle: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    armed: bool,
+    stalled: Arc<AtomicBool>,
+}
+
+impl IdleBody {
+    fn new(inner: dropshot::Body, idle: Duration, stalled: Arc<AtomicBool>) -> IdleBody {
+        IdleBody { inner, idle, sleep: Box::pin(tokio::time::sleep(idle)), armed: false, stalled }
+    }
+}
+
+impl http_body::Body for IdleBody {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.armed = false;
+                Poll::Ready(frame)
+            }
+            Poll::Pending => {
+                if !this.armed {
+                    this.armed = true;
+                    let deadline = tokio::time::Instant::now() + this.idle;
+                    this.sleep.as_mut().reset(deadline);
+                }
+                match this.sleep.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        this.stalled.store(true, Ordering::Relaxed);
+                        Poll::Ready(Some(Err("the request body stopped coming".into())))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+async fn read_whole_body<Context: ServerContext>(
     rqctx: &RequestContext<Context>,
     request: hyper::Request<dropshot::Body>,
 ) -> Result<UntypedBody, HttpError> {

@@ -34,6 +34,6 @@ pub use error::{ApiError, ErrorCode};
 pub use generated::*;
 pub use input::{
     not_null, unauthorized, ApiContext, Authenticator, BodyFields, Caller, Credential, Headers, Input, JsonBody,
-    Nothing, OptionalJsonBody, Query,
+    Nothing, OptionalJsonBody, Query, BODY_IDLE_TIMEOUT,
 };
 pub use reply::{Json, Reply};

@@ -147,6 +147,7 @@ impl TestServer {
             // The agents and stand-ins of the tests listen on loopback.
             engine: sparring_impl::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() },
             starting_credits: sparring_impl::credits::DEFAULT_STARTING_CREDITS,
+            body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
         };
         adjust(&mut config);
         let server = sparring_impl::start(config, logger).await.unwrap();
