@@ -525,13 +525,9 @@ fn measure(tx: &rusqlite::Connection, result_ids: &[String], labels: &[Label]) -
         let Some(document) = load.query_row(params![result_id], |r| r.get::<_, String>(0)).optional()? else {
             continue;
         };
-        let result: types::TestResult =
-            serde_json::from_str(&document).map_err(|e| Failure::Store(conversion(0, e).into()))?;
+        let result = super::AutomatedVerdicts::of(&document)?;
         let given = by_result.get(result_id.as_str()).map(Vec::as_slice).unwrap_or(&[]);
-        overall.push(Subject {
-            automated: result.status == Some(types::TestResultStatus::Passed),
-            human: given.iter().map(|l| l.verdict_pass).collect(),
-        });
+        overall.push(Subject { automated: result.passed(), human: given.iter().map(|l| l.verdict_pass).collect() });
         overall_ids.push(result_id);
         for evaluation in &result.evaluations {
             let human = given

@@ -42,6 +42,33 @@ use crate::{ids, validate, AppState};
 pub const MAX_NOTES: usize = 10_000;
 pub const MAX_LABELS: usize = 100;
 
+/// What the automated evaluation said of a result, read from its stored
+/// document without building the rest of it: the transcript, most of a
+/// document's bytes, is skipped, not kept. Calibration metrics and reviewer
+/// statistics read hundreds of these per request.
+#[derive(serde::Deserialize)]
+pub(crate) struct AutomatedVerdicts {
+    status: Option<types::TestResultStatus>,
+    pub evaluations: Vec<EvaluatorVerdict>,
+}
+
+#[derive(serde::Deserialize)]
+pub(crate) struct EvaluatorVerdict {
+    pub name: String,
+    pub passed: bool,
+}
+
+impl AutomatedVerdicts {
+    /// From a stored `TestResult` document.
+    pub fn of(document: &str) -> Result<AutomatedVerdicts> {
+        serde_json::from_str(document).map_err(|e| Failure::Store(conversion(0, e).into()))
+    }
+
+    pub fn passed(&self) -> bool {
+        self.status == Some(types::TestResultStatus::Passed)
+    }
+}
+
 const COLUMNS: &str = "r.id, r.project_id, r.test_result_id, r.reviewer_id, r.verdict, r.evaluations, r.notes, \
                        r.calibration_id, r.created_at, r.updated_at";
 

@@ -147,12 +147,11 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery
                 for mine in all.iter().filter(|l| l.reviewer_id == user_id) {
                     if !automated.contains_key(&mine.result_id) {
                         let text: String = document.query_row(params![mine.result_id], |r| r.get(0))?;
-                        let result: types::TestResult =
-                            serde_json::from_str(&text).map_err(|e| Failure::Store(conversion(0, e).into()))?;
+                        let result = super::AutomatedVerdicts::of(&text)?;
                         automated.insert(
                             mine.result_id.clone(),
                             Automated {
-                                passed: result.status == Some(types::TestResultStatus::Passed),
+                                passed: result.passed(),
                                 evaluations: result.evaluations.into_iter().map(|e| (e.name, e.passed)).collect(),
                             },
                         );
