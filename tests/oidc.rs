@@ -695,3 +695,55 @@ async fn a_verified_email_of_a_later_sign_in_becomes_the_users() {
         .unwrap();
     assert_eq!(emails, 1);
 }
+
+/// The email of the user an ID token with this subject made, if any.
+async fn email_of(s: &TestServer, subject: &str) -> Option<String> {
+    let store = sparring_impl::open_store(s.data_dir.path()).unwrap();
+    let subject = subject.to_string();
+    store
+        .read::<_, sparring_impl::store::StoreError, _>(move |tx| {
+            Ok(tx.query_row("SELECT email FROM users WHERE oidc_subject = ?1", [subject], |r| r.get(0))?)
+        })
+        .await
+        .unwrap()
+}
+
+/// Some issuers (Amazon Cognito among them) send `email_verified` as the
+/// string "true" or "false": it is read as the boolean it spells, and the
+/// sign-in goes on. A value that is neither a boolean nor one of those
+/// strings is refused, with a message that names the claim.
+#[tokio::test]
+async fn an_email_verified_claim_sent_as_a_string_is_the_boolean_it_spells() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
+    let with = |subject: &str, verified: serde_json::Value| {
+        let mut payload = valid_payload(&url);
+        payload["sub"] = subject.into();
+        payload["email"] = format!("{subject}@example.com").into();
+        payload["email_verified"] = verified;
+        sign_payload(payload)
+    };
+    assert_eq!(status_with_token(&s, &with("kate", "true".into())).await, 200, "\"true\"");
+    assert_eq!(status_with_token(&s, &with("liam", "false".into())).await, 200, "\"false\"");
+    assert_eq!(status_with_token(&s, &with("lena", true.into())).await, 200, "a boolean, as before");
+    assert_eq!(email_of(&s, "kate").await.as_deref(), Some("kate@example.com"));
+    assert_eq!(email_of(&s, "liam").await, None, "not verified");
+    assert_eq!(email_of(&s, "lena").await.as_deref(), Some("lena@example.com"));
+    // The address verified as "true" finds its user, as a boolean's does.
+    let owner = s.key_for_user("owner@example.com").await;
+    let project = s.create_project(&owner, "kate's team").await;
+    let add = serde_json::json!({"email": "kate@example.com", "role": "viewer"});
+    s.expect(reqwest::Method::POST, &format!("/v1/projects/{project}/members"), &owner, Some(add), 200).await;
+    let resp =
+        s.http.get(s.url(&format!("/v1/projects/{project}"))).bearer_auth(with("kate", "true".into())).send().await;
+    assert_eq!(resp.unwrap().status().as_u16(), 200);
+
+    for odd in [serde_json::json!("yes"), serde_json::json!("TRUE"), serde_json::json!(1)] {
+        let resp = s.http.get(s.url("/v1/api-keys")).bearer_auth(with("mia", odd.clone())).send().await.unwrap();
+        let (status, body) = error_body(resp).await;
+        assert_eq!((status, body["error_code"].as_str()), (401, Some("unauthenticated")), "{odd}: {body}");
+        assert!(body["message"].as_str().unwrap().contains("`email_verified`"), "{odd}: {body}");
+    }
+    assert_eq!(oidc_users(&s, "mia").await, 0);
+}

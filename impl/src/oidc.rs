@@ -59,7 +59,8 @@ pub struct IssuerConfig {
 pub struct Identity {
     pub issuer: String,
     pub subject: String,
-    /// The `email` claim, only if `email_verified` is true.
+    /// The `email` claim, only if `email_verified` is true (the boolean, or
+    /// the string "true").
     pub email: Option<String>,
     pub name: Option<String>,
 }
@@ -287,8 +288,7 @@ impl Oidc {
     /// The full check of a token not seen before: signature, `iss`, `aud`,
     /// `exp`. Also returns the `exp`.
     async fn verify_signed(&self, token: &str) -> Result<(Identity, DateTime<Utc>), String> {
-        let parsed: CoreIdToken =
-            token.parse().map_err(|_| "the bearer token is not a well-formed ID token".to_string())?;
+        let parsed: CoreIdToken = token.parse().map_err(|_| malformed(token))?;
         let iss = unverified_issuer(token).ok_or("the ID token has no `iss` claim")?;
         let issuer = self
             .issuers
@@ -489,6 +489,21 @@ fn check_not_before(token: &str, now: DateTime<Utc>) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Why a token could not be read. `email_verified` is a boolean (OpenID
+/// Connect Core 5.1), or the string "true" or "false" that some issuers
+/// (Amazon Cognito) send instead; `openidconnect` reads the claims before
+/// the signature is checked and refuses the token over any other value,
+/// which is then named, since the issuer's configuration, not the client,
+/// is at fault.
+fn malformed(token: &str) -> String {
+    match payload(token).as_ref().and_then(|claims| claims.get("email_verified")) {
+        Some(v) if !(v.is_boolean() || v.is_null() || v == "true" || v == "false") => {
+            "the ID token's `email_verified` claim is neither a boolean nor \"true\" or \"false\"".into()
+        }
+        _ => "the bearer token is not a well-formed ID token".into(),
+    }
 }
 
 /// A token's payload, decoded but not verified.
