@@ -747,3 +747,43 @@ async fn an_email_verified_claim_sent_as_a_string_is_the_boolean_it_spells() {
     }
     assert_eq!(oidc_users(&s, "mia").await, 0);
 }
+
+/// A token must name someone: one whose `sub` is empty is refused (401),
+/// and no account keyed by the issuer and "" is made. An `email` claim that
+/// is not an address as the API takes one elsewhere (adding a member, `admin
+/// create-key`: NAME@DOMAIN, no whitespace inside, at most 320 characters,
+/// surrounding whitespace trimmed) is no address: the user is made without
+/// one.
+#[tokio::test]
+async fn an_empty_subject_is_refused_and_a_malformed_email_is_not_kept() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
+    let nobody = sign(Token { email: Some("nobody@example.com"), ..valid(&url, "") });
+    let resp = s.http.get(s.url("/v1/api-keys")).bearer_auth(&nobody).send().await.unwrap();
+    assert!(resp.headers().get("www-authenticate").is_some());
+    let (status, body) = error_body(resp).await;
+    assert_eq!((status, body["error_code"].as_str()), (401, Some("unauthenticated")), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("`sub`"), "{body}");
+    assert_eq!(oidc_users(&s, "").await, 0, "no account for the empty subject");
+    // Refused every time, not remembered.
+    assert_eq!(status_with_token(&s, &nobody).await, 401);
+
+    let long = format!("{}@example.com", "p".repeat(320));
+    for (subject, email, kept) in [
+        ("nora", "not an address", None),
+        ("omar", "omar@", None),
+        ("olga", "@example.com", None),
+        ("otto", "otto smith@example.com", None),
+        ("pete", long.as_str(), None),
+        ("pia", "  Pia@Example.com\n", Some("Pia@Example.com")),
+    ] {
+        assert_eq!(status_with_token(&s, &sign(Token { email: Some(email), ..valid(&url, subject) })).await, 200);
+        assert_eq!(email_of(&s, subject).await.as_deref(), kept, "{email:?}");
+    }
+    // The trimmed address finds its user, as adding a member looks it up.
+    let owner = s.key_for_user("owner@example.com").await;
+    let project = s.create_project(&owner, "pia's team").await;
+    let add = serde_json::json!({"email": "pia@example.com", "role": "viewer"});
+    s.expect(reqwest::Method::POST, &format!("/v1/projects/{project}/members"), &owner, Some(add), 200).await;
+}

@@ -60,7 +60,8 @@ pub struct Identity {
     pub issuer: String,
     pub subject: String,
     /// The `email` claim, only if `email_verified` is true (the boolean, or
-    /// the string "true").
+    /// the string "true") and it is an address as `users::email` takes one
+    /// (trimmed).
     pub email: Option<String>,
     pub name: Option<String>,
 }
@@ -314,6 +315,10 @@ impl Oidc {
         }?;
         // The signature holds, so the payload is the issuer's.
         check_not_before(token, Utc::now())?;
+        // Users are keyed by issuer and subject: a token must name someone.
+        if verified.0.subject.is_empty() {
+            return Err("the ID token's `sub` claim is empty: it names no one".into());
+        }
         Ok(verified)
     }
 }
@@ -429,8 +434,13 @@ impl Issuer {
             subject: claims.subject().as_str().to_string(),
             // Only an address the issuer verified: users are found by email
             // (`admin create-key`, adding a member), so an unverified claim
-            // would let anyone take an address's place.
-            email: claims.email().filter(|_| claims.email_verified() == Some(true)).map(|e| e.as_str().to_string()),
+            // would let anyone take an address's place. And only one in the
+            // form those take (trimmed, NAME@DOMAIN, at most 320 characters):
+            // any other is no address anyone could find the user by.
+            email: claims
+                .email()
+                .filter(|_| claims.email_verified() == Some(true))
+                .and_then(|e| crate::users::email(e.as_str()).ok()),
             name: claims.name().and_then(|n| n.get(None)).map(|n| n.as_str().to_string()),
         };
         Ok((identity, claims.expiration()))
