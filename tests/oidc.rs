@@ -427,8 +427,8 @@ async fn a_token_checked_while_the_keys_are_refetched_is_not_remembered() {
     let (issuer, _issuer_server) = start_issuer().await;
     let url = issuer.url();
     // Once the keys are refetched, the next refetch (which would forget
-    // every token, the wrongly remembered ones too) waits this long, longer
-    // than the rest of the test.
+    // the tokens of k1, the wrongly remembered ones too) waits this long,
+    // longer than the rest of the test.
     let interval = Duration::from_secs(5);
     let s = Arc::new(start_refetching(&url, interval).await);
     let started = tokio::time::Instant::now();
@@ -786,4 +786,54 @@ async fn an_empty_subject_is_refused_and_a_malformed_email_is_not_kept() {
     let project = s.create_project(&owner, "pia's team").await;
     let add = serde_json::json!({"email": "pia@example.com", "role": "viewer"});
     s.expect(reqwest::Method::POST, &format!("/v1/projects/{project}/members"), &owner, Some(add), 200).await;
+}
+
+/// A refetch of an issuer's keys forgets only the tokens verified under a
+/// key it no longer publishes. When the issuer adds a key (a rotation
+/// begins), the tokens its clients already use stay remembered and are not
+/// checked again (`Oidc::signature_checks` counts the full checks); once it
+/// withdraws a key, a token of that key is refused at once, while those of
+/// the keys it still publishes stay remembered.
+#[tokio::test]
+async fn a_refetch_forgets_only_the_tokens_of_keys_no_longer_published() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let log = slog::Logger::root(slog::Discard, slog::o!());
+    let config = IssuerConfig { issuer: url.clone(), audience: AUDIENCE.into(), jwks_file: None };
+    let oidc = sparring_impl::oidc::Oidc::new(vec![config], Duration::ZERO, sparring_impl::oidc::KEYS_MAX_AGE, &log)
+        .await
+        .unwrap();
+    let old = sign(valid(&url, "rosa"));
+    assert_eq!(oidc.verify(&old).await.unwrap().subject, "rosa");
+    let checks = oidc.signature_checks();
+    oidc.verify(&old).await.unwrap();
+    assert_eq!(oidc.signature_checks(), checks, "remembered");
+
+    // The issuer begins a rotation: k2 beside k1. A token of k2 makes the
+    // server fetch the keys.
+    let both = CoreJsonWebKeySet::new(vec![
+        signing_key(ISSUER_KEY, "k1").as_verification_key(),
+        signing_key(OTHER_KEY, "k2").as_verification_key(),
+    ]);
+    *issuer.jwks.lock().unwrap() = serde_json::to_value(both).unwrap();
+    let new = sign(Token { key_pem: OTHER_KEY, kid: "k2", ..valid(&url, "rosa") });
+    let fetches = issuer.jwks_fetches.load(Ordering::SeqCst);
+    oidc.verify(&new).await.unwrap();
+    assert_eq!(issuer.jwks_fetches.load(Ordering::SeqCst), fetches + 1);
+    let checks = oidc.signature_checks();
+    oidc.verify(&old).await.unwrap();
+    oidc.verify(&new).await.unwrap();
+    assert_eq!(oidc.signature_checks(), checks, "k1 is still published: its token is not checked again");
+
+    // It ends the rotation, withdrawing k1; a token of a key it never
+    // published makes the server fetch the keys again.
+    *issuer.jwks.lock().unwrap() = jwks_of(OTHER_KEY, "k2");
+    let unknown = sign(Token { kid: "k3", ..valid(&url, "rosa") });
+    assert!(oidc.verify(&unknown).await.is_err());
+    assert_eq!(issuer.jwks_fetches.load(Ordering::SeqCst), fetches + 2);
+    let checks = oidc.signature_checks();
+    let refused = oidc.verify(&old).await.expect_err("k1 is withdrawn: its token is refused at once");
+    assert!(refused.contains("does not publish"), "{refused}");
+    oidc.verify(&new).await.unwrap();
+    assert_eq!(oidc.signature_checks(), checks + 1, "only the token of the withdrawn key was checked again");
 }
