@@ -837,3 +837,48 @@ async fn a_refetch_forgets_only_the_tokens_of_keys_no_longer_published() {
     oidc.verify(&new).await.unwrap();
     assert_eq!(oidc.signature_checks(), checks + 1, "only the token of the withdrawn key was checked again");
 }
+
+/// A `name` claim becomes the user's display name, shown in every page of
+/// a project's members and reviewers: kept as the API keeps names (at most
+/// 100 characters, no control character, trimmed), not as sent, which only
+/// the size of a request's headers bounds.
+#[tokio::test]
+async fn a_name_claim_is_kept_as_the_api_keeps_names() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
+    let named = |subject: &str, name: &str| {
+        let mut payload = valid_payload(&url);
+        payload["sub"] = subject.into();
+        payload["name"] = name.into();
+        sign_payload(payload)
+    };
+    let name_of = |subject: &str| {
+        let (store, subject) = (sparring_impl::open_store(s.data_dir.path()).unwrap(), subject.to_string());
+        async move {
+            store
+                .read::<_, sparring_impl::store::StoreError, _>(move |tx| {
+                    Ok(tx.query_row("SELECT name FROM users WHERE oidc_subject = ?1", [subject], |r| r.get(0))?)
+                })
+                .await
+                .unwrap()
+        }
+    };
+    let long = "n".repeat(50_000);
+    for (subject, name, kept) in [
+        ("tara", "Tara Lin", "Tara Lin".to_string()),
+        ("uma", "  Uma\u{1b}[31m Roy\n", "Uma[31m Roy".to_string()),
+        ("vic", long.as_str(), "n".repeat(100)),
+        // Nothing left: the subject, as for a token without a name.
+        ("walt", " \u{7} ", "walt".to_string()),
+    ] {
+        assert_eq!(status_with_token(&s, &named(subject, name)).await, 200, "{subject}");
+        let got: String = name_of(subject).await;
+        assert_eq!(got, kept, "{name:?}");
+    }
+    // Without a name, the email stands for it, kept the same way.
+    let email = format!("{}@example.com", "e".repeat(200));
+    assert_eq!(status_with_token(&s, &sign(Token { email: Some(&email), ..valid(&url, "xena") })).await, 200);
+    let got: String = name_of("xena").await;
+    assert_eq!(got, "e".repeat(100));
+}

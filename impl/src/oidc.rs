@@ -68,6 +68,7 @@ pub struct Identity {
     /// the string "true") and it is an address as `users::email` takes one
     /// (trimmed).
     pub email: Option<String>,
+    /// The `name` claim, as `users::display_name` keeps it.
     pub name: Option<String>,
 }
 
@@ -499,7 +500,7 @@ impl Issuer {
                 .email()
                 .filter(|_| claims.email_verified() == Some(true))
                 .and_then(|e| crate::users::email(e.as_str()).ok()),
-            name: claims.name().and_then(|n| n.get(None)).map(|n| n.as_str().to_string()),
+            name: claims.name().and_then(|n| n.get(None)).and_then(|n| crate::users::display_name(n.as_str())),
         };
         // The key the check used: the one key of the set that the token's
         // `kid` and algorithm pick.
