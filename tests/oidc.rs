@@ -427,8 +427,8 @@ async fn a_token_checked_while_the_keys_are_refetched_is_not_remembered() {
     let (issuer, _issuer_server) = start_issuer().await;
     let url = issuer.url();
     // Once the keys are refetched, the next refetch (which would forget
-    // every token, the wrongly remembered ones too) waits this long, longer
-    // than the rest of the test.
+    // the tokens of k1, the wrongly remembered ones too) waits this long,
+    // longer than the rest of the test.
     let interval = Duration::from_secs(5);
     let s = Arc::new(start_refetching(&url, interval).await);
     let started = tokio::time::Instant::now();
@@ -694,4 +694,191 @@ async fn a_verified_email_of_a_later_sign_in_becomes_the_users() {
         .await
         .unwrap();
     assert_eq!(emails, 1);
+}
+
+/// The email of the user an ID token with this subject made, if any.
+async fn email_of(s: &TestServer, subject: &str) -> Option<String> {
+    let store = sparring_impl::open_store(s.data_dir.path()).unwrap();
+    let subject = subject.to_string();
+    store
+        .read::<_, sparring_impl::store::StoreError, _>(move |tx| {
+            Ok(tx.query_row("SELECT email FROM users WHERE oidc_subject = ?1", [subject], |r| r.get(0))?)
+        })
+        .await
+        .unwrap()
+}
+
+/// Some issuers (Amazon Cognito among them) send `email_verified` as the
+/// string "true" or "false": it is read as the boolean it spells, and the
+/// sign-in goes on. A value that is neither a boolean nor one of those
+/// strings is refused, with a message that names the claim.
+#[tokio::test]
+async fn an_email_verified_claim_sent_as_a_string_is_the_boolean_it_spells() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
+    let with = |subject: &str, verified: serde_json::Value| {
+        let mut payload = valid_payload(&url);
+        payload["sub"] = subject.into();
+        payload["email"] = format!("{subject}@example.com").into();
+        payload["email_verified"] = verified;
+        sign_payload(payload)
+    };
+    assert_eq!(status_with_token(&s, &with("kate", "true".into())).await, 200, "\"true\"");
+    assert_eq!(status_with_token(&s, &with("liam", "false".into())).await, 200, "\"false\"");
+    assert_eq!(status_with_token(&s, &with("lena", true.into())).await, 200, "a boolean, as before");
+    assert_eq!(email_of(&s, "kate").await.as_deref(), Some("kate@example.com"));
+    assert_eq!(email_of(&s, "liam").await, None, "not verified");
+    assert_eq!(email_of(&s, "lena").await.as_deref(), Some("lena@example.com"));
+    // The address verified as "true" finds its user, as a boolean's does.
+    let owner = s.key_for_user("owner@example.com").await;
+    let project = s.create_project(&owner, "kate's team").await;
+    let add = serde_json::json!({"email": "kate@example.com", "role": "viewer"});
+    s.expect(reqwest::Method::POST, &format!("/v1/projects/{project}/members"), &owner, Some(add), 200).await;
+    let resp =
+        s.http.get(s.url(&format!("/v1/projects/{project}"))).bearer_auth(with("kate", "true".into())).send().await;
+    assert_eq!(resp.unwrap().status().as_u16(), 200);
+
+    for odd in [serde_json::json!("yes"), serde_json::json!("TRUE"), serde_json::json!(1)] {
+        let resp = s.http.get(s.url("/v1/api-keys")).bearer_auth(with("mia", odd.clone())).send().await.unwrap();
+        let (status, body) = error_body(resp).await;
+        assert_eq!((status, body["error_code"].as_str()), (401, Some("unauthenticated")), "{odd}: {body}");
+        assert!(body["message"].as_str().unwrap().contains("`email_verified`"), "{odd}: {body}");
+    }
+    assert_eq!(oidc_users(&s, "mia").await, 0);
+}
+
+/// A token must name someone: one whose `sub` is empty is refused (401),
+/// and no account keyed by the issuer and "" is made. An `email` claim that
+/// is not an address as the API takes one elsewhere (adding a member, `admin
+/// create-key`: NAME@DOMAIN, no whitespace inside, at most 320 characters,
+/// surrounding whitespace trimmed) is no address: the user is made without
+/// one.
+#[tokio::test]
+async fn an_empty_subject_is_refused_and_a_malformed_email_is_not_kept() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
+    let nobody = sign(Token { email: Some("nobody@example.com"), ..valid(&url, "") });
+    let resp = s.http.get(s.url("/v1/api-keys")).bearer_auth(&nobody).send().await.unwrap();
+    assert!(resp.headers().get("www-authenticate").is_some());
+    let (status, body) = error_body(resp).await;
+    assert_eq!((status, body["error_code"].as_str()), (401, Some("unauthenticated")), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("`sub`"), "{body}");
+    assert_eq!(oidc_users(&s, "").await, 0, "no account for the empty subject");
+    // Refused every time, not remembered.
+    assert_eq!(status_with_token(&s, &nobody).await, 401);
+
+    let long = format!("{}@example.com", "p".repeat(320));
+    for (subject, email, kept) in [
+        ("nora", "not an address", None),
+        ("omar", "omar@", None),
+        ("olga", "@example.com", None),
+        ("otto", "otto smith@example.com", None),
+        ("pete", long.as_str(), None),
+        ("pia", "  Pia@Example.com\n", Some("Pia@Example.com")),
+    ] {
+        assert_eq!(status_with_token(&s, &sign(Token { email: Some(email), ..valid(&url, subject) })).await, 200);
+        assert_eq!(email_of(&s, subject).await.as_deref(), kept, "{email:?}");
+    }
+    // The trimmed address finds its user, as adding a member looks it up.
+    let owner = s.key_for_user("owner@example.com").await;
+    let project = s.create_project(&owner, "pia's team").await;
+    let add = serde_json::json!({"email": "pia@example.com", "role": "viewer"});
+    s.expect(reqwest::Method::POST, &format!("/v1/projects/{project}/members"), &owner, Some(add), 200).await;
+}
+
+/// A refetch of an issuer's keys forgets only the tokens verified under a
+/// key it no longer publishes. When the issuer adds a key (a rotation
+/// begins), the tokens its clients already use stay remembered and are not
+/// checked again (`Oidc::signature_checks` counts the full checks); once it
+/// withdraws a key, a token of that key is refused at once, while those of
+/// the keys it still publishes stay remembered.
+#[tokio::test]
+async fn a_refetch_forgets_only_the_tokens_of_keys_no_longer_published() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let log = slog::Logger::root(slog::Discard, slog::o!());
+    let config = IssuerConfig { issuer: url.clone(), audience: AUDIENCE.into(), jwks_file: None };
+    let oidc = sparring_impl::oidc::Oidc::new(vec![config], Duration::ZERO, sparring_impl::oidc::KEYS_MAX_AGE, &log)
+        .await
+        .unwrap();
+    let old = sign(valid(&url, "rosa"));
+    assert_eq!(oidc.verify(&old).await.unwrap().subject, "rosa");
+    let checks = oidc.signature_checks();
+    oidc.verify(&old).await.unwrap();
+    assert_eq!(oidc.signature_checks(), checks, "remembered");
+
+    // The issuer begins a rotation: k2 beside k1. A token of k2 makes the
+    // server fetch the keys.
+    let both = CoreJsonWebKeySet::new(vec![
+        signing_key(ISSUER_KEY, "k1").as_verification_key(),
+        signing_key(OTHER_KEY, "k2").as_verification_key(),
+    ]);
+    *issuer.jwks.lock().unwrap() = serde_json::to_value(both).unwrap();
+    let new = sign(Token { key_pem: OTHER_KEY, kid: "k2", ..valid(&url, "rosa") });
+    let fetches = issuer.jwks_fetches.load(Ordering::SeqCst);
+    oidc.verify(&new).await.unwrap();
+    assert_eq!(issuer.jwks_fetches.load(Ordering::SeqCst), fetches + 1);
+    let checks = oidc.signature_checks();
+    oidc.verify(&old).await.unwrap();
+    oidc.verify(&new).await.unwrap();
+    assert_eq!(oidc.signature_checks(), checks, "k1 is still published: its token is not checked again");
+
+    // It ends the rotation, withdrawing k1; a token of a key it never
+    // published makes the server fetch the keys again.
+    *issuer.jwks.lock().unwrap() = jwks_of(OTHER_KEY, "k2");
+    let unknown = sign(Token { kid: "k3", ..valid(&url, "rosa") });
+    assert!(oidc.verify(&unknown).await.is_err());
+    assert_eq!(issuer.jwks_fetches.load(Ordering::SeqCst), fetches + 2);
+    let checks = oidc.signature_checks();
+    let refused = oidc.verify(&old).await.expect_err("k1 is withdrawn: its token is refused at once");
+    assert!(refused.contains("does not publish"), "{refused}");
+    oidc.verify(&new).await.unwrap();
+    assert_eq!(oidc.signature_checks(), checks + 1, "only the token of the withdrawn key was checked again");
+}
+
+/// A `name` claim becomes the user's display name, shown in every page of
+/// a project's members and reviewers: kept as the API keeps names (at most
+/// 100 characters, no control character, trimmed), not as sent, which only
+/// the size of a request's headers bounds.
+#[tokio::test]
+async fn a_name_claim_is_kept_as_the_api_keeps_names() {
+    let (issuer, _issuer_server) = start_issuer().await;
+    let url = issuer.url();
+    let s = start_refetching(&url, sparring_impl::oidc::REFETCH_INTERVAL).await;
+    let named = |subject: &str, name: &str| {
+        let mut payload = valid_payload(&url);
+        payload["sub"] = subject.into();
+        payload["name"] = name.into();
+        sign_payload(payload)
+    };
+    let name_of = |subject: &str| {
+        let (store, subject) = (sparring_impl::open_store(s.data_dir.path()).unwrap(), subject.to_string());
+        async move {
+            store
+                .read::<_, sparring_impl::store::StoreError, _>(move |tx| {
+                    Ok(tx.query_row("SELECT name FROM users WHERE oidc_subject = ?1", [subject], |r| r.get(0))?)
+                })
+                .await
+                .unwrap()
+        }
+    };
+    let long = "n".repeat(50_000);
+    for (subject, name, kept) in [
+        ("tara", "Tara Lin", "Tara Lin".to_string()),
+        ("uma", "  Uma\u{1b}[31m Roy\n", "Uma[31m Roy".to_string()),
+        ("vic", long.as_str(), "n".repeat(100)),
+        // Nothing left: the subject, as for a token without a name.
+        ("walt", " \u{7} ", "walt".to_string()),
+    ] {
+        assert_eq!(status_with_token(&s, &named(subject, name)).await, 200, "{subject}");
+        let got: String = name_of(subject).await;
+        assert_eq!(got, kept, "{name:?}");
+    }
+    // Without a name, the email stands for it, kept the same way.
+    let email = format!("{}@example.com", "e".repeat(200));
+    assert_eq!(status_with_token(&s, &sign(Token { email: Some(&email), ..valid(&url, "xena") })).await, 200);
+    let got: String = name_of("xena").await;
+    assert_eq!(got, "e".repeat(100));
 }

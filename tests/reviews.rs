@@ -961,6 +961,16 @@ async fn validation_replacement_deletion_locks_and_activity() {
     )
     .await;
     assert!(e["message"].as_str().unwrap().contains("evaluations[0]"), "{e}");
+    // A name that is no evaluator's is quoted, not echoed whole: a label's
+    // name is bounded only by the body's.
+    let long = "x".repeat(100_000);
+    for labels in [vec![(long.as_str(), true)], vec![(long.as_str(), true), (long.as_str(), false)]] {
+        let body = review_body(&rp0, true, &labels, "");
+        let e = refused(&s, Method::POST, "/v1/reviews", &t.reviewer, Some(body), 400).await;
+        let message = e["message"].as_str().unwrap();
+        assert!(message.starts_with("evaluations[") && message.contains(&format!("`{}…`", "x".repeat(120))), "{e}");
+        assert!(!message.contains(&"x".repeat(121)), "{e}");
+    }
     let e = refused(
         &s,
         Method::POST,

@@ -20,21 +20,26 @@
 //! checking its RSA signature is most of what a bearer request costs, so a
 //! verified token is remembered (by its blake3) with whom it names until its
 //! `exp`: the same token again is accepted without a second signature check,
-//! and never after it expires. Refetching an issuer's keys forgets every
-//! remembered token, including one whose check began with the old keys and
-//! ends after the refetch (a generation guard, as in the key cache).
+//! and never after it expires. With it is remembered the key that checked
+//! its signature: refetching an issuer's keys forgets the tokens checked
+//! with a key the issuer no longer publishes (the next use of one is
+//! checked again, and refused), and keeps the others, so that a rotation at
+//! the issuer (a key added beside the old one, or another withdrawn) does
+//! not make every client's next request a full check. A check that began
+//! with a key and ends after a refetch withdrew it is not remembered.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use openidconnect::core::{
-    CoreIdToken, CoreIdTokenVerifier, CoreJsonWebKeySet, CoreJwsSigningAlgorithm, CoreProviderMetadata,
+    CoreIdToken, CoreIdTokenVerifier, CoreJsonWebKey, CoreJsonWebKeySet, CoreJwsSigningAlgorithm, CoreProviderMetadata,
 };
 use openidconnect::{Audience, ClaimsVerificationError, ClientId, IssuerUrl, Nonce, SignatureVerificationError};
 
@@ -59,14 +64,19 @@ pub struct IssuerConfig {
 pub struct Identity {
     pub issuer: String,
     pub subject: String,
-    /// The `email` claim, only if `email_verified` is true.
+    /// The `email` claim, only if `email_verified` is true (the boolean, or
+    /// the string "true") and it is an address as `users::email` takes one
+    /// (trimmed).
     pub email: Option<String>,
+    /// The `name` claim, as `users::display_name` keeps it.
     pub name: Option<String>,
 }
 
 pub struct Oidc {
     issuers: Vec<Arc<Issuer>>,
     shared: Arc<Shared>,
+    /// Tokens checked in full (see [`Oidc::signature_checks`]).
+    checks: AtomicU64,
 }
 
 /// What a background refetch needs beside its issuer.
@@ -77,17 +87,38 @@ struct Shared {
     keys_max_age: Duration,
 }
 
-/// Tokens already verified: blake3 of the token → its identity and `exp`.
+/// Tokens already verified: blake3 of a token → what its check found.
 #[derive(Default)]
-struct Verified(Mutex<VerifiedState>);
+struct Verified(Mutex<HashMap<[u8; 32], Remembered>>);
 
-#[derive(Default)]
-struct VerifiedState {
-    /// blake3 of a token → the identity it proved and when it expires.
-    tokens: HashMap<[u8; 32], (Identity, DateTime<Utc>)>,
-    /// Counts the times the map was emptied: a check that began before a
-    /// refetch (with the keys as they were) must not be remembered after it.
-    generation: u64,
+/// A verified token: the identity it proved, when it expires, and the key
+/// its signature was checked with.
+struct Remembered {
+    identity: Identity,
+    exp: DateTime<Utc>,
+    key: KeyPrint,
+}
+
+/// A signing key as its issuer publishes it: the blake3 of its JSON. The
+/// same key in two fetched key sets has the same print; a key changed in
+/// any way has another.
+type KeyPrint = [u8; 32];
+
+fn key_print(key: &CoreJsonWebKey) -> Option<KeyPrint> {
+    serde_json::to_vec(key).ok().map(|json| *blake3::hash(&json).as_bytes())
+}
+
+/// An issuer's keys as held, with the print of each.
+struct Keys {
+    set: CoreJsonWebKeySet,
+    prints: HashSet<KeyPrint>,
+}
+
+impl Keys {
+    fn new(set: CoreJsonWebKeySet) -> Keys {
+        let prints = set.keys().iter().filter_map(key_print).collect();
+        Keys { set, prints }
+    }
 }
 
 /// More verified tokens than this and the expired ones are dropped (all of
@@ -95,47 +126,65 @@ struct VerifiedState {
 const MAX_VERIFIED: usize = 10_000;
 
 impl Verified {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VerifiedState> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Remembered>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The identity a remembered token proved, or, when there is none, the
-    /// generation to give [`Verified::put`] once the token is checked. Taken
-    /// before the check reads the issuer's keys.
-    fn get(&self, hash: &[u8; 32], now: DateTime<Utc>) -> Result<Identity, u64> {
-        let mut state = self.lock();
-        match state.tokens.get(hash) {
-            Some((identity, exp)) if now < *exp => Ok(identity.clone()),
+    /// The identity a remembered token proved, unless it has expired.
+    fn get(&self, hash: &[u8; 32], now: DateTime<Utc>) -> Option<Identity> {
+        let mut tokens = self.lock();
+        match tokens.get(hash) {
+            Some(remembered) if now < remembered.exp => Some(remembered.identity.clone()),
             Some(_) => {
-                state.tokens.remove(hash);
-                Err(state.generation)
+                tokens.remove(hash);
+                None
             }
-            None => Err(state.generation),
+            None => None,
         }
     }
 
-    /// Remembers a checked token, unless the keys were refetched since
-    /// `seen` (from [`Verified::get`]): the check may have used keys the
-    /// issuer no longer publishes.
-    fn put(&self, hash: [u8; 32], identity: Identity, exp: DateTime<Utc>, now: DateTime<Utc>, seen: u64) {
-        let mut state = self.lock();
-        if state.generation != seen {
+    /// Remembers a checked token, if its issuer still publishes the key it
+    /// was checked with (`published`, asked under the lock): a refetch may
+    /// have withdrawn that key while the token was checked. A refetch
+    /// replaces the keys before it forgets the tokens of withdrawn ones
+    /// ([`Verified::forget_withdrawn`], under the same lock), so either this
+    /// sees the keys it brought or it forgets this token.
+    fn put(
+        &self,
+        hash: [u8; 32],
+        remembered: Remembered,
+        now: DateTime<Utc>,
+        published: impl FnOnce(&KeyPrint) -> bool,
+    ) {
+        let mut tokens = self.lock();
+        if !published(&remembered.key) {
             return;
         }
-        if state.tokens.len() >= MAX_VERIFIED {
-            state.tokens.retain(|_, (_, e)| now < *e);
-            if state.tokens.len() >= MAX_VERIFIED {
-                state.tokens.clear();
+        if tokens.len() >= MAX_VERIFIED {
+            tokens.retain(|_, r| now < r.exp);
+            if tokens.len() >= MAX_VERIFIED {
+                tokens.clear();
             }
         }
-        state.tokens.insert(hash, (identity, exp));
+        tokens.insert(hash, remembered);
     }
 
-    fn clear(&self) {
-        let mut state = self.lock();
-        state.tokens.clear();
-        state.generation += 1;
+    /// Forgets the tokens of `issuer` checked with a key it no longer
+    /// publishes (not in `published`, the keys a refetch brought): the next
+    /// use of one is checked again, and refused. Those of keys it still
+    /// publishes stay remembered.
+    fn forget_withdrawn(&self, issuer: &str, published: &HashSet<KeyPrint>) {
+        self.lock().retain(|_, r| r.identity.issuer != issuer || published.contains(&r.key));
     }
+}
+
+/// What the full check of a token found: whom it names, when it expires,
+/// and the key that checked its signature (none if that key could not be
+/// printed: then the token is not remembered).
+struct Checked {
+    identity: Identity,
+    exp: DateTime<Utc>,
+    key: Option<KeyPrint>,
 }
 
 /// `openidconnect`'s HTTP client: our reqwest client (the one the rest of
@@ -156,7 +205,7 @@ struct Issuer {
     /// Every audience configured for this issuer.
     audiences: Vec<String>,
     url: IssuerUrl,
-    keys: RwLock<Arc<CoreJsonWebKeySet>>,
+    keys: RwLock<Arc<Keys>>,
     fetches: Mutex<Fetches>,
     /// Told when a fetch ends, however it ends.
     fetch_ended: tokio::sync::Notify,
@@ -231,14 +280,14 @@ impl Oidc {
                 config,
                 audiences,
                 url,
-                keys: RwLock::new(Arc::new(keys)),
+                keys: RwLock::new(Arc::new(Keys::new(keys))),
                 fetches: Mutex::new(Fetches::default()),
                 fetch_ended: tokio::sync::Notify::new(),
             });
         }
         let shared =
             Arc::new(Shared { http: OidcHttp(http), verified: Verified::default(), refetch_interval, keys_max_age });
-        let oidc = Oidc { issuers: issuers.into_iter().map(Arc::new).collect(), shared };
+        let oidc = Oidc { issuers: issuers.into_iter().map(Arc::new).collect(), shared, checks: AtomicU64::new(0) };
         for issuer in &oidc.issuers {
             if issuer.config.jwks_file.is_none() {
                 if let Err(e) = oidc.shared.refetch(issuer).await {
@@ -254,24 +303,33 @@ impl Oidc {
         self.issuers.is_empty()
     }
 
+    /// How many tokens were checked in full (signature and claims) rather
+    /// than found among those remembered: the work that remembering saves
+    /// (tests count it).
+    pub fn signature_checks(&self) -> u64 {
+        self.checks.load(Ordering::Relaxed)
+    }
+
     /// Verifies an ID token; the error is a message for the 401.
     pub async fn verify(&self, token: &str) -> Result<Identity, String> {
         self.refresh_old_keys();
         let hash = *blake3::hash(token.as_bytes()).as_bytes();
-        let seen = match self.shared.verified.get(&hash, Utc::now()) {
-            Ok(identity) => return Ok(identity),
-            Err(generation) => generation,
-        };
-        let (identity, exp) = self.verify_signed(token).await?;
-        self.shared.verified.put(hash, identity.clone(), exp, Utc::now(), seen);
-        Ok(identity)
+        if let Some(identity) = self.shared.verified.get(&hash, Utc::now()) {
+            return Ok(identity);
+        }
+        let (checked, issuer) = self.verify_signed(token).await?;
+        if let Some(key) = checked.key {
+            let remembered = Remembered { identity: checked.identity.clone(), exp: checked.exp, key };
+            self.shared.verified.put(hash, remembered, Utc::now(), |key| issuer.publishes(key));
+        }
+        Ok(checked.identity)
     }
 
     /// Starts a background refetch of each discovered issuer's keys that
     /// are older than `keys_max_age` (or were never fetched), at most once
     /// per `refetch_interval`; until it ends, the keys held are used. The
-    /// refetch forgets remembered tokens, so a token of a withdrawn key is
-    /// refused from then on.
+    /// refetch forgets the remembered tokens of keys it no longer finds, so
+    /// a token of a withdrawn key is refused from then on.
     fn refresh_old_keys(&self) {
         for issuer in self.issuers.iter().filter(|i| i.config.jwks_file.is_none()) {
             let Some(claim) = issuer.claim_fetch(self.shared.refetch_interval, Some(self.shared.keys_max_age)) else {
@@ -285,10 +343,10 @@ impl Oidc {
     }
 
     /// The full check of a token not seen before: signature, `iss`, `aud`,
-    /// `exp`. Also returns the `exp`.
-    async fn verify_signed(&self, token: &str) -> Result<(Identity, DateTime<Utc>), String> {
-        let parsed: CoreIdToken =
-            token.parse().map_err(|_| "the bearer token is not a well-formed ID token".to_string())?;
+    /// `exp`. Also returns the issuer whose key checked it.
+    async fn verify_signed(&self, token: &str) -> Result<(Checked, &Issuer), String> {
+        self.checks.fetch_add(1, Ordering::Relaxed);
+        let parsed: CoreIdToken = token.parse().map_err(|_| malformed(token))?;
         let iss = unverified_issuer(token).ok_or("the ID token has no `iss` claim")?;
         let issuer = self
             .issuers
@@ -314,7 +372,11 @@ impl Oidc {
         }?;
         // The signature holds, so the payload is the issuer's.
         check_not_before(token, Utc::now())?;
-        Ok(verified)
+        // Users are keyed by issuer and subject: a token must name someone.
+        if verified.identity.subject.is_empty() {
+            return Err("the ID token's `sub` claim is empty: it names no one".into());
+        }
+        Ok((verified, issuer))
     }
 }
 
@@ -338,11 +400,12 @@ impl Shared {
         let metadata = CoreProviderMetadata::discover_async(issuer.url.clone(), &self.http)
             .await
             .map_err(|e| format!("discovery: {e}"))?;
-        *issuer.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(metadata.jwks().clone());
+        let keys = Arc::new(Keys::new(metadata.jwks().clone()));
+        *issuer.keys.write().unwrap_or_else(|p| p.into_inner()) = keys.clone();
         issuer.fetches.lock().unwrap_or_else(|p| p.into_inner()).fetched = Some(Instant::now());
         // A token verified with a key the issuer no longer publishes must be
-        // checked again.
-        self.verified.clear();
+        // checked again (after the keys are replaced: see `Verified::put`).
+        self.verified.forget_withdrawn(&issuer.config.issuer, &keys.prints);
         Ok(())
     }
 }
@@ -383,9 +446,14 @@ impl Issuer {
         }
     }
 
+    /// Whether the keys held hold this one.
+    fn publishes(&self, key: &KeyPrint) -> bool {
+        self.keys.read().unwrap_or_else(|p| p.into_inner()).prints.contains(key)
+    }
+
     /// Checks `token` against each audience in turn: the first it is for
     /// decides; for none, the audience's error.
-    fn verify(&self, token: &CoreIdToken) -> Result<(Identity, DateTime<Utc>), ClaimsVerificationError> {
+    fn verify(&self, token: &CoreIdToken) -> Result<Checked, ClaimsVerificationError> {
         let mut refused = None;
         for audience in &self.audiences {
             match self.verify_for(token, audience) {
@@ -396,16 +464,12 @@ impl Issuer {
         Err(refused.unwrap_or_else(|| ClaimsVerificationError::InvalidAudience("no audience configured".into())))
     }
 
-    fn verify_for(
-        &self,
-        token: &CoreIdToken,
-        audience: &str,
-    ) -> Result<(Identity, DateTime<Utc>), ClaimsVerificationError> {
+    fn verify_for(&self, token: &CoreIdToken, audience: &str) -> Result<Checked, ClaimsVerificationError> {
         let keys = self.keys.read().unwrap_or_else(|p| p.into_inner()).clone();
         let verifier = CoreIdTokenVerifier::new_public_client(
             ClientId::new(audience.to_string()),
             self.url.clone(),
-            (*keys).clone(),
+            keys.set.clone(),
         )
         .set_allowed_algs([
             CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256,
@@ -429,11 +493,19 @@ impl Issuer {
             subject: claims.subject().as_str().to_string(),
             // Only an address the issuer verified: users are found by email
             // (`admin create-key`, adding a member), so an unverified claim
-            // would let anyone take an address's place.
-            email: claims.email().filter(|_| claims.email_verified() == Some(true)).map(|e| e.as_str().to_string()),
-            name: claims.name().and_then(|n| n.get(None)).map(|n| n.as_str().to_string()),
+            // would let anyone take an address's place. And only one in the
+            // form those take (trimmed, NAME@DOMAIN, at most 320 characters):
+            // any other is no address anyone could find the user by.
+            email: claims
+                .email()
+                .filter(|_| claims.email_verified() == Some(true))
+                .and_then(|e| crate::users::email(e.as_str()).ok()),
+            name: claims.name().and_then(|n| n.get(None)).and_then(|n| crate::users::display_name(n.as_str())),
         };
-        Ok((identity, claims.expiration()))
+        // The key the check used: the one key of the set that the token's
+        // `kid` and algorithm pick.
+        let key = token.signing_key(&verifier).ok().and_then(key_print);
+        Ok(Checked { identity, exp: claims.expiration(), key })
     }
 }
 
@@ -491,6 +563,21 @@ fn check_not_before(token: &str, now: DateTime<Utc>) -> Result<(), String> {
     Ok(())
 }
 
+/// Why a token could not be read. `email_verified` is a boolean (OpenID
+/// Connect Core 5.1), or the string "true" or "false" that some issuers
+/// (Amazon Cognito) send instead; `openidconnect` reads the claims before
+/// the signature is checked and refuses the token over any other value,
+/// which is then named, since the issuer's configuration, not the client,
+/// is at fault.
+fn malformed(token: &str) -> String {
+    match payload(token).as_ref().and_then(|claims| claims.get("email_verified")) {
+        Some(v) if !(v.is_boolean() || v.is_null() || v == "true" || v == "false") => {
+            "the ID token's `email_verified` claim is neither a boolean nor \"true\" or \"false\"".into()
+        }
+        _ => "the bearer token is not a well-formed ID token".into(),
+    }
+}
+
 /// A token's payload, decoded but not verified.
 fn payload(token: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
     let payload = token.split('.').nth(1)?;
@@ -513,19 +600,23 @@ mod tests {
     }
 
     #[test]
-    fn a_check_that_began_before_a_refetch_is_not_remembered() {
+    fn a_refetch_forgets_only_the_tokens_of_keys_it_no_longer_finds() {
         let verified = Verified::default();
         let (now, exp) = (Utc::now(), Utc::now() + chrono::Duration::minutes(10));
-        let seen = verified.get(&[1; 32], now).unwrap_err();
-        // The keys are refetched while the token is checked.
-        verified.clear();
-        verified.put([1; 32], identity(), exp, now, seen);
-        let seen_after = verified.get(&[1; 32], now).expect_err("checked with keys since replaced");
-        assert_eq!(seen_after, seen + 1);
-        // Checked again, after the refetch: remembered.
-        verified.put([1; 32], identity(), exp, now, seen_after);
-        assert_eq!(verified.get(&[1; 32], now).unwrap().subject, "alice");
-        // Until it expires.
-        assert!(verified.get(&[1; 32], exp).is_err());
+        let of = |identity: Identity, key: u8| Remembered { identity, exp, key: [key; 32] };
+        let elsewhere = Identity { issuer: "https://other.test".into(), ..identity() };
+        verified.put([1; 32], of(identity(), 10), now, |_| true);
+        verified.put([2; 32], of(identity(), 20), now, |_| true);
+        verified.put([3; 32], of(elsewhere, 10), now, |_| true);
+        // The issuer withdraws key 10 and keeps 20.
+        verified.forget_withdrawn("https://issuer.test", &HashSet::from([[20; 32]]));
+        assert!(verified.get(&[1; 32], now).is_none(), "checked with the withdrawn key");
+        assert_eq!(verified.get(&[2; 32], now).unwrap().subject, "alice", "checked with a key still published");
+        assert!(verified.get(&[3; 32], now).is_some(), "another issuer's key 10");
+        // A check that ends after its key was withdrawn is not remembered.
+        verified.put([4; 32], of(identity(), 10), now, |key| *key == [20; 32]);
+        assert!(verified.get(&[4; 32], now).is_none());
+        // A remembered token, until it expires.
+        assert!(verified.get(&[2; 32], exp).is_none());
     }
 }

@@ -36,6 +36,18 @@ pub fn email(raw: &str) -> Result<String, String> {
     Ok(email.to_string())
 }
 
+/// A display name from an ID token's `name` claim, kept as the API keeps
+/// names (`validate::name`): control characters dropped, trimmed, at most
+/// [`crate::validate::MAX_NAME`] characters; none if nothing is left. The
+/// claim is only bounded by the size of a request's headers, and the name
+/// is shown in every page of a project's members and reviewers.
+pub fn display_name(raw: &str) -> Option<String> {
+    let name: String = raw.chars().filter(|c| !c.is_control()).collect();
+    let name: String = name.trim().chars().take(crate::validate::MAX_NAME).collect();
+    let name = name.trim_end();
+    (!name.is_empty()).then(|| name.to_string())
+}
+
 /// The user with this email (case aside, as sign-in and adding a member
 /// compare addresses), created if there is none.
 pub fn ensure_by_email(tx: &rusqlite::Transaction<'_>, email: &str) -> Result<String, StoreError> {
@@ -123,7 +135,13 @@ pub async fn ensure_for_identity(store: &Store, identity: Identity) -> Result<Si
                 return Ok(SignedIn { user_id, has_email: true });
             }
             let id = ids::new_id("usr");
-            let name = identity.name.clone().or_else(|| identity.email.clone()).unwrap_or_else(|| identity.subject.clone());
+            // A name as names are kept (`display_name`), whichever it is.
+            let name = identity
+                .name
+                .clone()
+                .or_else(|| identity.email.as_deref().and_then(display_name))
+                .or_else(|| display_name(&identity.subject))
+                .unwrap_or_else(|| identity.subject.chars().take(crate::validate::MAX_NAME).collect());
             tx.execute(
                 "INSERT INTO users (id, email, name, oidc_issuer, oidc_subject, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![id, email, name, identity.issuer, identity.subject, ids::format_time(&ids::now())],
@@ -211,5 +229,15 @@ mod tests {
             assert!(super::email(bad).is_err(), "{bad:?}");
         }
         assert!(super::email(&format!("{}@example.com", "a".repeat(320))).is_err());
+    }
+
+    #[test]
+    fn a_display_name_is_a_name_as_the_api_keeps_names() {
+        assert_eq!(super::display_name(" Ana Lima\n").as_deref(), Some("Ana Lima"));
+        assert_eq!(super::display_name("Ana\u{7} Lima").as_deref(), Some("Ana Lima"));
+        assert_eq!(super::display_name(&"é".repeat(150)), Some("é".repeat(100)));
+        // Cut at 100 characters, then trimmed again.
+        assert_eq!(super::display_name(&format!("{} x", "a".repeat(99))), Some("a".repeat(99)));
+        assert_eq!(super::display_name(" \u{1b} \t"), None);
     }
 }

@@ -41,6 +41,16 @@ use crate::{ids, validate, AppState};
 
 pub const MAX_NOTES: usize = 10_000;
 pub const MAX_LABELS: usize = 100;
+/// The most of a label's name a message quotes: a name is bounded only by
+/// the body, and the longest an evaluator has ("step N: " and a name of at
+/// most 100 characters) is still quoted whole.
+const QUOTED_NAME: usize = 120;
+
+/// A label's name as a message quotes it: at most [`QUOTED_NAME`]
+/// characters, marked when cut.
+fn quoted(name: &str) -> String {
+    crate::engine::llm::clip(name, QUOTED_NAME)
+}
 
 /// What the automated evaluation said of a result, read from its stored
 /// document without building the rest of it: the transcript, most of a
@@ -109,7 +119,7 @@ fn parse_labels(labels: &[types::ReviewLabel]) -> Result<Vec<types::ReviewLabel>
         if !seen.insert(label.name.as_str()) {
             return Err(Failure::invalid(
                 &format!("evaluations[{i}].name"),
-                format_args!("`{}` is labelled twice", label.name),
+                format_args!("`{}` is labelled twice", quoted(&label.name)),
             ));
         }
     }
@@ -157,7 +167,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateReviewR
                         &format!("evaluations[{i}].name"),
                         format_args!(
                             "`{}` is not an evaluator of this result (its evaluators: {})",
-                            label.name,
+                            quoted(&label.name),
                             if names.is_empty() { "none".to_string() } else { names.join(", ") }
                         ),
                     ));
