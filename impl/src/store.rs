@@ -74,6 +74,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0016_former_members", include_str!("../migrations/0016_former_members.sql"), None),
     ("0017_billing_owner", include_str!("../migrations/0017_billing_owner.sql"), None),
     ("0018_results_say_blinded", include_str!("../migrations/0018_results_say_blinded.sql"), None),
+    ("0019_pages_from_their_cursor", include_str!("../migrations/0019_pages_from_their_cursor.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
