@@ -232,6 +232,62 @@ async fn members_are_listed_newest_first() {
     assert_eq!(seen, emails(&all));
 }
 
+/// `GET /projects/{id}/members` over more members than a page, some added
+/// at the same moment: paged one or two at a time it is its one page of
+/// 200, in its documented order (added last first, then by user id), and a
+/// cursor issued before a member was added goes on as it would have.
+#[tokio::test]
+async fn members_paged_are_their_whole_page() {
+    let s = TestServer::start().await;
+    let owner = s.key_for_user("owner@example.com").await;
+    let project = s.create_project(&owner, "members paged").await;
+    let members = format!("/v1/projects/{project}/members");
+    for i in 0..6 {
+        let email = format!("member{i}@example.com");
+        s.key_for_user(&email).await;
+        s.expect(Method::POST, &members, &owner, Some(json!({"email": email, "role": "viewer"})), 200).await;
+    }
+    // Three of them added at one moment: the user id orders them.
+    let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+    let tied = db
+        .execute(
+            "UPDATE project_members SET added_at = '2020-01-01T00:00:00.000000Z'
+             WHERE project_id = ?1 AND user_id IN (
+                 SELECT id FROM users WHERE email IN ('member1@example.com', 'member2@example.com', 'member4@example.com'))",
+            [&project],
+        )
+        .unwrap();
+    assert_eq!(tied, 3);
+    drop(db);
+    let whole = s.expect(Method::GET, &format!("{members}?limit=200"), &owner, None, 200).await;
+    assert!(whole["next_cursor"].is_null(), "{whole:#}");
+    let whole = whole["members"].as_array().unwrap().clone();
+    assert_eq!(whole.len(), 7);
+    let order: Vec<(String, String)> = whole
+        .iter()
+        .map(|m| (m["added_at"].as_str().unwrap().to_string(), m["user_id"].as_str().unwrap().to_string()))
+        .collect();
+    let mut newest_first = order.clone();
+    newest_first.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(order, newest_first, "added last first, then by user id");
+    // The tied ones, added "before" the owner, last.
+    assert_eq!(whole[3]["email"], "owner@example.com");
+    assert!(whole[4..].iter().all(|m| m["added_at"] == "2020-01-01T00:00:00Z"), "{whole:#?}");
+    for limit in [1, 2] {
+        let paged = common::items_of_pages(&s, &owner, &format!("{members}?limit={limit}"), "members").await;
+        assert_eq!(paged, whole, "{limit} at a time");
+    }
+    // A cursor in the middle of the tied members, issued before a member is
+    // added: the rest of the list from there, without the new member.
+    let first = s.expect(Method::GET, &format!("{members}?limit=5"), &owner, None, 200).await;
+    let cursor = first["next_cursor"].as_str().unwrap().to_string();
+    s.key_for_user("later@example.com").await;
+    s.expect(Method::POST, &members, &owner, Some(json!({"email": "later@example.com", "role": "viewer"})), 200).await;
+    let rest = s.expect(Method::GET, &format!("{members}?limit=200&cursor={cursor}"), &owner, None, 200).await;
+    assert_eq!(rest["members"].as_array().unwrap()[..], whole[5..]);
+}
+
 /// Every list with a `?project_id=` filter, given a project the caller is
 /// not in: the answer is one the spec documents for that operation (read
 /// from the spec, so a list added later is covered), and never the other
