@@ -132,6 +132,72 @@ async fn a_cursor_of_another_batch_runs_or_tests_list_is_refused() {
     }
 }
 
+/// `GET /batch-runs/{id}/tests` over a batch run of more tests than a page:
+/// paged one, two or three at a time it is its one page of 200 (every test
+/// once, newest first), and each test, on whatever page, is counted with
+/// its own runs and no other test's.
+#[tokio::test]
+async fn a_batch_runs_tests_paged_are_its_whole_page() {
+    let s = TestServer::start().await;
+    let t = s.team("tests of a batch run").await;
+    let p = &t.project_id;
+    let closed = common::ClosedPort::new();
+    let create = |path: &'static str, body: Value| {
+        let (s, key) = (&s, t.editor.clone());
+        async move { s.expect(Method::POST, path, &key, Some(body), 200).await["id"].as_str().unwrap().to_string() }
+    };
+    let channel = create(
+        "/v1/channels",
+        json!({"project_id": p, "name": "agent", "kind": "http", "target": closed.http_target()}),
+    )
+    .await;
+    let persona = create("/v1/personas", json!({"project_id": p, "name": "caller"})).await;
+    let scenario = create(
+        "/v1/scenarios",
+        json!({"project_id": p, "name": "s", "mode": "scripted", "default_persona_id": persona,
+               "steps": [{"say": "hi", "expect": []}]}),
+    )
+    .await;
+    // Five tests, the i-th with i iterations: each test's count says whose
+    // runs it counted.
+    let mut iterations = std::collections::HashMap::new();
+    let mut tests = Vec::new();
+    for i in 1..=5 {
+        let body = json!({"project_id": p, "name": format!("t{i}"), "channel_id": channel,
+                          "scenario_id": scenario, "iterations": i});
+        let test = create("/v1/tests", body).await;
+        iterations.insert(test.clone(), i);
+        tests.push(test);
+    }
+    let batch = create("/v1/batches", json!({"project_id": p, "name": "b", "test_ids": tests})).await;
+    let run = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = run["id"].as_str().unwrap();
+    common::engine::wait_for_end(&s, &t.viewer, id).await;
+    let path = format!("/v1/batch-runs/{id}/tests");
+    let whole = s.expect(Method::GET, &format!("{path}?limit=200"), &t.viewer, None, 200).await;
+    assert!(whole["next_cursor"].is_null(), "{whole:#}");
+    let whole = whole["tests"].as_array().unwrap().clone();
+    let mut newest_first = tests.clone();
+    newest_first.reverse();
+    let ids_of =
+        |items: &[Value]| -> Vec<String> { items.iter().map(|t| t["test_id"].as_str().unwrap().to_string()).collect() };
+    assert_eq!(ids_of(&whole), newest_first);
+    for test in &whole {
+        let n = iterations[test["test_id"].as_str().unwrap()];
+        let counts = &test["counts"];
+        assert_eq!(counts["total"], n, "{test:#}");
+        let ended: i64 = ["queued", "running", "passed", "failed", "errored", "cancelled"]
+            .iter()
+            .map(|k| counts[k].as_i64().unwrap())
+            .sum();
+        assert_eq!(ended, n, "{test:#}");
+    }
+    for limit in [1, 2, 3] {
+        let paged = common::items_of_pages(&s, &t.viewer, &format!("{path}?limit={limit}"), "tests").await;
+        assert_eq!(paged, whole, "{limit} at a time");
+    }
+}
+
 /// `GET /projects/{id}/members`: "newest first" is the member added last
 /// first, whenever their account was made.
 #[tokio::test]
@@ -164,6 +230,62 @@ async fn members_are_listed_newest_first() {
         }
     }
     assert_eq!(seen, emails(&all));
+}
+
+/// `GET /projects/{id}/members` over more members than a page, some added
+/// at the same moment: paged one or two at a time it is its one page of
+/// 200, in its documented order (added last first, then by user id), and a
+/// cursor issued before a member was added goes on as it would have.
+#[tokio::test]
+async fn members_paged_are_their_whole_page() {
+    let s = TestServer::start().await;
+    let owner = s.key_for_user("owner@example.com").await;
+    let project = s.create_project(&owner, "members paged").await;
+    let members = format!("/v1/projects/{project}/members");
+    for i in 0..6 {
+        let email = format!("member{i}@example.com");
+        s.key_for_user(&email).await;
+        s.expect(Method::POST, &members, &owner, Some(json!({"email": email, "role": "viewer"})), 200).await;
+    }
+    // Three of them added at one moment: the user id orders them.
+    let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+    let tied = db
+        .execute(
+            "UPDATE project_members SET added_at = '2020-01-01T00:00:00.000000Z'
+             WHERE project_id = ?1 AND user_id IN (
+                 SELECT id FROM users WHERE email IN ('member1@example.com', 'member2@example.com', 'member4@example.com'))",
+            [&project],
+        )
+        .unwrap();
+    assert_eq!(tied, 3);
+    drop(db);
+    let whole = s.expect(Method::GET, &format!("{members}?limit=200"), &owner, None, 200).await;
+    assert!(whole["next_cursor"].is_null(), "{whole:#}");
+    let whole = whole["members"].as_array().unwrap().clone();
+    assert_eq!(whole.len(), 7);
+    let order: Vec<(String, String)> = whole
+        .iter()
+        .map(|m| (m["added_at"].as_str().unwrap().to_string(), m["user_id"].as_str().unwrap().to_string()))
+        .collect();
+    let mut newest_first = order.clone();
+    newest_first.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(order, newest_first, "added last first, then by user id");
+    // The tied ones, added "before" the owner, last.
+    assert_eq!(whole[3]["email"], "owner@example.com");
+    assert!(whole[4..].iter().all(|m| m["added_at"] == "2020-01-01T00:00:00Z"), "{whole:#?}");
+    for limit in [1, 2] {
+        let paged = common::items_of_pages(&s, &owner, &format!("{members}?limit={limit}"), "members").await;
+        assert_eq!(paged, whole, "{limit} at a time");
+    }
+    // A cursor in the middle of the tied members, issued before a member is
+    // added: the rest of the list from there, without the new member.
+    let first = s.expect(Method::GET, &format!("{members}?limit=5"), &owner, None, 200).await;
+    let cursor = first["next_cursor"].as_str().unwrap().to_string();
+    s.key_for_user("later@example.com").await;
+    s.expect(Method::POST, &members, &owner, Some(json!({"email": "later@example.com", "role": "viewer"})), 200).await;
+    let rest = s.expect(Method::GET, &format!("{members}?limit=200&cursor={cursor}"), &owner, None, 200).await;
+    assert_eq!(rest["members"].as_array().unwrap()[..], whole[5..]);
 }
 
 /// Every list with a `?project_id=` filter, given a project the caller is

@@ -309,10 +309,14 @@ impl RunningServer {
     }
 
     /// Stops accepting connections, lets in-flight requests finish (for up
-    /// to [`REQUESTS_WAIT`]), writes pending `last_used_at` times, and
-    /// empties the WAL into the database file (see
-    /// [`Store::checkpoint_all`]).
+    /// to [`REQUESTS_WAIT`]), stops the engine (its runs in flight go back
+    /// to the queue), closes the admin socket, writes pending
+    /// `last_used_at` times, and empties the WAL into the database file
+    /// (see [`Store::checkpoint_all`]). A step that fails does not skip
+    /// the ones after it: the stop goes to its end, then gives the first
+    /// error (and logs any later one).
     pub async fn shutdown(self) -> anyhow::Result<()> {
+        let mut failed: Vec<anyhow::Error> = Vec::new();
         // A client that stops sending its request halfway (or reading its
         // answer) would otherwise hold the stop for as long as it likes, and
         // a stop that never ends is ended with SIGKILL: the runs in flight
@@ -320,11 +324,16 @@ impl RunningServer {
         // WAL is left. A request still being sent when cut off here was
         // never run; an answer not read, cut off, was already written.
         match tokio::time::timeout(REQUESTS_WAIT, self.server.close()).await {
-            Ok(closed) => closed.map_err(|e| anyhow::anyhow!(e))?,
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failed.push(anyhow::anyhow!(e).context("closing the HTTP server")),
             Err(_) => slog::warn!(self.state.log, "stopping: requests still in flight are cut off";
                                   "waited_s" => REQUESTS_WAIT.as_secs()),
         }
-        Engine::shutdown(&self.state).await?;
+        if let Err(e) = Engine::shutdown(&self.state).await {
+            // The runs it could not put back are requeued by the next
+            // start, as after a crash.
+            failed.push(e.context("stopping the engine"));
+        }
         self.flusher.abort();
         if let Some((task, answering, path)) = self.admin {
             task.abort();
@@ -334,13 +343,22 @@ impl RunningServer {
             let _ = std::fs::remove_file(path);
             admin::drain(answering, &self.state.log).await;
         }
-        self.state.last_used.flush(&self.state.store).await?;
-        let store = self.state.store.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || store.checkpoint_all()).await? {
-            // Nothing is lost: the next open reads the WAL.
-            slog::warn!(self.state.log, "the WAL was left as it is"; "error" => %e);
+        if let Err(e) = self.state.last_used.flush(&self.state.store).await {
+            failed.push(anyhow::Error::new(e).context("writing last_used_at"));
         }
-        Ok(())
+        let store = self.state.store.clone();
+        match tokio::task::spawn_blocking(move || store.checkpoint_all()).await {
+            Ok(Ok(())) => {}
+            // Nothing is lost: the next open reads the WAL.
+            Ok(Err(e)) => slog::warn!(self.state.log, "the WAL was left as it is"; "error" => %e),
+            Err(e) => failed.push(anyhow::Error::new(e).context("emptying the WAL")),
+        }
+        let mut failed = failed.into_iter();
+        let Some(first) = failed.next() else { return Ok(()) };
+        for later in failed {
+            slog::error!(self.state.log, "stopping"; "error" => format!("{later:#}"));
+        }
+        Err(first)
     }
 }
 
@@ -460,4 +478,66 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     };
 
     Ok(RunningServer { _lock: lock, server, state, flusher, admin, first_start_key })
+}
+
+#[cfg(test)]
+mod stopping {
+    use super::*;
+
+    /// A stop whose engine fails (putting back the runs it holds: a write,
+    /// here on a full disk) still does the rest of the stop: the admin
+    /// socket is removed and the WAL emptied into the database file; the
+    /// stop then says what failed. It returned at the engine's error, and
+    /// left both.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stop_whose_engine_fails_still_stops_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().to_path_buf(),
+            oidc: Vec::new(),
+            oidc_refetch_interval: oidc::REFETCH_INTERVAL,
+            oidc_keys_max_age: oidc::KEYS_MAX_AGE,
+            secret_key_file: None,
+            engine: EngineConfig::default(),
+            starting_credits: 0,
+        };
+        let server = start(config, slog::Logger::root(slog::Discard, slog::o!())).await.unwrap();
+        let socket = dir.path().join(admin::SOCKET_FILE);
+        let database = dir.path().join(DATABASE_FILE);
+        let wal = dir.path().join(format!("{DATABASE_FILE}-wal"));
+        assert!(socket.exists());
+        // A run this server holds, as if claimed: the stop puts it back in
+        // the queue.
+        let owner = server.state.engine.owner().to_string();
+        server
+            .state
+            .store
+            .write(move |tx| {
+                tx.execute_batch(
+                    "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
+                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', NULL);
+                     INSERT INTO batch_runs (id, project_id, user_id, source, status, concurrency, total, running,
+                                             metadata, created_at, updated_at)
+                     VALUES ('brn_1', 'prj_1', 'usr_1', 'test', 'running', 10, 1, 1, '{}', 't', 't');",
+                )?;
+                tx.execute(
+                    "INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, iteration, status,
+                                       lease_owner, lease_expires_ms, queued_at, queued_ms, created_at, updated_at)
+                     VALUES ('run_1', 'brn_1', 'prj_1', 'usr_1', 'tst_1', 'scn_1', 1, 'running', ?1, ?2, 't', 0, 't', 't')",
+                    rusqlite::params![owner, i64::MAX],
+                )?;
+                Ok::<_, store::StoreError>(())
+            })
+            .await
+            .unwrap();
+        assert!(std::fs::metadata(&wal).unwrap().len() > 0);
+        crate::wal_writes::full_disk::set(&database, true);
+        let stopped = server.shutdown().await;
+        crate::wal_writes::full_disk::set(&database, false);
+        let e = stopped.expect_err("putting the run back failed");
+        assert!(format!("{e:#}").contains("full"), "{e:#}");
+        assert!(!socket.exists(), "the admin socket is left");
+        assert_eq!(std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0), 0, "the WAL is left");
+    }
 }

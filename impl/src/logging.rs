@@ -14,7 +14,7 @@
 //! logged at all, and 2.3–3.1 ms logged in batches (BENCHMARKS.md).
 
 use std::io::Write;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -42,10 +42,19 @@ pub const LOG_BACKLOG: usize = 8192;
 /// takes to write those before it.
 pub const LOG_PAUSE: Duration = Duration::from_millis(1);
 
+/// How long dropping the last logger waits for its thread to write what is
+/// queued: at most [`LOG_BACKLOG`] records, a few MB, which a read output
+/// (a file, a terminal, a log collector's pipe) takes in milliseconds. An
+/// output nobody reads (a full pipe) would hold the write, and with it the
+/// process's exit, forever: past this, what is left is dropped and the
+/// thread writes nothing more.
+pub const LOG_DRAIN_WAIT: Duration = Duration::from_secs(2);
+
 /// The server's logger over `drain`, which runs on a thread of its own
 /// behind a channel of [`LOG_BACKLOG`] records; public so that the
 /// benchmark's baseline logs exactly as the server does. Dropping the last
-/// clone of the logger writes what is queued and ends the thread.
+/// clone of the logger writes what is queued and ends the thread (waiting
+/// [`LOG_DRAIN_WAIT`] at most).
 pub fn logger<D>(drain: D) -> slog::Logger
 where
     D: Drain<Err = Never, Ok = ()> + Send + 'static,
@@ -184,6 +193,11 @@ struct Batched {
     records: Option<Sender<AsyncRecord>>,
     dropped: Arc<AtomicUsize>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Closed when the thread ends.
+    ended: Receiver<()>,
+    /// Set when a drop gave up waiting for the thread: it writes nothing
+    /// more.
+    abandoned: Arc<AtomicBool>,
 }
 
 impl Batched {
@@ -199,11 +213,19 @@ impl Batched {
         let (records, received) = crossbeam_channel::bounded(LOG_BACKLOG);
         let dropped = Arc::new(AtomicUsize::new(0));
         let counted = dropped.clone();
+        let (ending, ended) = crossbeam_channel::bounded::<()>(0);
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let given_up = abandoned.clone();
         let thread = std::thread::Builder::new()
             .name("sparring-log".into())
-            .spawn(move || write_batches(&drain, &received, &counted, &mut pause, &mut batch_end))
+            .spawn(move || {
+                // Dropped last, after the drain: the thread is done.
+                let _ending = ending;
+                let drain = drain;
+                write_batches(&drain, &received, &counted, &given_up, &mut pause, &mut batch_end);
+            })
             .expect("the log's thread starts");
-        Batched { records: Some(records), dropped, thread: Mutex::new(Some(thread)) }
+        Batched { records: Some(records), dropped, thread: Mutex::new(Some(thread)), ended, abandoned }
     }
 }
 
@@ -226,27 +248,48 @@ impl Drop for Batched {
     fn drop(&mut self) {
         // The channel closed, the thread writes what is queued and ends.
         self.records = None;
-        if let Some(thread) = self.thread.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = thread.join();
+        let Some(thread) = self.thread.get_mut().unwrap_or_else(|p| p.into_inner()).take() else { return };
+        match self.ended.recv_timeout(LOG_DRAIN_WAIT) {
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                // Stuck in a write nobody reads: left to end with the
+                // process, dropping what it holds once (if ever) the write
+                // returns.
+                self.abandoned.store(true, Ordering::SeqCst);
+            }
+            _ => {
+                let _ = thread.join();
+            }
         }
     }
 }
 
 /// The log's thread: waits for a record while none comes; once one does,
 /// writes everything queued, pauses, and goes on so until a pause ends with
-/// nothing queued. Ends when the channel is closed and empty.
+/// nothing queued. Ends when the channel is closed and empty, or as soon
+/// as it finds itself `abandoned` (see [`LOG_DRAIN_WAIT`]).
 fn write_batches<D: Drain<Err = Never, Ok = ()>>(
     drain: &D,
     records: &Receiver<AsyncRecord>,
     dropped: &AtomicUsize,
+    abandoned: &AtomicBool,
     pause: &mut impl FnMut(),
     batch_end: &mut impl FnMut(),
 ) {
+    let abandoned = || abandoned.load(Ordering::SeqCst);
     while let Ok(first) = records.recv() {
+        if abandoned() {
+            return;
+        }
         let _ = first.log_to(drain);
         loop {
             for record in records.try_iter() {
+                if abandoned() {
+                    return;
+                }
                 let _ = record.log_to(drain);
+            }
+            if abandoned() {
+                return;
             }
             report_dropped(drain, dropped);
             batch_end();
@@ -255,6 +298,9 @@ fn write_batches<D: Drain<Err = Never, Ok = ()>>(
                 break;
             }
         }
+    }
+    if abandoned() {
+        return;
     }
     report_dropped(drain, dropped);
     batch_end();
@@ -502,6 +548,67 @@ mod tests {
         let lines: Vec<serde_json::Value> = written.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert!(lines.iter().any(|l| l["n"] == 1000), "the record after the failures was not written:\n{written}");
         assert!(lines.len() < 42, "the failed writes' records were written after all: {}", lines.len());
+    }
+
+    /// A writer nobody reads (stderr a full pipe): its first `write` says
+    /// so and blocks until the test lets it go; it keeps what it is given,
+    /// and says when it is dropped (its log thread ended).
+    struct Unread {
+        blocked: Sender<()>,
+        let_go: Receiver<()>,
+        kept: Writes,
+        gone: Sender<()>,
+    }
+
+    impl std::io::Write for Unread {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.kept.0.lock().unwrap().is_empty() {
+                let _ = self.blocked.send(());
+                // Bounded, so that a drop that waits for it fails the test
+                // rather than hang it.
+                let _ = self.let_go.recv_timeout(Duration::from_secs(60));
+            }
+            self.kept.write(buf)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Drop for Unread {
+        fn drop(&mut self) {
+            let _ = self.gone.send(());
+        }
+    }
+
+    /// Dropping the last logger while its output is not read (a full pipe
+    /// on stderr) returns, rather than wait for the write forever and keep
+    /// the process from exiting; what was still queued is dropped, and the
+    /// thread, let go later, writes nothing more. (Records queued while
+    /// the output is read are all written: the tests above.)
+    #[test]
+    fn dropping_the_log_while_its_output_is_not_read_returns() {
+        let (blocked, blocks) = mpsc::channel();
+        let (let_go, held) = mpsc::channel();
+        let (gone, goes) = mpsc::channel();
+        let kept = Writes::default();
+        let log = super::json_to(Unread { blocked, let_go: held, kept: kept.clone(), gone }, super::pause);
+        slog::info!(log, "first");
+        blocks.recv_timeout(Duration::from_secs(30)).expect("the first write");
+        for i in 0..100 {
+            slog::info!(log, "queued"; "n" => i);
+        }
+        let (dropped, drops) = mpsc::channel();
+        std::thread::spawn(move || {
+            drop(log);
+            let _ = dropped.send(());
+        });
+        drops.recv_timeout(Duration::from_secs(30)).expect("dropping the log returns while its write is blocked");
+        let_go.send(()).unwrap();
+        goes.recv_timeout(Duration::from_secs(30)).expect("the log's thread ends once its write returns");
+        let written = kept.0.lock().unwrap().concat();
+        assert_eq!(written.lines().count(), 1, "written after the drop gave up on them:\n{written}");
+        assert!(written.contains("\"first\""), "{written}");
     }
 
     /// Sends each record's message.

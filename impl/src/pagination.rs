@@ -340,6 +340,10 @@ pub(crate) mod tests {
             ),
             (&crate::personas::LIST_SQL, "SEARCH t USING INDEX personas_by_project (project_id=? AND id<?)"),
             (&crate::projects::LIST_SQL, "SEARCH m USING INDEX project_members_by_user (user_id=? AND project_id<?)"),
+            (
+                &crate::projects::MEMBERS_SQL,
+                "SEARCH m USING INDEX project_members_by_added (project_id=? AND (added_at,user_id)<(?,?))",
+            ),
             (&crate::reviews::LIST_SQL, "SEARCH r USING INDEX reviews_by_project (project_id=? AND id<?)"),
             (
                 &crate::reviews::calibration::LIST_SQL,

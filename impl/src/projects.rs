@@ -505,6 +505,22 @@ pub async fn take_over_billing(
         .await
 }
 
+/// A page of a project's members (`?1`), newest first: added last first,
+/// then by user id, after the cursor's time `?2` and user `?3`, at most
+/// `?4` (see [`PageSql`]). Read in order from `project_members_by_added`
+/// from the cursor on (a row value is a range on it): no sort of every
+/// member for each page.
+pub(crate) static MEMBERS_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+    PageSql::new(
+        &format!(
+            "SELECT {MEMBER_COLUMNS} FROM project_members m JOIN users u ON u.id = m.user_id
+             WHERE m.project_id = ?1 {AFTER}
+             ORDER BY m.added_at DESC, m.user_id DESC LIMIT ?4"
+        ),
+        "AND (m.added_at, m.user_id) < (?2, ?3)",
+    )
+});
+
 pub async fn list_members(
     state: &AppState,
     caller: Caller,
@@ -521,12 +537,7 @@ pub async fn list_members(
         .read(move |tx| {
             access::require(tx, &caller.user_id, &path.id, Need::Read)?;
             let rows = tx
-                .prepare_cached(&format!(
-                    "SELECT {MEMBER_COLUMNS} FROM project_members m JOIN users u ON u.id = m.user_id
-                     WHERE m.project_id = ?1
-                       AND (?2 IS NULL OR m.added_at < ?2 OR (m.added_at = ?2 AND m.user_id < ?3))
-                     ORDER BY m.added_at DESC, m.user_id DESC LIMIT ?4"
-                ))?
+                .prepare_cached(MEMBERS_SQL.of(&page))?
                 .query_map(params![path.id, after_added, after_user, page.fetch_limit()], member_from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let page = page.finish(rows, |m| PageRequest::timed_cursor(&m.added_at, &m.user_id));
@@ -732,4 +743,94 @@ pub async fn remove_member(
             Ok(types::Deleted { id: path.user_id, deleted: true })
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::params;
+
+    use crate::pagination::PageRequest;
+    use crate::store::{Store, StoreError};
+
+    /// SQLite's virtual machine steps to read a page of 10 members of a
+    /// project of `members` members, each added a second after the one
+    /// before, from the first or after the cursor of the member `after`
+    /// (counted from the first added): the page's users, as read, and the
+    /// steps.
+    fn steps_for_a_page(members: usize, after: Option<usize>) -> (Vec<String>, i32) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .write_blocking::<_, StoreError, _>(|tx| {
+                tx.execute_batch("INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', NULL);")?;
+                for i in 0..members {
+                    let user = format!("usr_{i:032}");
+                    tx.execute(
+                        "INSERT INTO users (id, email, name, created_at) VALUES (?1, ?2, 'u', 't')",
+                        params![user, format!("{i}@example.com")],
+                    )?;
+                    let added = chrono::DateTime::from_timestamp(1_800_000_000 + i as i64, 0).unwrap();
+                    tx.execute(
+                        "INSERT INTO project_members (project_id, user_id, role, added_at) VALUES ('prj_1', ?1, 'viewer', ?2)",
+                        params![user, crate::ids::format_time(&added)],
+                    )?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        // The cursor as the list issues it.
+        let cursor = after.map(|i| {
+            let added = chrono::DateTime::from_timestamp(1_800_000_000 + i as i64, 0).unwrap();
+            let cursor = PageRequest::timed_cursor(&added, &format!("usr_{i:032}"));
+            base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, cursor)
+        });
+        let (page, after) = PageRequest::parse_timed(Some(10), cursor.as_deref(), "usr").unwrap();
+        let (after_added, after_user) = after.unzip();
+        store
+            .read_blocking::<_, StoreError, _>(move |tx| {
+                let mut read = tx.prepare(super::MEMBERS_SQL.of(&page))?;
+                let users: Vec<String> = read
+                    .query_map(params!["prj_1", after_added, after_user, page.fetch_limit()], |r| r.get(0))?
+                    .collect::<Result<_, _>>()?;
+                Ok((users, read.get_status(rusqlite::StatementStatus::VmStep)))
+            })
+            .unwrap()
+    }
+
+    /// A page of a project's members costs about its size, wherever it is
+    /// and however many members the project has: every member was sorted
+    /// for each page.
+    #[test]
+    fn a_page_of_members_costs_its_page() {
+        for after in [None, Some(50)] {
+            let (small_users, small) = steps_for_a_page(100, after);
+            let (large_users, large) = steps_for_a_page(1000, after);
+            // Newest first (added last first), from the cursor on.
+            let first = after.unwrap_or(100);
+            let expected: Vec<String> = (first - 11..first).rev().map(|i| format!("usr_{i:032}")).collect();
+            assert_eq!(small_users, expected);
+            if after.is_some() {
+                assert_eq!(large_users, expected);
+            }
+            assert!(f64::from(large) < 1.2 * f64::from(small), "{small} steps in 100 members, {large} in 1,000");
+        }
+    }
+
+    /// A page of members, first or after a cursor, is read in order from
+    /// `project_members_by_added`: nothing sorted. (`pagination::tests`
+    /// pins where a page after a cursor starts it.)
+    #[test]
+    fn a_page_of_members_sorts_nothing() {
+        crate::pagination::tests::on_schema(|tx| {
+            for after in [false, true] {
+                let steps = crate::pagination::tests::plan(tx, super::MEMBERS_SQL.of_cursor(after))?;
+                assert!(
+                    steps.iter().any(|s| s.starts_with("SEARCH m USING INDEX project_members_by_added")),
+                    "{steps:#?}"
+                );
+                assert!(!steps.iter().any(|s| s.contains("TEMP B-TREE") || s.contains("SCAN")), "{steps:#?}");
+            }
+            Ok(())
+        });
+    }
 }

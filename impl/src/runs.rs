@@ -836,15 +836,24 @@ pub(crate) const TESTS_WITH_COUNTS: &str = "batch_run_tests t LEFT JOIN (
     ) a ON a.test_id = t.test_id
     WHERE t.batch_run_id = ?1";
 
-/// A page of a batch run's tests (see [`PageSql`]).
+/// A page of a batch run's tests (see [`PageSql`]), with their runs counted
+/// as in [`TESTS_WITH_COUNTS`]: the tests are walked in order from the
+/// batch run's (`batch_run_tests`' key, from the cursor on) and each one's
+/// runs read from `runs_by_test`, grouped as they come, so the walk stops
+/// at the page's end. Counting every run of the batch run first (as
+/// `TESTS_WITH_COUNTS` does, for the end of a batch run, which needs them
+/// all) made each page cost the whole batch run.
 pub(crate) static BATCH_RUN_TESTS_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(
-            "SELECT t.test_id, t.name, t.pass_threshold, coalesce(a.total, 0), coalesce(a.queued, 0),
-                    coalesce(a.running, 0), coalesce(a.passed, 0), coalesce(a.failed, 0),
-                    coalesce(a.errored, 0), coalesce(a.cancelled, 0)
-             FROM {TESTS_WITH_COUNTS} {AFTER}
-             ORDER BY t.test_id DESC LIMIT ?3"
+            "SELECT t.test_id, t.name, t.pass_threshold, count(r.id), coalesce(sum(r.status = 'queued'), 0),
+                    coalesce(sum(r.status = 'running'), 0), coalesce(sum(r.status = 'passed'), 0),
+                    coalesce(sum(r.status = 'failed'), 0), coalesce(sum(r.status = 'error'), 0),
+                    coalesce(sum(r.status = 'cancelled'), 0)
+             FROM batch_run_tests t
+             LEFT JOIN runs r ON r.batch_run_id = t.batch_run_id AND r.test_id = t.test_id
+             WHERE t.batch_run_id = ?1 {AFTER}
+             GROUP BY t.test_id ORDER BY t.test_id DESC LIMIT ?3"
         ),
         "AND t.test_id < ?2",
     )
@@ -1335,7 +1344,7 @@ mod tests {
 
     /// SQLite's virtual machine steps (which no machine's noise moves) to
     /// count the runs of a batch run of `tests` tests with 4 runs each, as
-    /// the end of a batch run and `GET /batch-runs/{id}/tests` do.
+    /// the end of a batch run does.
     fn steps_to_count(tests: usize) -> i32 {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
@@ -1515,6 +1524,96 @@ mod tests {
         // Fifty times the evaluators: as much more work as they are read
         // once, not fifty times the work of reading them for every run.
         assert!(f64::from(many) < 2.0 * f64::from(few), "{few} steps for 2 evaluators, {many} for 100");
+    }
+
+    /// SQLite's virtual machine steps to read a page of `limit` tests of a
+    /// batch run of `tests` tests with 4 runs each (all passed), after the
+    /// cursor `after` (a test's index) or from the first test: the page's
+    /// tests and their counts as they were read, and the steps.
+    fn steps_for_a_page(tests: usize, after: Option<usize>, limit: usize) -> (Vec<(String, i64, i64)>, i32) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                tx.execute_batch(
+                    "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
+                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', NULL);
+                     INSERT INTO batch_runs (id, project_id, user_id, source, status, concurrency, metadata,
+                                             created_at, updated_at)
+                     VALUES ('brn_1', 'prj_1', 'usr_1', 'batch', 'running', 10, '{}', 't', 't');",
+                )?;
+                for t in 0..tests {
+                    let test = format!("tst_{t:04}");
+                    tx.execute(
+                        "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold) VALUES ('brn_1', ?1, 1)",
+                        params![test],
+                    )?;
+                    // Runs of every test queued together, as a start queues
+                    // them: each test's runs far apart in `runs_by_batch_run`.
+                    for i in 1..=4 {
+                        tx.execute(
+                            "INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, iteration,
+                                               status, attempt, queued_at, queued_ms, created_at, updated_at)
+                             VALUES (?1, 'brn_1', 'prj_1', 'usr_1', ?2, 'scn_1', ?3, ?4, 1, 't', 0, 't', 't')",
+                            params![format!("run_{i}_{t:04}"), test, i, if i == 4 { "failed" } else { "passed" }],
+                        )?;
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        let page = crate::pagination::PageRequest { limit, after: after.map(|t| format!("tst_{t:04}")) };
+        store
+            .read_blocking::<_, Failure, _>(move |tx| {
+                let mut read = tx.prepare(super::BATCH_RUN_TESTS_SQL.of(&page))?;
+                let rows: Vec<(String, i64, i64)> = read
+                    .query_map(params!["brn_1", page.after, page.fetch_limit()], |r| {
+                        Ok((r.get(0)?, r.get(3)?, r.get(6)?))
+                    })?
+                    .collect::<Result<_, _>>()?;
+                Ok((rows, read.get_status(rusqlite::StatementStatus::VmStep)))
+            })
+            .unwrap()
+    }
+
+    /// A page of a batch run's tests costs about its size, wherever it is
+    /// and however large the batch run: it counted every run of the batch
+    /// run for each page.
+    #[test]
+    fn a_page_of_a_batch_runs_tests_costs_its_page() {
+        // The first page, and one after a cursor deep in the list.
+        for after in [None, Some(50)] {
+            let (small_rows, small) = steps_for_a_page(100, after, 10);
+            let (large_rows, large) = steps_for_a_page(1000, after, 10);
+            // Newest first, from the cursor on, each with its own runs.
+            let first = after.unwrap_or(100);
+            let expected: Vec<(String, i64, i64)> =
+                (first - 11..first).rev().map(|t| (format!("tst_{t:04}"), 4, 3)).collect();
+            assert_eq!(small_rows, expected);
+            if after.is_some() {
+                assert_eq!(large_rows, expected);
+            }
+            assert!(f64::from(large) < 1.2 * f64::from(small), "{small} steps in 100 tests, {large} in 1,000");
+        }
+    }
+
+    /// The plan of a page of a batch run's tests: its tests from the key of
+    /// `batch_run_tests`, each one's runs from `runs_by_test`, grouped in
+    /// that order; nothing sorted, nothing scanned, no count of the whole
+    /// batch run's runs put aside first.
+    #[test]
+    fn a_page_of_a_batch_runs_tests_walks_its_indexes() {
+        crate::pagination::tests::on_schema(|tx| {
+            for after in [false, true] {
+                let steps = crate::pagination::tests::plan(tx, super::BATCH_RUN_TESTS_SQL.of_cursor(after))?;
+                let runs = "SEARCH r USING INDEX runs_by_test (batch_run_id=? AND test_id=?) LEFT-JOIN";
+                assert!(steps.iter().any(|s| s == runs), "{steps:#?}");
+                for bad in ["TEMP B-TREE", "SCAN", "MATERIALIZE", "CO-ROUTINE"] {
+                    assert!(!steps.iter().any(|s| s.contains(bad)), "{bad}: {steps:#?}");
+                }
+            }
+            Ok(())
+        });
     }
 
     #[test]

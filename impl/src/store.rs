@@ -74,6 +74,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0016_former_members", include_str!("../migrations/0016_former_members.sql"), None),
     ("0017_billing_owner", include_str!("../migrations/0017_billing_owner.sql"), None),
     ("0018_results_say_blinded", include_str!("../migrations/0018_results_say_blinded.sql"), None),
+    ("0019_pages_from_their_cursor", include_str!("../migrations/0019_pages_from_their_cursor.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -736,9 +737,11 @@ fn sync_database(conn: &Connection) -> rusqlite::Result<()> {
 /// A write is undone alone if it fails: rolled back to a savepoint of its
 /// own, or, run without one (see [`Store::write_then_again`]), with the
 /// transaction, the writes kept before it running again in the next. If
-/// SQLite loses the transaction halfway (it rolls back the whole
-/// transaction on an I/O error or a full disk), the writes run so far fail
-/// and the rest go on in a new transaction.
+/// SQLite loses the transaction halfway (a statement on a full disk or an
+/// I/O error with no statement journal to undo it alone rolls back the
+/// whole transaction), the writes kept so far that can run again run again
+/// in a new transaction with the rest; those that cannot are answered with
+/// that error (`Full` on a full disk: the API's 503 `storage_full`).
 fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
     let mut pending: VecDeque<Job> = group.into();
     while !pending.is_empty() {
@@ -759,6 +762,9 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
         // A write run without a savepoint failed having changed something:
         // the transaction is rolled back, and what was kept runs again.
         let mut undo = false;
+        // SQLite rolled the transaction back itself: every write of it is
+        // answered or pending again.
+        let mut rolled_back = false;
         // The writes that failed, undone.
         let mut failed: Vec<Job> = Vec::new();
         let run = |sql: &str| execute_cached(&tx, sql);
@@ -783,10 +789,23 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
             let ran = std::panic::catch_unwind(AssertUnwindSafe(|| job.run(Ok(&tx))));
             let keep = matches!(ran, Ok(true));
             if tx.is_autocommit() {
+                // SQLite rolled the transaction back under this write (a
+                // statement on a full disk, an I/O error), with what the
+                // writes before it did. Those that can run again do, in
+                // the next transaction; the others, and this one, are
+                // told why (a full disk is the API's 503, not a 500).
+                let e = rolled_back_by(&tx);
                 if ran.is_ok() {
-                    kept.push(job);
+                    job.answer(Err(&e));
                 }
-                lost = Some(GroupError::other("the transaction was rolled back by the database"));
+                let (again, lost): (Vec<Job>, Vec<Job>) = kept.drain(..).partition(|k| k.again());
+                for job in lost.into_iter().chain(failed.drain(..)) {
+                    job.answer(Err(&e));
+                }
+                for job in again.into_iter().rev() {
+                    pending.push_front(job);
+                }
+                rolled_back = true;
                 break;
             }
             if keep {
@@ -821,6 +840,11 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
                 drop(tx);
                 Err(e)
             }
+            None if rolled_back => {
+                drop(tx);
+                watches.ended();
+                continue;
+            }
             None if undo => {
                 // Should the rollback fail and leave the transaction open,
                 // beginning the next one fails and answers every write.
@@ -844,6 +868,23 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>, watches: &Watches) {
             job.answer(commit.as_ref().map(|_| ()));
         }
     }
+}
+
+/// Why SQLite rolled back the transaction of `conn` under a write: the
+/// error of the write's statement that failed (`SQLITE_FULL`, an I/O
+/// error), the last one the connection saw.
+fn rolled_back_by(conn: &Connection) -> GroupError {
+    use rusqlite::ffi;
+    // SAFETY: `conn` is open; these read its last error and nothing else.
+    let (code, message) = unsafe {
+        let handle = conn.handle();
+        let message = std::ffi::CStr::from_ptr(ffi::sqlite3_errmsg(handle)).to_string_lossy().into_owned();
+        (ffi::sqlite3_extended_errcode(handle), message)
+    };
+    if code == ffi::SQLITE_OK {
+        return GroupError::other("the transaction was rolled back by the database");
+    }
+    GroupError::of(&rusqlite::Error::SqliteFailure(ffi::Error::new(code), Some(message)))
 }
 
 /// Ends the process when a commit's sync of the WAL failed, as a failed
@@ -1685,6 +1726,65 @@ mod tests {
             assert_eq!(r.is_err(), fail, "write {i}: {r:?}");
         }
         assert_eq!(column(&store, "SELECT id FROM users ORDER BY id").await, ["usr_1", "usr_2", "usr_4"]);
+    }
+
+    /// A statement that finds the disk full (here: past the writer's
+    /// `max_page_count`) with no statement journal to undo it alone makes
+    /// SQLite roll back the whole transaction, and with it the writes kept
+    /// before it in the group. Each of those gets a true answer: one that
+    /// can run again runs again in the next transaction, one that cannot is
+    /// told the disk is full (503 `storage_full`), as the failed write is;
+    /// the writes after them go on. They were told the database had rolled
+    /// back their transaction, a 500.
+    #[tokio::test]
+    async fn a_statement_on_a_full_disk_answers_every_write_of_its_group() {
+        use std::sync::atomic::AtomicUsize;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db.sqlite")).unwrap();
+        // No page can be added: a user fits in the table's page, a user of
+        // 1 MiB does not.
+        store
+            .write::<_, StoreError, _>(|tx| {
+                let pages: i64 = tx.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+                let max: i64 = tx.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| r.get(0))?;
+                assert_eq!(max, pages);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let (release, holding) = hold_writer(&store).await;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        let mut again = Box::pin(store.write_then_again(
+            move |tx| {
+                counted.fetch_add(1, Ordering::Relaxed);
+                Ok::<_, StoreError>(insert_user(tx, 0)?)
+            },
+            |_| (),
+        ));
+        let mut once = Box::pin(store.write(|tx| Ok::<_, StoreError>(insert_user(tx, 1)?)));
+        let mut fills = Box::pin(store.write(|tx| {
+            let name = "x".repeat(1 << 20);
+            Ok::<_, StoreError>(
+                tx.execute("INSERT INTO users (id, name, created_at) VALUES ('usr_2', ?1, 'now')", [name])?,
+            )
+        }));
+        let mut after = Box::pin(store.write(|tx| Ok::<_, StoreError>(insert_user(tx, 3)?)));
+        // Polled in this order, they are queued in it: one group.
+        assert!(futures::poll!(&mut again).is_pending());
+        assert!(futures::poll!(&mut once).is_pending());
+        assert!(futures::poll!(&mut fills).is_pending());
+        assert!(futures::poll!(&mut after).is_pending());
+        release.send(()).unwrap();
+        assert!(holding.await.unwrap());
+        let fills = fills.await.expect_err("a user past the pages the database may have");
+        assert!(fills.is_full(), "{fills:?}");
+        let once = once.await.expect_err("rolled back with the transaction, and it cannot run again");
+        assert!(once.is_full(), "{once:?}");
+        assert_eq!(again.await.unwrap(), 1);
+        assert_eq!(runs.load(Ordering::Relaxed), 2, "run again in the next transaction");
+        assert_eq!(after.await.unwrap(), 1);
+        assert_eq!(column(&store, "SELECT id FROM users ORDER BY id").await, ["usr_0", "usr_3"]);
     }
 
     /// Writes that can run again run without savepoints: one that fails

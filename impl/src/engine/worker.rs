@@ -91,6 +91,12 @@ impl Engine {
         }
     }
 
+    /// This process's lease owner id.
+    #[cfg(test)]
+    pub(crate) fn owner(&self) -> &str {
+        &self.owner
+    }
+
     /// Tells the dispatcher that runs may be waiting.
     pub fn wake(&self) {
         self.wake.notify_one();
