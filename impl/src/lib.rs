@@ -501,6 +501,7 @@ mod stopping {
             secret_key_file: None,
             engine: EngineConfig::default(),
             starting_credits: 0,
+            body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
         };
         let server = start(config, slog::Logger::root(slog::Discard, slog::o!())).await.unwrap();
         let socket = dir.path().join(admin::SOCKET_FILE);
