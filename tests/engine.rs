@@ -519,6 +519,37 @@ async fn conversations_overlap_up_to_the_batch_concurrency() {
     assert_eq!(stats["active_calls"], 0, "every call was ended");
 }
 
+/// A batch's `concurrency` is the batch's: two batch runs of one batch
+/// under way at once (started by two members) make no more calls at once
+/// together than the batch allows, not that many each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_batch_runs_of_one_batch_share_its_concurrency() {
+    let agent = Agent::start(&["--latency-ms", "300"]);
+    let s = TestServer::start().await;
+    let t = s.team("shared concurrency").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "many", &ch, &scenario, 6)).await;
+    let batch = create(
+        &s,
+        &t.editor,
+        "/v1/batches",
+        json!({"project_id": p, "name": "two at once", "test_ids": [test], "concurrency": 2}),
+    )
+    .await;
+    let path = format!("/v1/batches/{batch}/run");
+    let first = s.expect(Method::POST, &path, &t.editor, Some(json!({})), 200).await;
+    let second = s.expect(Method::POST, &path, &t.owner, Some(json!({})), 200).await;
+    for run in [&first, &second] {
+        let done = wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+        assert_eq!(done["counts"]["passed"], 6, "{done:#}");
+    }
+    let stats = agent.stats().await;
+    assert_eq!(stats["calls_started"], 12);
+    assert_eq!(stats["peak_active_calls"], 2, "two at once across both batch runs, never more: {stats}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_users_share_the_workers_fairly() {
     let agent = Agent::start(&["--latency-ms", "200"]);
