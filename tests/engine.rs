@@ -473,6 +473,43 @@ async fn a_call_whose_connection_is_never_made_costs_nothing() {
     }
 }
 
+/// A run's `call_id` names the call it made: a run whose channel refused
+/// the connection made none, and has none once it ended (its result says
+/// why); a run that talked to the agent keeps the id the agent was sent,
+/// the one its result has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_made_no_call_has_no_call_id() {
+    let agent = Agent::start(&[]);
+    let closed = common::ClosedPort::new();
+    let s = TestServer::start().await;
+    let t = s.team("call ids").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let refused = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
+    let reached = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let refused = create(&s, &t.editor, "/v1/tests", test_body(p, "refused", &refused, &scenario, 1)).await;
+    let reached = create(&s, &t.editor, "/v1/tests", test_body(p, "reached", &reached, &scenario, 1)).await;
+    let batch = json!({"project_id": p, "name": "both", "test_ids": [refused, reached]});
+    let batch = create(&s, &t.editor, "/v1/batches", batch).await;
+    let run = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, None, 200).await;
+    let id = run["id"].as_str().unwrap();
+    let done = wait_for_end(&s, &t.viewer, id).await;
+    assert_eq!((done["counts"]["passed"].as_i64(), done["counts"]["errored"].as_i64()), (Some(1), Some(1)), "{done:#}");
+    let runs = all_pages(&s, &t.viewer, &format!("/v1/batch-runs/{id}/runs"), "runs").await;
+    let of = |test: &str| runs.iter().find(|r| r["test_id"] == test).unwrap().clone();
+    let (unreached, talked) = (of(&refused), of(&reached));
+    assert_eq!(unreached["status"], "error", "{unreached:#}");
+    assert!(unreached["call_id"].is_null(), "no call was made: {unreached:#}");
+    let result = unreached["test_result_id"].as_str().unwrap();
+    let result = s.expect(Method::GET, &format!("/v1/test-results/{result}"), &t.viewer, None, 200).await;
+    assert!(result["failure_reason"].as_str().unwrap().contains("Connection refused"), "{result:#}");
+    assert_eq!(talked["status"], "passed", "{talked:#}");
+    let call_id = talked["call_id"].as_str().expect("a call was made");
+    let result = talked["test_result_id"].as_str().unwrap();
+    let result = s.expect(Method::GET, &format!("/v1/test-results/{result}"), &t.viewer, None, 200).await;
+    assert_eq!(result["call_id"].as_str(), Some(call_id), "{result:#}");
+}
+
 /// A channel pointed at the reference agent's address rather than its
 /// `/http` path: the agent answers 404 with a pretty-printed JSON body. The
 /// failure reason quotes that body on one line, so a one-line view of it
@@ -748,6 +785,7 @@ async fn a_run_claimed_as_its_batch_run_is_cancelled_holds_no_call() {
     let runs = all_pages(&s, &t.viewer, &format!("/v1/batch-runs/{id}/runs?status=cancelled"), "runs").await;
     assert_eq!(runs.len(), 1, "{runs:#?}");
     assert!(runs[0]["test_result_id"].is_null(), "no result: {runs:#?}");
+    assert!(runs[0]["call_id"].is_null(), "no call, no call id: {runs:#?}");
     let ledger = all_pages(&s, &t.owner, "/v1/transactions", "transactions").await;
     let charged: i64 = done["credits_charged"].as_i64().unwrap();
     assert_eq!(charged, 1, "the first call only: {done:#} {ledger:#?}");

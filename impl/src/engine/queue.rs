@@ -192,6 +192,11 @@ pub struct Finish<'a> {
     /// `failure_reason` is kept with the run).
     pub error: Option<&'a str>,
     pub credits: i64,
+    /// Whether a call was made: a connection to the agent, which was sent
+    /// the claim's call id. A run that made none (cancelled or unable to
+    /// start before its call, or its channel never connected) keeps no
+    /// `call_id`: there was no call to name.
+    pub call_made: bool,
 }
 
 /// Ends a claimed run. Returns false (and changes nothing) when the run is
@@ -232,7 +237,8 @@ pub fn finish(tx: &rusqlite::Transaction<'_>, owner: &str, run: &Claimed, end: F
     let error = end.error.or_else(|| end.result.and_then(|r| r.failure_reason.as_deref()));
     tx.prepare_cached(
         "UPDATE runs SET status = ?2, test_result_id = ?3, error = ?4, credits = ?5, lease_owner = NULL,
-                         lease_expires_ms = NULL, finished_at = ?6, finished_ms = ?7, updated_at = ?6
+                         lease_expires_ms = NULL, finished_at = ?6, finished_ms = ?7, updated_at = ?6,
+                         call_id = CASE WHEN ?8 THEN call_id END
          WHERE id = ?1",
     )?
     .execute(params![
@@ -242,7 +248,8 @@ pub fn finish(tx: &rusqlite::Transaction<'_>, owner: &str, run: &Claimed, end: F
         error,
         end.credits,
         now_text,
-        now.timestamp_millis()
+        now.timestamp_millis(),
+        end.call_made
     ])?;
     let counter = counter_of(end.status);
     tx.prepare_cached(&format!(
