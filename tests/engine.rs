@@ -958,6 +958,71 @@ async fn a_start_refused_for_credits_keeps_no_copy_of_its_tests() {
     assert_eq!((shown["counts"]["total"].as_i64(), &shown["passed"]), (Some(0), &Value::Null), "{tests:#}");
 }
 
+/// A start is priced from what a test and a scenario keep beside their
+/// documents: every create and change of them keeps it, so a start prices
+/// the test as it is now (iterations, threshold, the scenario's limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_is_priced_from_the_test_and_scenario_as_they_are() {
+    let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 0).await;
+    let t = s.team("priced as changed").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    let closed = common::ClosedPort::new();
+    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
+    let needed = |e: &Value| e["message"].as_str().unwrap().split(" credits").next().unwrap().to_string();
+    let path = format!("/v1/tests/{test}/run");
+    let (status, e) = error_body(s.send_json(Method::POST, &path, &t.editor, None).await).await;
+    assert_eq!((status, needed(&e)), (402, "the run needs up to 1".to_string()), "{e}");
+    let change = json!({"iterations": 3, "pass_threshold": 0.5});
+    s.expect(Method::PATCH, &format!("/v1/tests/{test}"), &t.editor, Some(change), 200).await;
+    let mut longer = short_call(p, &persona);
+    longer["max_duration_s"] = json!(150);
+    longer.as_object_mut().unwrap().remove("project_id");
+    s.expect(Method::PUT, &format!("/v1/scenarios/{scenario}"), &t.editor, Some(longer), 200).await;
+    // 3 runs of at most 150 s: 3 started minutes each.
+    let (status, e) = error_body(s.send_json(Method::POST, &path, &t.editor, None).await).await;
+    assert_eq!((status, needed(&e)), (402, "the run needs up to 9".to_string()), "{e}");
+    let refused = all_pages(&s, &t.viewer, "/v1/batch-runs?status=insufficient_credits", "batch_runs").await;
+    let tests = format!("/v1/batch-runs/{}/tests", refused[0]["id"].as_str().unwrap());
+    let shown = s.expect(Method::GET, &tests, &t.viewer, None, 200).await;
+    assert_eq!(shown["tests"][0]["pass_threshold"].as_f64(), Some(0.5), "{shown:#}");
+}
+
+/// A start refused for credits ran nothing: it is listed as the batch run
+/// it is (`insufficient_credits`), but it is no run of its batch. The
+/// batch's `last_run` stays the last batch run that was queued, and is
+/// null for a batch whose every start was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_refused_for_credits_is_not_its_batchs_last_run() {
+    let agent = Agent::start(&[]);
+    let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 1).await;
+    let t = s.team("last run").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "once", &ch, &scenario, 1)).await;
+    let ran = create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "ran", "test_ids": [test]})).await;
+    let never =
+        create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "never", "test_ids": [test]})).await;
+    let first = s.expect(Method::POST, &format!("/v1/batches/{ran}/run"), &t.editor, None, 200).await;
+    let first = first["id"].as_str().unwrap();
+    wait_for_end(&s, &t.viewer, first).await;
+    // The one credit is spent: every start from now on is refused.
+    for batch in [&ran, &never] {
+        let (status, e) =
+            error_body(s.send_json(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, None).await).await;
+        assert_eq!((status, e["error_code"].as_str()), (402, Some("insufficient_credits")), "{e}");
+    }
+    let refused = all_pages(&s, &t.viewer, "/v1/batch-runs?status=insufficient_credits", "batch_runs").await;
+    assert_eq!(refused.len(), 2, "{refused:#?}");
+    let ran = s.expect(Method::GET, &format!("/v1/batches/{ran}"), &t.viewer, None, 200).await;
+    assert_eq!((ran["last_run"]["id"].as_str(), ran["last_run"]["status"].as_str()), (Some(first), Some("completed")));
+    let never = s.expect(Method::GET, &format!("/v1/batches/{never}"), &t.viewer, None, 200).await;
+    assert_eq!(never["last_run"], Value::Null, "{never:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_simulated_caller_and_an_llm_judge_talk_to_a_chat_completions_endpoint() {
     let agent = Agent::start(&[]);
