@@ -59,16 +59,6 @@ fn metadata(given: Map<String, Value>) -> Result<Map<String, Value>> {
     Ok(given)
 }
 
-/// What a batch run keeps of each of its tests as it was when the runs were
-/// queued (`batch_run_tests`): a change to the test while they wait does
-/// not change what they run or how they are judged.
-struct AsQueued {
-    name: String,
-    pass_threshold: f64,
-    channel_id: String,
-    evaluators: String,
-}
-
 /// One test of a start, as priced: what its runs are made of.
 struct Priced {
     test_id: String,
@@ -90,6 +80,13 @@ pub(crate) const PRICE_TEST_SQL: &str =
 /// alone (the row holds its steps).
 pub(crate) const PRICE_SCENARIO_SQL: &str =
     "SELECT default_persona_id, max_duration_s FROM scenarios INDEXED BY scenarios_priced WHERE id = ?1";
+/// What a batch run (`?1`) keeps of a test (`?2`) as it was when its runs
+/// were queued: a change to the test while they wait does not change what
+/// they run (its channel) or how they are judged (its evaluators, copied as
+/// the JSON they are in its document).
+pub(crate) const QUEUED_TEST_SQL: &str =
+    "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold, channel_id, evaluators, name)
+     SELECT ?1, id, pass_threshold, channel_id, json_extract(document, '$.evaluators'), name FROM tests WHERE id = ?2";
 /// What a start refused for credits keeps of a test (`?2`): its name and
 /// pass threshold, shown with the batch run (`?1`), from `tests_priced`
 /// too. No channel and no evaluators: it queued no run to use them.
@@ -310,26 +307,12 @@ fn begin(
         ],
     )?;
     if enough {
-        // The channel and evaluators are kept for the runs queued.
-        let mut thresholds = BTreeMap::new();
+        // Each test as its runs will run it: its channel and evaluators
+        // too. Copied row by row inside SQLite, never held here: a test's
+        // evaluators may be a megabyte, and a batch holds a thousand tests.
+        let mut insert_test = tx.prepare_cached(QUEUED_TEST_SQL)?;
         for t in &priced {
-            let test = crate::tests::load(tx, &t.test_id)?;
-            let evaluators = serde_json::to_string(&test.evaluators)
-                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-            let kept = AsQueued {
-                name: test.name,
-                pass_threshold: test.pass_threshold,
-                channel_id: test.channel_id,
-                evaluators,
-            };
-            thresholds.insert(test.id, kept);
-        }
-        let mut insert_test = tx.prepare_cached(
-            "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold, channel_id, evaluators, name)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )?;
-        for (test_id, t) in &thresholds {
-            insert_test.execute(params![id, test_id, t.pass_threshold, t.channel_id, t.evaluators, t.name])?;
+            insert_test.execute(params![id, t.test_id])?;
         }
     } else {
         // A start refused for credits queued nothing (and is free to
@@ -1603,6 +1586,58 @@ mod tests {
         for plan in &plans {
             assert!(plan.contains("USING COVERING INDEX"), "{plan}");
         }
+    }
+
+    /// A paid start queues each test's evaluators as they are (for its runs
+    /// to be judged by, whatever changes after) without holding them: it
+    /// held every test's at once until the last was read, so one request's
+    /// memory grew with the whole suite (a thousand tests of up to about a
+    /// megabyte of evaluators each). Here 20 tests of 200 KB of evaluators:
+    /// the start never holds as much as one test's at once.
+    #[test]
+    fn a_paid_start_holds_no_suite_of_evaluators() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        let evaluators: Vec<_> = (0..100)
+            .map(|i| {
+                serde_json::json!({"type": "contains", "name": format!("says {i}"), "text": "y".repeat(2000),
+                                   "case_sensitive": false, "critical": true})
+            })
+            .collect();
+        let evaluators = serde_json::Value::Array(evaluators);
+        let document = serde_json::json!({"description": "", "iterations": 3, "evaluators": evaluators,
+                                          "pass_threshold": 0.5, "tags": []})
+        .to_string();
+        let one_test = evaluators.to_string().len();
+        let (queued, held) = store
+            .write_blocking::<_, Failure, _>(|tx| {
+                project_with_tests(tx, 20, &document)?;
+                crate::credits::append(
+                    tx,
+                    "usr_1",
+                    sparring_server::types::TransactionKind::Grant,
+                    1000,
+                    "credits",
+                    None,
+                )?;
+                let (started, held) = crate::allocator::counting::peak_of(|| {
+                    super::begin(tx, payer(), None, channel_run(20), Default::default(), "brn_1")
+                });
+                let super::Started::New { enough, .. } = started? else { panic!("not a replay") };
+                assert!(enough);
+                let queued: Vec<String> = tx
+                    .prepare("SELECT evaluators FROM batch_run_tests WHERE batch_run_id = 'brn_1'")?
+                    .query_map([], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?;
+                Ok((queued, held))
+            })
+            .unwrap();
+        assert_eq!(queued.len(), 20);
+        for kept in &queued {
+            let kept: serde_json::Value = serde_json::from_str(kept).unwrap();
+            assert_eq!(kept, evaluators, "each test's evaluators as queued");
+        }
+        assert!(held < one_test, "the start held {held} bytes at once; one test's evaluators are {one_test}");
     }
 
     /// SQLite's steps (which no machine's noise moves) to find whether an
