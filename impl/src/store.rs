@@ -74,7 +74,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0016_former_members", include_str!("../migrations/0016_former_members.sql"), None),
     ("0017_billing_owner", include_str!("../migrations/0017_billing_owner.sql"), None),
     ("0018_results_say_blinded", include_str!("../migrations/0018_results_say_blinded.sql"), None),
-    ("0019_run_prices", include_str!("../migrations/0019_run_prices.sql"), None),
+    ("0020_run_prices", include_str!("../migrations/0020_run_prices.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -1352,17 +1352,17 @@ mod tests {
         assert_eq!(payers, ["usr_b", "usr_a"]);
     }
 
-    /// Migration 0019 gives the tests and scenarios already there what a
+    /// Migration 0020 gives the tests and scenarios already there what a
     /// start prices them from (iterations, pass threshold, longest call),
     /// as their documents say.
     #[test]
-    fn tests_and_scenarios_made_before_0019_can_be_priced() {
+    fn tests_and_scenarios_made_before_0020_can_be_priced() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db.sqlite");
         {
             let mut conn = Connection::open(&path).unwrap();
-            assert!(MIGRATIONS[18].0.starts_with("0019"));
-            migrate_to(&mut conn, &path, 18).unwrap();
+            assert!(MIGRATIONS[19].0.starts_with("0020"));
+            migrate_to(&mut conn, &path, 19).unwrap();
             conn.execute_batch(
                 r#"INSERT INTO projects (id, name, description, max_call_duration_s, default_concurrency, created_at,
                                          updated_at) VALUES ('prj_1', 'p', '', 600, 10, 't', 't');
