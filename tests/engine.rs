@@ -473,6 +473,43 @@ async fn a_call_whose_connection_is_never_made_costs_nothing() {
     }
 }
 
+/// A run's `call_id` names the call it made: a run whose channel refused
+/// the connection made none, and has none once it ended (its result says
+/// why); a run that talked to the agent keeps the id the agent was sent,
+/// the one its result has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_made_no_call_has_no_call_id() {
+    let agent = Agent::start(&[]);
+    let closed = common::ClosedPort::new();
+    let s = TestServer::start().await;
+    let t = s.team("call ids").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let refused = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
+    let reached = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let refused = create(&s, &t.editor, "/v1/tests", test_body(p, "refused", &refused, &scenario, 1)).await;
+    let reached = create(&s, &t.editor, "/v1/tests", test_body(p, "reached", &reached, &scenario, 1)).await;
+    let batch = json!({"project_id": p, "name": "both", "test_ids": [refused, reached]});
+    let batch = create(&s, &t.editor, "/v1/batches", batch).await;
+    let run = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, None, 200).await;
+    let id = run["id"].as_str().unwrap();
+    let done = wait_for_end(&s, &t.viewer, id).await;
+    assert_eq!((done["counts"]["passed"].as_i64(), done["counts"]["errored"].as_i64()), (Some(1), Some(1)), "{done:#}");
+    let runs = all_pages(&s, &t.viewer, &format!("/v1/batch-runs/{id}/runs"), "runs").await;
+    let of = |test: &str| runs.iter().find(|r| r["test_id"] == test).unwrap().clone();
+    let (unreached, talked) = (of(&refused), of(&reached));
+    assert_eq!(unreached["status"], "error", "{unreached:#}");
+    assert!(unreached["call_id"].is_null(), "no call was made: {unreached:#}");
+    let result = unreached["test_result_id"].as_str().unwrap();
+    let result = s.expect(Method::GET, &format!("/v1/test-results/{result}"), &t.viewer, None, 200).await;
+    assert!(result["failure_reason"].as_str().unwrap().contains("Connection refused"), "{result:#}");
+    assert_eq!(talked["status"], "passed", "{talked:#}");
+    let call_id = talked["call_id"].as_str().expect("a call was made");
+    let result = talked["test_result_id"].as_str().unwrap();
+    let result = s.expect(Method::GET, &format!("/v1/test-results/{result}"), &t.viewer, None, 200).await;
+    assert_eq!(result["call_id"].as_str(), Some(call_id), "{result:#}");
+}
+
 /// A channel pointed at the reference agent's address rather than its
 /// `/http` path: the agent answers 404 with a pretty-printed JSON body. The
 /// failure reason quotes that body on one line, so a one-line view of it
@@ -517,6 +554,37 @@ async fn conversations_overlap_up_to_the_batch_concurrency() {
     assert_eq!(stats["calls_started"], 12);
     assert_eq!(stats["peak_active_calls"], 3, "three at once, never more: {stats}");
     assert_eq!(stats["active_calls"], 0, "every call was ended");
+}
+
+/// A batch's `concurrency` is the batch's: two batch runs of one batch
+/// under way at once (started by two members) make no more calls at once
+/// together than the batch allows, not that many each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_batch_runs_of_one_batch_share_its_concurrency() {
+    let agent = Agent::start(&["--latency-ms", "300"]);
+    let s = TestServer::start().await;
+    let t = s.team("shared concurrency").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "many", &ch, &scenario, 6)).await;
+    let batch = create(
+        &s,
+        &t.editor,
+        "/v1/batches",
+        json!({"project_id": p, "name": "two at once", "test_ids": [test], "concurrency": 2}),
+    )
+    .await;
+    let path = format!("/v1/batches/{batch}/run");
+    let first = s.expect(Method::POST, &path, &t.editor, Some(json!({})), 200).await;
+    let second = s.expect(Method::POST, &path, &t.owner, Some(json!({})), 200).await;
+    for run in [&first, &second] {
+        let done = wait_for_end(&s, &t.viewer, run["id"].as_str().unwrap()).await;
+        assert_eq!(done["counts"]["passed"], 6, "{done:#}");
+    }
+    let stats = agent.stats().await;
+    assert_eq!(stats["calls_started"], 12);
+    assert_eq!(stats["peak_active_calls"], 2, "two at once across both batch runs, never more: {stats}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -717,6 +785,7 @@ async fn a_run_claimed_as_its_batch_run_is_cancelled_holds_no_call() {
     let runs = all_pages(&s, &t.viewer, &format!("/v1/batch-runs/{id}/runs?status=cancelled"), "runs").await;
     assert_eq!(runs.len(), 1, "{runs:#?}");
     assert!(runs[0]["test_result_id"].is_null(), "no result: {runs:#?}");
+    assert!(runs[0]["call_id"].is_null(), "no call, no call id: {runs:#?}");
     let ledger = all_pages(&s, &t.owner, "/v1/transactions", "transactions").await;
     let charged: i64 = done["credits_charged"].as_i64().unwrap();
     assert_eq!(charged, 1, "the first call only: {done:#} {ledger:#?}");
@@ -887,6 +956,71 @@ async fn a_start_refused_for_credits_keeps_no_copy_of_its_tests() {
     let shown = &tests["tests"][0];
     assert_eq!((shown["name"].as_str(), shown["pass_threshold"].as_f64()), (Some("big"), Some(1.0)), "{tests:#}");
     assert_eq!((shown["counts"]["total"].as_i64(), &shown["passed"]), (Some(0), &Value::Null), "{tests:#}");
+}
+
+/// A start is priced from what a test and a scenario keep beside their
+/// documents: every create and change of them keeps it, so a start prices
+/// the test as it is now (iterations, threshold, the scenario's limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_is_priced_from_the_test_and_scenario_as_they_are() {
+    let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 0).await;
+    let t = s.team("priced as changed").await;
+    let p = &t.project_id;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let scenario = create(&s, &t.editor, "/v1/scenarios", short_call(p, &persona)).await;
+    let closed = common::ClosedPort::new();
+    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
+    let needed = |e: &Value| e["message"].as_str().unwrap().split(" credits").next().unwrap().to_string();
+    let path = format!("/v1/tests/{test}/run");
+    let (status, e) = error_body(s.send_json(Method::POST, &path, &t.editor, None).await).await;
+    assert_eq!((status, needed(&e)), (402, "the run needs up to 1".to_string()), "{e}");
+    let change = json!({"iterations": 3, "pass_threshold": 0.5});
+    s.expect(Method::PATCH, &format!("/v1/tests/{test}"), &t.editor, Some(change), 200).await;
+    let mut longer = short_call(p, &persona);
+    longer["max_duration_s"] = json!(150);
+    longer.as_object_mut().unwrap().remove("project_id");
+    s.expect(Method::PUT, &format!("/v1/scenarios/{scenario}"), &t.editor, Some(longer), 200).await;
+    // 3 runs of at most 150 s: 3 started minutes each.
+    let (status, e) = error_body(s.send_json(Method::POST, &path, &t.editor, None).await).await;
+    assert_eq!((status, needed(&e)), (402, "the run needs up to 9".to_string()), "{e}");
+    let refused = all_pages(&s, &t.viewer, "/v1/batch-runs?status=insufficient_credits", "batch_runs").await;
+    let tests = format!("/v1/batch-runs/{}/tests", refused[0]["id"].as_str().unwrap());
+    let shown = s.expect(Method::GET, &tests, &t.viewer, None, 200).await;
+    assert_eq!(shown["tests"][0]["pass_threshold"].as_f64(), Some(0.5), "{shown:#}");
+}
+
+/// A start refused for credits ran nothing: it is listed as the batch run
+/// it is (`insufficient_credits`), but it is no run of its batch. The
+/// batch's `last_run` stays the last batch run that was queued, and is
+/// null for a batch whose every start was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_refused_for_credits_is_not_its_batchs_last_run() {
+    let agent = Agent::start(&[]);
+    let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 1).await;
+    let t = s.team("last run").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "once", &ch, &scenario, 1)).await;
+    let ran = create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "ran", "test_ids": [test]})).await;
+    let never =
+        create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "never", "test_ids": [test]})).await;
+    let first = s.expect(Method::POST, &format!("/v1/batches/{ran}/run"), &t.editor, None, 200).await;
+    let first = first["id"].as_str().unwrap();
+    wait_for_end(&s, &t.viewer, first).await;
+    // The one credit is spent: every start from now on is refused.
+    for batch in [&ran, &never] {
+        let (status, e) =
+            error_body(s.send_json(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, None).await).await;
+        assert_eq!((status, e["error_code"].as_str()), (402, Some("insufficient_credits")), "{e}");
+    }
+    let refused = all_pages(&s, &t.viewer, "/v1/batch-runs?status=insufficient_credits", "batch_runs").await;
+    assert_eq!(refused.len(), 2, "{refused:#?}");
+    let ran = s.expect(Method::GET, &format!("/v1/batches/{ran}"), &t.viewer, None, 200).await;
+    assert_eq!((ran["last_run"]["id"].as_str(), ran["last_run"]["status"].as_str()), (Some(first), Some("completed")));
+    let never = s.expect(Method::GET, &format!("/v1/batches/{never}"), &t.viewer, None, 200).await;
+    assert_eq!(never["last_run"], Value::Null, "{never:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -121,3 +121,55 @@ mod tests {
         }
     }
 }
+
+/// For the unit tests: the system allocator, counting the bytes each
+/// thread has live, so that a test can tell how much memory a piece of work
+/// held at once ([`counting::peak_of`]), deterministically (no machine's
+/// noise moves it).
+#[cfg(test)]
+pub(crate) mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        // Const-initialized, no destructor: usable from inside the
+        // allocator without allocating.
+        static LIVE: Cell<isize> = const { Cell::new(0) };
+        static PEAK: Cell<isize> = const { Cell::new(0) };
+    }
+
+    pub struct Counting;
+
+    // SAFETY: every call is passed to `System` as it came; the counting
+    // around it touches only this thread's cells.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: the caller's layout, as `GlobalAlloc::alloc` requires.
+            let ptr = unsafe { System.alloc(layout) };
+            if !ptr.is_null() {
+                let size = layout.size() as isize;
+                let _ = LIVE.try_with(|live| {
+                    live.set(live.get() + size);
+                    let _ = PEAK.try_with(|peak| peak.set(peak.get().max(live.get())));
+                });
+            }
+            ptr
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: `ptr` came from `alloc` above (`System`) with `layout`.
+            unsafe { System.dealloc(ptr, layout) };
+            let _ = LIVE.try_with(|live| live.set(live.get() - layout.size() as isize));
+        }
+    }
+
+    /// `f`'s value, and the most bytes it had allocated at once on this
+    /// thread beyond what was live when it began.
+    pub(crate) fn peak_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
+        let start = LIVE.with(Cell::get);
+        PEAK.with(|peak| peak.set(start));
+        let value = f();
+        let peak = PEAK.with(Cell::get);
+        (value, usize::try_from(peak - start).unwrap_or(0))
+    }
+}

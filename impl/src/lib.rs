@@ -25,6 +25,10 @@ pub mod access;
 pub mod activity;
 pub mod admin;
 pub mod allocator;
+// The unit tests count what each thread allocates (`allocator::counting`).
+#[cfg(test)]
+#[global_allocator]
+static COUNTING: allocator::counting::Counting = allocator::counting::Counting;
 pub mod api_keys;
 pub mod auth;
 pub mod backup;

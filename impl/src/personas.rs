@@ -506,7 +506,7 @@ pub(crate) mod tests {
                      INSERT INTO personas VALUES ('per_1', 'prj_1', 'caller', '{}', 't', 't');
                      INSERT INTO channels VALUES ('chn_1', 'prj_1', 'web', 'http', 'https://a.example', NULL, '[]',
                                                   NULL, 1000, 600, 't', 't');
-                     INSERT INTO scenarios VALUES ('scn_1', 'prj_1', 'checkout', 'simulated', 'per_1', 1, '{}', 't', 't');",
+                     INSERT INTO scenarios VALUES ('scn_1', 'prj_1', 'checkout', 'simulated', 'per_1', 1, '{}', 't', 't', 60);",
                 )?;
                 for i in 0..tests {
                     tx.execute(

@@ -7,8 +7,11 @@
 //! conversation lasting its longest: the smallest of the scenario's, the
 //! channel's and the project's limits, 1 credit per started minute) and
 //! reserved from the caller's credits, and the batch run and its runs are
-//! written. When the credits do not cover it, the batch run is recorded as
-//! `insufficient_credits`, nothing is queued, and the answer is 402. The
+//! written. The price is known from what tests and scenarios keep beside
+//! their documents (`price`), before any document is read: when the credits
+//! do not cover it, the batch run is recorded as `insufficient_credits` with
+//! each test's name and pass threshold, nothing is queued, and the answer
+//! is 402; such a batch run is no run of its batch (`Batch::last_run`). The
 //! workers (see `engine::worker`) take it from there.
 
 use std::collections::{BTreeMap, HashMap};
@@ -42,16 +45,6 @@ struct Source {
     test_ids: Vec<String>,
 }
 
-/// One run to queue.
-struct Planned {
-    test_id: String,
-    scenario_id: String,
-    persona_id: Option<String>,
-    iteration: u32,
-    /// The longest its conversation may last, as priced.
-    max_duration_s: u32,
-}
-
 fn metadata(given: Map<String, Value>) -> Result<Map<String, Value>> {
     let size = serde_json::to_string(&given).map(|s| s.len()).unwrap_or(usize::MAX);
     if size > MAX_METADATA_BYTES {
@@ -66,94 +59,97 @@ fn metadata(given: Map<String, Value>) -> Result<Map<String, Value>> {
     Ok(given)
 }
 
-/// What a batch run keeps of each of its tests as it was when the runs were
-/// queued (`batch_run_tests`): a change to the test while they wait does
-/// not change what they run or how they are judged.
-struct AsQueued {
-    name: String,
-    pass_threshold: f64,
-    channel_id: String,
-    evaluators: String,
+/// One test of a start, as priced: what its runs are made of.
+struct Priced {
+    test_id: String,
+    scenario_id: String,
+    /// Who calls, each in `iterations` runs (`None`: the scenario has no
+    /// persona).
+    personas: Vec<Option<String>>,
+    iterations: u32,
+    /// The longest its conversations may last, as priced.
+    max_duration_s: u32,
 }
 
-/// The runs of `test_ids`, the credits their worst case needs, and each
-/// test as queued.
-fn expand(
-    tx: &rusqlite::Transaction<'_>,
-    project_id: &str,
-    test_ids: &[String],
-) -> Result<(Vec<Planned>, i64, BTreeMap<String, AsQueued>)> {
+/// What a start reads of a test to price it, from `tests_priced` alone:
+/// the row lies on as many pages as its document (its evaluators, up to
+/// about a megabyte), which a start that may be refused has no use for.
+pub(crate) const PRICE_TEST_SQL: &str =
+    "SELECT iterations, channel_id, scenario_id FROM tests INDEXED BY tests_priced WHERE id = ?1";
+/// What a start reads of a scenario to price it, from `scenarios_priced`
+/// alone (the row holds its steps).
+pub(crate) const PRICE_SCENARIO_SQL: &str =
+    "SELECT default_persona_id, max_duration_s FROM scenarios INDEXED BY scenarios_priced WHERE id = ?1";
+/// What a batch run (`?1`) keeps of a test (`?2`) as it was when its runs
+/// were queued: a change to the test while they wait does not change what
+/// they run (its channel) or how they are judged (its evaluators, copied as
+/// the JSON they are in its document).
+pub(crate) const QUEUED_TEST_SQL: &str =
+    "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold, channel_id, evaluators, name)
+     SELECT ?1, id, pass_threshold, channel_id, json_extract(document, '$.evaluators'), name FROM tests WHERE id = ?2";
+/// What a start refused for credits keeps of a test (`?2`): its name and
+/// pass threshold, shown with the batch run (`?1`), from `tests_priced`
+/// too. No channel and no evaluators: it queued no run to use them.
+pub(crate) const REFUSED_TEST_SQL: &str = "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold, name)
+     SELECT ?1, id, pass_threshold, name FROM tests INDEXED BY tests_priced WHERE id = ?2";
+
+/// The tests of a start as priced, how many runs they make, and the credits
+/// their worst case needs (every conversation at its longest: the least of
+/// the scenario's, the channel's and the project's limits). Read from what
+/// tests and scenarios keep beside their documents, never the documents:
+/// whether the start is paid for is known before anything proportional to
+/// them is read.
+fn price(tx: &rusqlite::Transaction<'_>, project_id: &str, test_ids: &[String]) -> Result<(Vec<Priced>, usize, i64)> {
     let project_limit: u32 =
         tx.query_row("SELECT max_call_duration_s FROM projects WHERE id = ?1", params![project_id], |r| r.get(0))?;
-    let mut planned = Vec::new();
-    let mut worst = 0i64;
-    let mut thresholds = BTreeMap::new();
-    // What a start needs of each scenario (its default persona and limit)
-    // and channel (its kind and limit), read once however many tests share
-    // it: a scenario may be as large as a request body, and this runs in
-    // the one writer, which every write of every user waits for.
+    let mut priced = Vec::with_capacity(test_ids.len());
+    let (mut runs, mut worst) = (0usize, 0i64);
+    // Each scenario and channel read once however many tests share it.
     let mut scenarios: HashMap<String, (Option<String>, u32)> = HashMap::new();
     let mut channels: HashMap<String, (types::ChannelKind, u32)> = HashMap::new();
     for (i, test_id) in test_ids.iter().enumerate() {
         let field = format!("test_ids[{i}]");
         access::require_reference(tx, "tests", &field, test_id, project_id)?;
-        let test = crate::tests::load(tx, test_id)?;
-        let (default_persona_id, scenario_limit) = match scenarios.get(&test.scenario_id) {
+        let (iterations, channel_id, scenario_id): (u32, String, String) = tx
+            .prepare_cached(PRICE_TEST_SQL)?
+            .query_row(params![test_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        let (default_persona_id, scenario_limit) = match scenarios.get(&scenario_id) {
             Some(known) => known.clone(),
             None => {
-                let scenario = crate::scenarios::load(tx, &test.scenario_id)?;
-                let known = (scenario.default_persona_id, scenario.max_duration_s.get());
-                scenarios.insert(test.scenario_id.clone(), known.clone());
+                let known: (Option<String>, u32) = tx
+                    .prepare_cached(PRICE_SCENARIO_SQL)?
+                    .query_row(params![scenario_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                scenarios.insert(scenario_id.clone(), known.clone());
                 known
             }
         };
-        let (kind, channel_limit) = match channels.get(&test.channel_id) {
+        let (kind, channel_limit) = match channels.get(&channel_id) {
             Some(known) => *known,
             None => {
-                let channel = crate::channels::load(tx, &test.channel_id)?;
-                let known = (channel.kind, channel.max_call_duration_s.get());
-                channels.insert(test.channel_id.clone(), known);
+                let (kind, limit): (String, u32) = tx
+                    .prepare_cached("SELECT kind, max_call_duration_s FROM channels WHERE id = ?1")?
+                    .query_row(params![channel_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                let known = (kind.parse::<types::ChannelKind>().map_err(|e| conversion(0, e))?, limit);
+                channels.insert(channel_id.clone(), known);
                 known
             }
         };
         if !matches!(kind, types::ChannelKind::Http | types::ChannelKind::Websocket) {
             return Err(Failure::Unsupported(format!(
-                "test `{test_id}` uses channel `{}` of kind `{kind}`: calls over `phone` and `sip` channels are not \
-                 built yet; use an `http` or `websocket` channel",
-                test.channel_id
+                "test `{test_id}` uses channel `{channel_id}` of kind `{kind}`: calls over `phone` and `sip` \
+                 channels are not built yet; use an `http` or `websocket` channel"
             )));
         }
-        let personas: Vec<Option<String>> = if test.persona_ids.is_empty() {
-            vec![default_persona_id]
-        } else {
-            test.persona_ids.iter().cloned().map(Some).collect()
-        };
+        let named: Vec<String> = tx
+            .prepare_cached("SELECT persona_id FROM test_personas WHERE test_id = ?1 ORDER BY position")?
+            .query_map(params![test_id], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        let personas = if named.is_empty() { vec![default_persona_id] } else { named.into_iter().map(Some).collect() };
         let limit = scenario_limit.min(channel_limit).min(project_limit);
-        let iterations = test.iterations.get();
-        for persona in &personas {
-            for iteration in 1..=iterations {
-                planned.push(Planned {
-                    test_id: test.id.clone(),
-                    scenario_id: test.scenario_id.clone(),
-                    persona_id: persona.clone(),
-                    iteration,
-                    max_duration_s: limit,
-                });
-                worst += credits::worst_case(limit);
-            }
-        }
-        let evaluators = serde_json::to_string(&test.evaluators)
-            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-        thresholds.insert(
-            test.id.clone(),
-            AsQueued {
-                name: test.name.clone(),
-                pass_threshold: test.pass_threshold,
-                channel_id: test.channel_id.clone(),
-                evaluators,
-            },
-        );
-        if planned.len() > MAX_RUNS_PER_REQUEST {
+        let n = personas.len() * iterations as usize;
+        runs += n;
+        worst += n as i64 * credits::worst_case(limit);
+        if runs > MAX_RUNS_PER_REQUEST {
             // Not a field of the request: the batch's or channel's tests.
             return Err(Failure::Invalid {
                 code: "too_many_runs".into(),
@@ -163,11 +159,12 @@ fn expand(
                 ),
             });
         }
+        priced.push(Priced { test_id: test_id.clone(), scenario_id, personas, iterations, max_duration_s: limit });
     }
-    if planned.is_empty() {
+    if runs == 0 {
         return Err(Failure::Conflict { code: "nothing_to_run", message: "there are no tests to run".into() });
     }
-    Ok((planned, worst, thresholds))
+    Ok((priced, runs, worst))
 }
 
 /// What a start's transaction did.
@@ -259,6 +256,135 @@ impl Idempotency {
     }
 }
 
+/// A start's transaction once its source is known: prices its tests,
+/// records the batch run (queued, or refused for credits) and, when the
+/// credits cover it, reserves them and queues its runs.
+fn begin(
+    tx: &rusqlite::Transaction<'_>,
+    caller: Caller,
+    idempotency: Option<&Idempotency>,
+    source: Source,
+    metadata: Map<String, Value>,
+    id: &str,
+) -> Result<Started> {
+    let (priced, n, worst) = price(tx, &source.project_id, &source.test_ids)?;
+    let now = ids::now();
+    let now_text = ids::format_time(&now);
+    let now_ms = now.timestamp_millis();
+    let payer = credits::payer_of(tx, &source.project_id)?;
+    let balance = credits::balance(tx, &payer)?;
+    let enough = balance >= worst;
+    // Only the payer learns their balance.
+    let short = if payer == caller.user_id {
+        format!("you have {balance}")
+    } else {
+        "the project's owner, who pays for its runs, has fewer".to_string()
+    };
+    let status = if enough { "queued" } else { "insufficient_credits" };
+    let n = n as i64;
+    tx.execute(
+        "INSERT INTO batch_runs (id, project_id, user_id, source, batch_id, channel_id, test_id, status,
+                                 concurrency, total, queued, cancelled, metadata, credits_reserved,
+                                 finished_at, created_at, updated_at, payer_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 0, ?12, ?13, ?14, ?15, ?15, ?16)",
+        params![
+            id,
+            source.project_id,
+            caller.user_id,
+            source.kind.to_string(),
+            source.batch_id,
+            source.channel_id,
+            source.test_id,
+            status,
+            source.concurrency,
+            if enough { n } else { 0 },
+            if enough { n } else { 0 },
+            Value::Object(metadata.clone()).to_string(),
+            if enough { worst } else { 0 },
+            (!enough).then(|| now_text.clone()),
+            now_text,
+            payer,
+        ],
+    )?;
+    if enough {
+        // Each test as its runs will run it: its channel and evaluators
+        // too. Copied row by row inside SQLite, never held here: a test's
+        // evaluators may be a megabyte, and a batch holds a thousand tests.
+        let mut insert_test = tx.prepare_cached(QUEUED_TEST_SQL)?;
+        for t in &priced {
+            insert_test.execute(params![id, t.test_id])?;
+        }
+    } else {
+        // A start refused for credits queued nothing (and is free to
+        // repeat): it keeps what it shows of each test only, read beside
+        // the test's document.
+        let mut insert_test = tx.prepare_cached(REFUSED_TEST_SQL)?;
+        for t in &priced {
+            insert_test.execute(params![id, t.test_id])?;
+        }
+    }
+    if enough {
+        credits::append(
+            tx,
+            &payer,
+            types::TransactionKind::Reservation,
+            -worst,
+            &format!("reserved for {n} conversations of batch run {id}"),
+            Some(id),
+        )?;
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, persona_id,
+                               iteration, status, queued_at, queued_ms, created_at, updated_at, max_duration_s)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'queued', ?9, ?10, ?9, ?9, ?11)",
+        )?;
+        for t in &priced {
+            for persona in &t.personas {
+                for iteration in 1..=t.iterations {
+                    insert.execute(params![
+                        ids::new_id("run"),
+                        id,
+                        source.project_id,
+                        caller.user_id,
+                        t.test_id,
+                        t.scenario_id,
+                        persona,
+                        iteration,
+                        now_text,
+                        now_ms,
+                        t.max_duration_s
+                    ])?;
+                }
+            }
+        }
+    }
+    if let Some(idempotency) = idempotency {
+        idempotency.keep(tx, &caller.user_id, id)?;
+    }
+    let resource_type = source.kind.to_string();
+    let summary = if enough {
+        format!("started batch run {id}: {n} conversations, {worst} credits reserved")
+    } else {
+        // Read by every member: no one's balance.
+        format!("batch run {id} not started: {worst} credits needed, more than the project's owner has")
+    };
+    activity::record(
+        tx,
+        &Actor::Caller(caller),
+        Record {
+            action: &format!("{resource_type}.run"),
+            resource_type: &resource_type,
+            resource_id: &source.resource_id,
+            project_id: Some(&source.project_id),
+            summary,
+            changes: json!({"batch_run_id": id, "status": status, "runs": n, "credits_needed": worst,
+                            "metadata": metadata})
+            .into(),
+        },
+    )?;
+    let run = load_batch_run(tx, id)?;
+    Ok(Started::New { run, enough, worst, short })
+}
+
 /// Starts a batch run: checks, prices, reserves and queues in one
 /// transaction; wakes the workers after.
 async fn start(
@@ -278,113 +404,7 @@ async fn start(
                 }
             }
             let source = resolve(tx, &caller.user_id)?;
-            let (planned, worst, thresholds) = expand(tx, &source.project_id, &source.test_ids)?;
-            let now = ids::now();
-            let now_text = ids::format_time(&now);
-            let now_ms = now.timestamp_millis();
-            let payer = credits::payer_of(tx, &source.project_id)?;
-            let balance = credits::balance(tx, &payer)?;
-            let enough = balance >= worst;
-            // Only the payer learns their balance.
-            let short = if payer == caller.user_id {
-                format!("you have {balance}")
-            } else {
-                "the project's owner, who pays for its runs, has fewer".to_string()
-            };
-            let status = if enough { "queued" } else { "insufficient_credits" };
-            let n = planned.len() as i64;
-            tx.execute(
-                "INSERT INTO batch_runs (id, project_id, user_id, source, batch_id, channel_id, test_id, status,
-                                         concurrency, total, queued, cancelled, metadata, credits_reserved,
-                                         finished_at, created_at, updated_at, payer_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 0, ?12, ?13, ?14, ?15, ?15, ?16)",
-                params![
-                    id,
-                    source.project_id,
-                    caller.user_id,
-                    source.kind.to_string(),
-                    source.batch_id,
-                    source.channel_id,
-                    source.test_id,
-                    status,
-                    source.concurrency,
-                    if enough { n } else { 0 },
-                    if enough { n } else { 0 },
-                    Value::Object(metadata.clone()).to_string(),
-                    if enough { worst } else { 0 },
-                    (!enough).then(|| now_text.clone()),
-                    now_text,
-                    payer,
-                ],
-            )?;
-            let mut insert_test = tx.prepare_cached(
-                "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold, channel_id, evaluators, name)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?;
-            for (test_id, t) in &thresholds {
-                // The channel and evaluators are kept for the runs queued;
-                // a start refused for credits queued none (and is free to
-                // repeat): it keeps what it shows of each test only.
-                let (channel_id, evaluators) =
-                    if enough { (Some(&t.channel_id), Some(&t.evaluators)) } else { (None, None) };
-                insert_test.execute(params![id, test_id, t.pass_threshold, channel_id, evaluators, t.name])?;
-            }
-            if enough {
-                credits::append(
-                    tx,
-                    &payer,
-                    types::TransactionKind::Reservation,
-                    -worst,
-                    &format!("reserved for {n} conversations of batch run {id}"),
-                    Some(&id),
-                )?;
-                let mut insert = tx.prepare_cached(
-                    "INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, persona_id,
-                                       iteration, status, queued_at, queued_ms, created_at, updated_at, max_duration_s)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'queued', ?9, ?10, ?9, ?9, ?11)",
-                )?;
-                for run in &planned {
-                    insert.execute(params![
-                        ids::new_id("run"),
-                        id,
-                        source.project_id,
-                        caller.user_id,
-                        run.test_id,
-                        run.scenario_id,
-                        run.persona_id,
-                        run.iteration,
-                        now_text,
-                        now_ms,
-                        run.max_duration_s
-                    ])?;
-                }
-            }
-            if let Some(idempotency) = &idempotency {
-                idempotency.keep(tx, &caller.user_id, &id)?;
-            }
-            let resource_type = source.kind.to_string();
-            let summary = if enough {
-                format!("started batch run {id}: {n} conversations, {worst} credits reserved")
-            } else {
-                // Read by every member: no one's balance.
-                format!("batch run {id} not started: {worst} credits needed, more than the project's owner has")
-            };
-            activity::record(
-                tx,
-                &Actor::Caller(caller),
-                Record {
-                    action: &format!("{resource_type}.run"),
-                    resource_type: &resource_type,
-                    resource_id: &source.resource_id,
-                    project_id: Some(&source.project_id),
-                    summary,
-                    changes: json!({"batch_run_id": id, "status": status, "runs": n, "credits_needed": worst,
-                                    "metadata": metadata})
-                    .into(),
-                },
-            )?;
-            let run = load_batch_run(tx, &id)?;
-            Ok::<_, Failure>(Started::New { run, enough, worst, short })
+            begin(tx, caller, idempotency.as_ref(), source, metadata, &id)
         })
         .await?;
     let (run, enough, worst, short) = match started {
@@ -737,8 +757,9 @@ fn seen_by(tx: &rusqlite::Connection, user_id: &str, mut run: types::BatchRun) -
     Ok(run)
 }
 
-/// `Batch::last_run`: the newest batch run of the batch, its pass rate
-/// hidden from `user_id` if they label one of its results blind.
+/// `Batch::last_run`: the newest batch run of the batch that was queued
+/// (one refused for credits ran nothing: it is no run of the batch), its
+/// pass rate hidden from `user_id` if they label one of its results blind.
 pub(crate) fn last_run_of_batch(
     tx: &rusqlite::Connection,
     user_id: &str,
@@ -746,7 +767,8 @@ pub(crate) fn last_run_of_batch(
 ) -> Result<Option<types::BatchLastRun>> {
     let last = tx
         .prepare_cached(
-            "SELECT id, status, passed, failed, errored FROM batch_runs WHERE batch_id = ?1 ORDER BY id DESC LIMIT 1",
+            "SELECT id, status, passed, failed, errored FROM batch_runs
+             WHERE batch_id = ?1 AND status != 'insufficient_credits' ORDER BY id DESC LIMIT 1",
         )?
         .query_row(params![batch_id], |r| {
             let status: String = r.get(1)?;
@@ -1445,7 +1467,7 @@ mod tests {
                                                   NULL, 1000, 600, 't', 't');",
                 )?;
                 tx.execute(
-                    "INSERT INTO scenarios VALUES ('scn_1', 'prj_1', 's', 'scripted', 'per_1', 1, ?1, 't', 't')",
+                    "INSERT INTO scenarios VALUES ('scn_1', 'prj_1', 's', 'scripted', 'per_1', 1, ?1, 't', 't', 60)",
                     params![scenario.to_string()],
                 )?;
                 let mut ids = Vec::new();
@@ -1453,21 +1475,178 @@ mod tests {
                     let id = format!("tst_{i:04}");
                     tx.execute(
                         "INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at,
-                                            updated_at)
+                                            updated_at, iterations, pass_threshold)
                          VALUES (?1, 'prj_1', ?1, 'chn_1', 'scn_1',
                                  '{\"description\": \"\", \"iterations\": 2, \"evaluators\": [],
-                                   \"pass_threshold\": 1.0, \"tags\": []}', 't', 't')",
+                                   \"pass_threshold\": 1.0, \"tags\": []}', 't', 't', 2, 1.0)",
                         params![id],
                     )?;
                     ids.push(id);
                 }
-                let (planned, worst, _) = super::expand(tx, "prj_1", &ids)?;
-                let reads = tx.prepare_cached(&crate::scenarios::LOAD_SQL)?.get_status(rusqlite::StatementStatus::Run);
-                Ok((planned.len(), worst, reads))
+                let (_, planned, worst) = super::price(tx, "prj_1", &ids)?;
+                let reads = tx.prepare_cached(super::PRICE_SCENARIO_SQL)?.get_status(rusqlite::StatementStatus::Run);
+                Ok((planned, worst, reads))
             })
             .unwrap();
         assert_eq!((planned, worst), (2 * tests, 2 * tests as i64), "two one-minute runs per test");
         assert_eq!(reads, 1, "the scenario of {tests} tests read once");
+    }
+
+    /// A project of `usr_1`, who pays for it and has no credits, with a
+    /// channel and a scenario (120 s at most) and `tests` tests of 3
+    /// iterations and a pass threshold of 0.5 (`tst_0000`, …), whose own
+    /// and scenario's documents are `document`.
+    fn project_with_tests(tx: &rusqlite::Transaction<'_>, tests: usize, document: &str) -> rusqlite::Result<()> {
+        tx.execute_batch(
+            "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
+             INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', 'usr_1');
+             INSERT INTO personas VALUES ('per_1', 'prj_1', 'caller', '{}', 't', 't');
+             INSERT INTO channels VALUES ('chn_1', 'prj_1', 'web', 'http', 'https://a.example', NULL, '[]',
+                                          NULL, 1000, 600, 't', 't');",
+        )?;
+        tx.execute(
+            "INSERT INTO scenarios (id, project_id, name, mode, default_persona_id, version, document, created_at,
+                                    updated_at, max_duration_s)
+             VALUES ('scn_1', 'prj_1', 's', 'scripted', 'per_1', 1, ?1, 't', 't', 120)",
+            params![document],
+        )?;
+        for i in 0..tests {
+            tx.execute(
+                "INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at, updated_at,
+                                    iterations, pass_threshold)
+                 VALUES (?1, 'prj_1', ?1, 'chn_1', 'scn_1', ?2, 't', 't', 3, 0.5)",
+                params![format!("tst_{i:04}"), document],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn channel_run(tests: usize) -> super::Source {
+        super::Source {
+            kind: sparring_server::types::BatchRunSource::Channel,
+            resource_id: "chn_1".into(),
+            project_id: "prj_1".into(),
+            batch_id: None,
+            channel_id: Some("chn_1".into()),
+            test_id: None,
+            concurrency: 10,
+            test_ids: (0..tests).map(|i| format!("tst_{i:04}")).collect(),
+        }
+    }
+
+    fn payer() -> sparring_server::Caller {
+        sparring_server::Caller {
+            user_id: "usr_1".into(),
+            credential: sparring_server::Credential::ApiKey { key_id: "key_1".into() },
+        }
+    }
+
+    /// A start the credits do not cover is priced and recorded from what
+    /// the rows of its tests and scenarios hold beside their documents
+    /// (iterations, thresholds, limits), never from the documents: a
+    /// test's evaluators may be a megabyte, a batch holds a thousand tests,
+    /// and such a start, free to repeat, had the one writer decode every
+    /// one of them before it could say no. Here no document could be
+    /// decoded (none is JSON), and the start is refused and recorded all
+    /// the same: the batch run, and each test's name and threshold.
+    #[test]
+    fn a_start_refused_for_credits_reads_no_document() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        let (enough, worst, kept) = store
+            .write_blocking::<_, Failure, _>(|tx| {
+                project_with_tests(tx, 5, "not JSON")?;
+                let started = super::begin(tx, payer(), None, channel_run(5), Default::default(), "brn_1")?;
+                let super::Started::New { enough, worst, .. } = started else { panic!("not a replay") };
+                let kept: Vec<(String, String, f64, Option<String>)> = tx
+                    .prepare(
+                        "SELECT test_id, name, pass_threshold, evaluators FROM batch_run_tests
+                         WHERE batch_run_id = 'brn_1' ORDER BY test_id",
+                    )?
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                    .collect::<rusqlite::Result<_>>()?;
+                Ok((enough, worst, kept))
+            })
+            .unwrap();
+        // 5 tests × 3 runs of at most 2 minutes.
+        assert_eq!((enough, worst), (false, 30));
+        assert_eq!(kept.len(), 5, "{kept:?}");
+        for (i, (test_id, name, threshold, evaluators)) in kept.iter().enumerate() {
+            let id = format!("tst_{i:04}");
+            assert_eq!((test_id, name, *threshold, evaluators), (&id, &id, 0.5, &None));
+        }
+        // Nor is a test's or a scenario's row read for them: each of these
+        // reads its index alone, not the pages of the row's document.
+        let plans = store
+            .read_blocking::<_, Failure, _>(|tx| {
+                let mut plans = Vec::new();
+                for sql in [super::PRICE_TEST_SQL, super::PRICE_SCENARIO_SQL, super::REFUSED_TEST_SQL] {
+                    let mut explain = tx.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+                    // NULLs: a plan does not look at values.
+                    let nulls = std::iter::repeat_n(rusqlite::types::Null, explain.parameter_count());
+                    let plan: Vec<String> = explain
+                        .query_map(rusqlite::params_from_iter(nulls), |r| r.get(3))?
+                        .collect::<rusqlite::Result<_>>()?;
+                    plans.push(plan.join("; "));
+                }
+                Ok(plans)
+            })
+            .unwrap();
+        for plan in &plans {
+            assert!(plan.contains("USING COVERING INDEX"), "{plan}");
+        }
+    }
+
+    /// A paid start queues each test's evaluators as they are (for its runs
+    /// to be judged by, whatever changes after) without holding them: it
+    /// held every test's at once until the last was read, so one request's
+    /// memory grew with the whole suite (a thousand tests of up to about a
+    /// megabyte of evaluators each). Here 20 tests of 200 KB of evaluators:
+    /// the start never holds as much as one test's at once.
+    #[test]
+    fn a_paid_start_holds_no_suite_of_evaluators() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        let evaluators: Vec<_> = (0..100)
+            .map(|i| {
+                serde_json::json!({"type": "contains", "name": format!("says {i}"), "text": "y".repeat(2000),
+                                   "case_sensitive": false, "critical": true})
+            })
+            .collect();
+        let evaluators = serde_json::Value::Array(evaluators);
+        let document = serde_json::json!({"description": "", "iterations": 3, "evaluators": evaluators,
+                                          "pass_threshold": 0.5, "tags": []})
+        .to_string();
+        let one_test = evaluators.to_string().len();
+        let (queued, held) = store
+            .write_blocking::<_, Failure, _>(|tx| {
+                project_with_tests(tx, 20, &document)?;
+                crate::credits::append(
+                    tx,
+                    "usr_1",
+                    sparring_server::types::TransactionKind::Grant,
+                    1000,
+                    "credits",
+                    None,
+                )?;
+                let (started, held) = crate::allocator::counting::peak_of(|| {
+                    super::begin(tx, payer(), None, channel_run(20), Default::default(), "brn_1")
+                });
+                let super::Started::New { enough, .. } = started? else { panic!("not a replay") };
+                assert!(enough);
+                let queued: Vec<String> = tx
+                    .prepare("SELECT evaluators FROM batch_run_tests WHERE batch_run_id = 'brn_1'")?
+                    .query_map([], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?;
+                Ok((queued, held))
+            })
+            .unwrap();
+        assert_eq!(queued.len(), 20);
+        for kept in &queued {
+            let kept: serde_json::Value = serde_json::from_str(kept).unwrap();
+            assert_eq!(kept, evaluators, "each test's evaluators as queued");
+        }
+        assert!(held < one_test, "the start held {held} bytes at once; one test's evaluators are {one_test}");
     }
 
     /// SQLite's steps (which no machine's noise moves) to find whether an

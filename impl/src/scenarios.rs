@@ -486,9 +486,18 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateScenari
             let now = ids::format_time(&ids::now());
             tx.execute(
                 "INSERT INTO scenarios (id, project_id, name, mode, default_persona_id, version, document,
-                                        created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?7)",
-                params![id, project_id, input.name, input.mode.to_string(), input.default_persona_id, document, now],
+                                        created_at, updated_at, max_duration_s)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?7, ?8)",
+                params![
+                    id,
+                    project_id,
+                    input.name,
+                    input.mode.to_string(),
+                    input.default_persona_id,
+                    document,
+                    now,
+                    input.doc.max_duration_s
+                ],
             )?;
             write_judges(tx, &id, &input.judge_ids())?;
             let mut changes = input.shown();
@@ -589,7 +598,7 @@ pub async fn replace(
             let document = serde_json::to_string(&input.doc).map_err(|e| Failure::from(conversion(6, e)))?;
             tx.execute(
                 "UPDATE scenarios SET name = ?2, mode = ?3, default_persona_id = ?4, version = ?5, document = ?6,
-                        updated_at = ?7
+                        updated_at = ?7, max_duration_s = ?8
                  WHERE id = ?1",
                 params![
                     path.id,
@@ -598,7 +607,8 @@ pub async fn replace(
                     input.default_persona_id,
                     version,
                     document,
-                    ids::format_time(&ids::now())
+                    ids::format_time(&ids::now()),
+                    input.doc.max_duration_s
                 ],
             )?;
             write_judges(tx, &path.id, &input.judge_ids())?;

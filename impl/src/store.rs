@@ -75,6 +75,7 @@ const MIGRATIONS: &[Migration] = &[
     ("0017_billing_owner", include_str!("../migrations/0017_billing_owner.sql"), None),
     ("0018_results_say_blinded", include_str!("../migrations/0018_results_say_blinded.sql"), None),
     ("0019_pages_from_their_cursor", include_str!("../migrations/0019_pages_from_their_cursor.sql"), None),
+    ("0020_run_prices", include_str!("../migrations/0020_run_prices.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -1390,6 +1391,50 @@ mod tests {
             })
             .unwrap();
         assert_eq!(payers, ["usr_b", "usr_a"]);
+    }
+
+    /// Migration 0020 gives the tests and scenarios already there what a
+    /// start prices them from (iterations, pass threshold, longest call),
+    /// as their documents say.
+    #[test]
+    fn tests_and_scenarios_made_before_0020_can_be_priced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            assert!(MIGRATIONS[19].0.starts_with("0020"));
+            migrate_to(&mut conn, &path, 19).unwrap();
+            conn.execute_batch(
+                r#"INSERT INTO projects (id, name, description, max_call_duration_s, default_concurrency, created_at,
+                                         updated_at) VALUES ('prj_1', 'p', '', 600, 10, 't', 't');
+                   INSERT INTO channels VALUES ('chn_1', 'prj_1', 'web', 'http', 'https://a.example', NULL, '[]',
+                                                NULL, 1000, 600, 't', 't');
+                   INSERT INTO scenarios VALUES ('scn_1', 'prj_1', 's', 'scripted', NULL, 1,
+                       '{"description":"","steps":[],"success_criteria":[],"max_turns":10,"max_duration_s":90,"tags":[]}',
+                       't', 't');
+                   INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at, updated_at)
+                   VALUES ('tst_1', 'prj_1', 't', 'chn_1', 'scn_1',
+                       '{"description":"","iterations":7,"evaluators":[],"pass_threshold":0.25,"tags":[]}', 't', 't');"#,
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let priced = store
+            .read_blocking::<_, StoreError, _>(|tx| {
+                let test: (u32, f64) = tx.query_row(
+                    "SELECT iterations, pass_threshold FROM tests INDEXED BY tests_priced WHERE id = 'tst_1'",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )?;
+                let scenario: u32 = tx.query_row(
+                    "SELECT max_duration_s FROM scenarios INDEXED BY scenarios_priced WHERE id = 'scn_1'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                Ok((test, scenario))
+            })
+            .unwrap();
+        assert_eq!(priced, ((7, 0.25), 90));
     }
 
     /// Under writes that never pause (each its own group, as `write` sends

@@ -643,8 +643,8 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
                 check_judges(tx, &judges, &t.project_id)?;
                 tx.prepare_cached(
                 "INSERT INTO tests (id, project_id, name, channel_id, scenario_id, document, created_at, updated_at,
-                                    served)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8)",
+                                    served, iterations, pass_threshold)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9, ?10)",
             )?
             .execute(params![
                 t.id,
@@ -654,7 +654,9 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateTestReq
                 t.scenario_id,
                 document,
                 created_at,
-                &*served_json
+                &*served_json,
+                t.iterations.get(),
+                t.pass_threshold
             ])?;
                 insert_personas(tx, &t.id, &t.persona_ids)?;
                 insert_judges(tx, &t.id, &judges)?;
@@ -901,7 +903,8 @@ pub async fn update(
                 .and_then(|evaluators| document_with(&after, &evaluators))
                 .map_err(|e| Failure::from(conversion(5, e)))?;
             tx.execute(
-                "UPDATE tests SET name = ?2, channel_id = ?3, scenario_id = ?4, document = ?5, updated_at = ?6
+                "UPDATE tests SET name = ?2, channel_id = ?3, scenario_id = ?4, document = ?5, updated_at = ?6,
+                                 iterations = ?7, pass_threshold = ?8
                  WHERE id = ?1",
                 params![
                     path.id,
@@ -909,7 +912,9 @@ pub async fn update(
                     after.channel_id,
                     after.scenario_id,
                     document,
-                    ids::format_time(&ids::now())
+                    ids::format_time(&ids::now()),
+                    after.iterations.get(),
+                    after.pass_threshold
                 ],
             )?;
             if changes.contains_key("persona_ids") {

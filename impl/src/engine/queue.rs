@@ -7,6 +7,10 @@
 //!   `concurrency` and whose user is under the per-user limit, the user with
 //!   the fewest running runs goes first (fair between users), then the
 //!   oldest batch run; inside it, runs go in the order they were queued.
+//!   A batch's `concurrency` is the batch's: the running runs of every batch
+//!   run of one batch count against it together (each batch run is held to
+//!   the limit it was started with), so two batch runs of a batch under way
+//!   at once make no more calls at once than one would.
 //! - **Renew**: the owner pushes forward the leases of the runs it is still
 //!   talking in (not every lease in its name: see [`renew`]).
 //! - **Finish**: only the lease holder of the same attempt may finish a run,
@@ -49,6 +53,9 @@ pub struct Claimed {
 struct Active {
     id: String,
     user_id: String,
+    /// What its `concurrency` limits: its batch (`b:` and the batch id)
+    /// when it runs one, itself (`r:` and its id) otherwise.
+    limited: String,
     running: i64,
     concurrency: i64,
     queued: i64,
@@ -71,12 +78,18 @@ pub fn claim(
     }
     let mut active: Vec<Active> = tx
         .prepare_cached(
-            "SELECT id, user_id, running, concurrency, queued FROM batch_runs
+            "SELECT id, user_id, running, concurrency, queued, batch_id FROM batch_runs
              WHERE status IN ('queued', 'running') ORDER BY id",
         )?
         .query_map([], |r| {
+            let id: String = r.get(0)?;
+            let batch_id: Option<String> = r.get(5)?;
             Ok(Active {
-                id: r.get(0)?,
+                limited: match batch_id {
+                    Some(batch_id) => format!("b:{batch_id}"),
+                    None => format!("r:{id}"),
+                },
+                id,
                 user_id: r.get(1)?,
                 running: r.get(2)?,
                 concurrency: r.get(3)?,
@@ -85,8 +98,10 @@ pub fn claim(
         })?
         .collect::<rusqlite::Result<_>>()?;
     let mut user_running: HashMap<String, i64> = HashMap::new();
+    let mut limited_running: HashMap<String, i64> = HashMap::new();
     for a in &active {
         *user_running.entry(a.user_id.clone()).or_default() += a.running;
+        *limited_running.entry(a.limited.clone()).or_default() += a.running;
     }
     let now = ids::now();
     let now_text = ids::format_time(&now);
@@ -95,7 +110,9 @@ pub fn claim(
     while claimed.len() < n {
         let pick = active
             .iter_mut()
-            .filter(|a| a.queued > 0 && a.running < a.concurrency && user_running[&a.user_id] < per_user)
+            .filter(|a| {
+                a.queued > 0 && limited_running[&a.limited] < a.concurrency && user_running[&a.user_id] < per_user
+            })
             .min_by(|a, b| user_running[&a.user_id].cmp(&user_running[&b.user_id]).then_with(|| a.id.cmp(&b.id)));
         let Some(batch_run) = pick else { break };
         let next = tx
@@ -138,6 +155,7 @@ pub fn claim(
         batch_run.queued -= 1;
         batch_run.running += 1;
         *user_running.get_mut(&batch_run.user_id).expect("every active user is counted") += 1;
+        *limited_running.get_mut(&batch_run.limited).expect("every active limit is counted") += 1;
         claimed.push(run);
     }
     Ok(claimed)
@@ -174,6 +192,11 @@ pub struct Finish<'a> {
     /// `failure_reason` is kept with the run).
     pub error: Option<&'a str>,
     pub credits: i64,
+    /// Whether a call was made: a connection to the agent, which was sent
+    /// the claim's call id. A run that made none (cancelled or unable to
+    /// start before its call, or its channel never connected) keeps no
+    /// `call_id`: there was no call to name.
+    pub call_made: bool,
 }
 
 /// Ends a claimed run. Returns false (and changes nothing) when the run is
@@ -214,7 +237,8 @@ pub fn finish(tx: &rusqlite::Transaction<'_>, owner: &str, run: &Claimed, end: F
     let error = end.error.or_else(|| end.result.and_then(|r| r.failure_reason.as_deref()));
     tx.prepare_cached(
         "UPDATE runs SET status = ?2, test_result_id = ?3, error = ?4, credits = ?5, lease_owner = NULL,
-                         lease_expires_ms = NULL, finished_at = ?6, finished_ms = ?7, updated_at = ?6
+                         lease_expires_ms = NULL, finished_at = ?6, finished_ms = ?7, updated_at = ?6,
+                         call_id = CASE WHEN ?8 THEN call_id END
          WHERE id = ?1",
     )?
     .execute(params![
@@ -224,7 +248,8 @@ pub fn finish(tx: &rusqlite::Transaction<'_>, owner: &str, run: &Claimed, end: F
         error,
         end.credits,
         now_text,
-        now.timestamp_millis()
+        now.timestamp_millis(),
+        end.call_made
     ])?;
     let counter = counter_of(end.status);
     tx.prepare_cached(&format!(

@@ -478,7 +478,7 @@ async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
         }
         Ok(Some(Err(Unrunnable(reason)))) => end_without_call(state, &run, types::RunStatus::Error, reason).await,
         Ok(Some(Ok(loaded))) => {
-            let result = converse_and_judge(engine, &run, &loaded, &token).await;
+            let (result, call_made) = converse_and_judge(engine, &run, &loaded, &token).await;
             if result.ended_reason == types::EndedReason::Cancelled
                 && engine.stopping.load(std::sync::atomic::Ordering::SeqCst)
             {
@@ -487,7 +487,7 @@ async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
                 // was cancelled too), whichever write comes first.
                 return;
             }
-            let credits = result.credits as i64;
+            let credits = result.credits;
             let status = match (result.ended_reason, result.status) {
                 (types::EndedReason::Cancelled, _) => types::RunStatus::Cancelled,
                 (_, Some(types::TestResultStatus::Passed)) => types::RunStatus::Passed,
@@ -500,7 +500,8 @@ async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
             state
                 .store
                 .write(move |tx| {
-                    queue::finish(tx, &owner, &run, Finish { status, result: Some(&result), error: None, credits })
+                    let end = Finish { status, result: Some(&result), error: None, credits, call_made };
+                    queue::finish(tx, &owner, &run, end)
                 })
                 .await
         }
@@ -527,17 +528,20 @@ async fn end_without_call(
     state
         .store
         .write(move |tx| {
-            queue::finish(tx, &owner, &run, Finish { status, result: None, error: Some(&why), credits: 0 })
+            let end = Finish { status, result: None, error: Some(&why), credits: 0, call_made: false };
+            queue::finish(tx, &owner, &run, end)
         })
         .await
 }
 
+/// The conversation's result, and whether a call was made (a connection
+/// to the agent, which was sent the call id).
 async fn converse_and_judge(
     engine: &Engine,
     run: &Claimed,
     loaded: &Loaded,
     token: &CancellationToken,
-) -> types::TestResult {
+) -> (types::TestResult, bool) {
     let mut outcome = conversation::converse(&engine.http, &loaded.plan, token).await;
     // What the engine keeps and evaluates from what an agent or an LLM
     // answered holds none of the secrets it was sent with.
@@ -562,7 +566,7 @@ async fn converse_and_judge(
         .into_iter()
         .map(|e| types::EvaluationResult { reason: redaction.apply(e.result.reason), ..e.result })
         .collect();
-    types::TestResult {
+    let result = types::TestResult {
         id: ids::new_id("trs"),
         project_id: run.project_id.clone(),
         run_id: run.run_id.clone(),
@@ -590,5 +594,6 @@ async fn converse_and_judge(
         metadata: loaded.metadata.clone(),
         created_at: now,
         updated_at: now,
-    }
+    };
+    (result, outcome.reached_agent)
 }
