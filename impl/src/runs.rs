@@ -71,11 +71,11 @@ struct Priced {
     max_duration_s: u32,
 }
 
-/// What a start reads of a test to price it, from `tests_priced` alone:
-/// the row lies on as many pages as its document (its evaluators, up to
-/// about a megabyte), which a start that may be refused has no use for.
-pub(crate) const PRICE_TEST_SQL: &str =
-    "SELECT iterations, channel_id, scenario_id FROM tests INDEXED BY tests_priced WHERE id = ?1";
+/// What a start reads of a test to price it: columns kept beside its
+/// document, never the document decoded. (`iterations`, added after the
+/// document, is reached through the row's pages, copied, not parsed; an
+/// index covering it would cost every create of a test a B-tree more.)
+pub(crate) const PRICE_TEST_SQL: &str = "SELECT iterations, channel_id, scenario_id FROM tests WHERE id = ?1";
 /// What a start reads of a scenario to price it, from `scenarios_priced`
 /// alone (the row holds its steps).
 pub(crate) const PRICE_SCENARIO_SQL: &str =
@@ -88,10 +88,10 @@ pub(crate) const QUEUED_TEST_SQL: &str =
     "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold, channel_id, evaluators, name)
      SELECT ?1, id, pass_threshold, channel_id, json_extract(document, '$.evaluators'), name FROM tests WHERE id = ?2";
 /// What a start refused for credits keeps of a test (`?2`): its name and
-/// pass threshold, shown with the batch run (`?1`), from `tests_priced`
-/// too. No channel and no evaluators: it queued no run to use them.
+/// pass threshold, shown with the batch run (`?1`), from its columns too.
+/// No channel and no evaluators: it queued no run to use them.
 pub(crate) const REFUSED_TEST_SQL: &str = "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold, name)
-     SELECT ?1, id, pass_threshold, name FROM tests INDEXED BY tests_priced WHERE id = ?2";
+     SELECT ?1, id, pass_threshold, name FROM tests WHERE id = ?2";
 
 /// The tests of a start as priced, how many runs they make, and the credits
 /// their worst case needs (every conversation at its longest: the least of
@@ -1575,8 +1575,9 @@ mod tests {
             let id = format!("tst_{i:04}");
             assert_eq!((test_id, name, *threshold, evaluators), (&id, &id, 0.5, &None));
         }
-        // Nor is a test's or a scenario's row read for them: each of these
-        // reads its index alone, not the pages of the row's document.
+        // Each finds its row by id: a scenario's from its covering index
+        // alone, a test's from the table (its columns, not its document
+        // decoded: that the documents above are not JSON shows).
         let plans = store
             .read_blocking::<_, Failure, _>(|tx| {
                 let mut plans = Vec::new();
@@ -1592,8 +1593,9 @@ mod tests {
                 Ok(plans)
             })
             .unwrap();
-        for plan in &plans {
-            assert!(plan.contains("USING COVERING INDEX"), "{plan}");
+        assert!(plans[1].contains("USING COVERING INDEX"), "{}", plans[1]);
+        for plan in [&plans[0], &plans[2]] {
+            assert!(plan.starts_with("SEARCH tests USING INDEX") && plan.contains("(id=?)"), "{plan}");
         }
     }
 

@@ -1421,11 +1421,10 @@ mod tests {
         let store = Store::open(&path).unwrap();
         let priced = store
             .read_blocking::<_, StoreError, _>(|tx| {
-                let test: (u32, f64) = tx.query_row(
-                    "SELECT iterations, pass_threshold FROM tests INDEXED BY tests_priced WHERE id = 'tst_1'",
-                    [],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )?;
+                let test: (u32, f64) =
+                    tx.query_row("SELECT iterations, pass_threshold FROM tests WHERE id = 'tst_1'", [], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })?;
                 let scenario: u32 = tx.query_row(
                     "SELECT max_duration_s FROM scenarios INDEXED BY scenarios_priced WHERE id = 'scn_1'",
                     [],
