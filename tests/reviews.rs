@@ -1399,3 +1399,151 @@ async fn a_reviewer_who_leaves_mid_calibration_is_not_waited_for() {
     let e = refused(&s, Method::POST, "/v1/reviews", &t.reviewer, Some(review_body(&f1, true, &[], "")), 409).await;
     assert_eq!(e["error_code"], "review_locked");
 }
+
+/// A complete calibration's metrics as a read shows them: `[overall,
+/// per_evaluator, disagreements]`.
+fn metrics_of(calibration: &Value) -> Value {
+    json!([calibration["overall"], calibration["per_evaluator"], calibration["disagreements"]])
+}
+
+/// The test's database, as the server holds it.
+fn database(s: &TestServer) -> rusqlite::Connection {
+    let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
+    db.pragma_update(None, "foreign_keys", true).unwrap();
+    db
+}
+
+/// Four calibrations over `[p0, f0]` in `t`'s project, each completed one
+/// way (the last label, a close, a reviewer leaving, a reviewer becoming a
+/// viewer), and one still open, with the labels of one reviewer each: `p0`
+/// (automated pass) labelled fail, with "right day" failed, and `f0` fail,
+/// so that `p0` is where humans and automation disagree. `(complete,
+/// open)`.
+async fn completed_every_way(s: &TestServer, t: &Team, p0: &str, f0: &str) -> (Vec<String>, String) {
+    let p = &t.project_id;
+    let member = |user: &str| format!("/v1/projects/{p}/members/{user}");
+    let mut reviewers = Vec::new();
+    for n in 0..8 {
+        reviewers.push(add_member(s, t, &format!("fixed-{n}@example.com"), "reviewer").await);
+    }
+    let start = |assigned: Vec<String>| async move {
+        let body = calibration_by_ids(p, &[p0, f0], &assigned.iter().map(String::as_str).collect::<Vec<_>>());
+        id(&s.expect(Method::POST, "/v1/reviews/calibration", &t.editor, Some(body), 200).await)
+    };
+    let label_both = |key: String| async move {
+        review(s, &key, p0, false, &[(CONFIRMS, true), (RIGHT_DAY, false)]).await;
+        review(s, &key, f0, false, &[(CONFIRMS, true), (RIGHT_DAY, false)]).await;
+    };
+    let mut complete = Vec::new();
+    // The last label.
+    let (k, r) = reviewers[0].clone();
+    let c = start(vec![r]).await;
+    label_both(k).await;
+    complete.push(c);
+    // A close, one reviewer's labels in, the other's not.
+    let ((k, r), (_, other)) = (reviewers[1].clone(), reviewers[2].clone());
+    let c = start(vec![r, other]).await;
+    label_both(k).await;
+    assert_eq!(get_calibration(s, &t.owner, &c).await["status"], "open");
+    close(s, &t.editor, &c).await;
+    complete.push(c);
+    // The other reviewer leaving.
+    let ((k, r), (_, other)) = (reviewers[3].clone(), reviewers[4].clone());
+    let c = start(vec![r, other.clone()]).await;
+    label_both(k).await;
+    s.expect(Method::DELETE, &member(&other), &t.owner, None, 200).await;
+    complete.push(c);
+    // The other reviewer becoming a viewer.
+    let ((k, r), (_, other)) = (reviewers[5].clone(), reviewers[6].clone());
+    let c = start(vec![r, other.clone()]).await;
+    label_both(k).await;
+    s.expect(Method::PATCH, &member(&other), &t.owner, Some(json!({"role": "viewer"})), 200).await;
+    complete.push(c);
+    for c in &complete {
+        let done = get_calibration(s, &t.owner, c).await;
+        assert_eq!(done["status"], "complete", "{done:#}");
+        // p0 is where they differ, overall and on "right day".
+        assert_eq!(
+            done["disagreements"],
+            json!([{"test_result_id": p0, "evaluator": null, "human_label": false, "automated_label": true},
+                   {"test_result_id": p0, "evaluator": RIGHT_DAY, "human_label": false, "automated_label": true}]),
+            "{done:#}"
+        );
+        assert_metrics(&done["overall"], [Some(0.5), Some(0.0), None, None, Some(0.5)], "overall");
+    }
+    // Open: one of its two labels in.
+    let (k, r) = reviewers[7].clone();
+    let open = start(vec![r]).await;
+    review(s, &k, p0, false, &[]).await;
+    (complete, open)
+}
+
+/// A complete calibration's metrics are those of the moment it completed,
+/// however it completed: a result deleted afterwards (its reviews with it)
+/// leaves them as they were. An open calibration's are still measured from
+/// what there is now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_calibrations_metrics_stay_as_they_were_when_it_completed() {
+    let good = Agent::start(&[]);
+    let bad = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("fixed metrics").await;
+    let ran = run_batch(&s, &t, &good, &bad, 1, 1).await;
+    let (p0, f0) = (id(&ran.passed[0]), id(&ran.failed[0]));
+    let (complete, open) = completed_every_way(&s, &t, &p0, &f0).await;
+    let mut before = BTreeMap::new();
+    for c in complete.iter().chain([&open]) {
+        before.insert(c.clone(), metrics_of(&get_calibration(&s, &t.owner, c).await));
+    }
+    assert_eq!(
+        before[&open][2],
+        json!([{"test_result_id": p0, "evaluator": null, "human_label": false, "automated_label": true}])
+    );
+
+    let deleted = database(&s).execute("DELETE FROM test_results WHERE id = ?1", [&p0]).unwrap();
+    assert_eq!(deleted, 1);
+    for c in &complete {
+        let now = get_calibration(&s, &t.owner, c).await;
+        assert_eq!(metrics_of(&now), before[c], "{c}: {now:#}");
+    }
+    let listed =
+        all_pages(&s, &t.owner, &format!("/v1/reviews/calibration?project_id={}", t.project_id), "calibrations").await;
+    for c in &complete {
+        assert_eq!(metrics_of(find(&listed, "id", c)), before[c], "{c} listed");
+    }
+    // The open one has lost its only label, and its disagreement.
+    let now = get_calibration(&s, &t.owner, &open).await;
+    assert_eq!(now["disagreements"], json!([]), "{now:#}");
+    assert_metrics(&now["overall"], [None; 5], "the open one, without its labelled result");
+}
+
+/// Reading complete calibrations reads none of their results' documents:
+/// with every document made unreadable, a page of them (and each by id)
+/// answers what it answered before, for the owner and for a reviewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_complete_calibrations_reads_no_result_document() {
+    let good = Agent::start(&[]);
+    let bad = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("no documents").await;
+    let ran = run_batch(&s, &t, &good, &bad, 1, 1).await;
+    let (p0, f0) = (id(&ran.passed[0]), id(&ran.failed[0]));
+    let (complete, open) = completed_every_way(&s, &t, &p0, &f0).await;
+    close(&s, &t.editor, &open).await;
+    let page = format!("/v1/reviews/calibration?project_id={}&status=complete", t.project_id);
+    let mut before = BTreeMap::new();
+    for key in [&t.owner, &t.reviewer] {
+        before.insert(key.clone(), s.expect(Method::GET, &page, key, None, 200).await);
+    }
+    assert_eq!(before[&t.owner]["calibrations"].as_array().unwrap().len(), complete.len() + 1);
+
+    let unreadable = database(&s).execute("UPDATE test_results SET document = 'not a document'", []).unwrap();
+    assert_eq!(unreadable, 2);
+    for key in [&t.owner, &t.reviewer] {
+        let now = s.expect(Method::GET, &page, key, None, 200).await;
+        assert_eq!(now, before[key]);
+        for c in now["calibrations"].as_array().unwrap() {
+            assert_eq!(&get_calibration(&s, key, &id(c)).await, c);
+        }
+    }
+}

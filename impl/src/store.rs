@@ -76,6 +76,11 @@ const MIGRATIONS: &[Migration] = &[
     ("0018_results_say_blinded", include_str!("../migrations/0018_results_say_blinded.sql"), None),
     ("0019_pages_from_their_cursor", include_str!("../migrations/0019_pages_from_their_cursor.sql"), None),
     ("0020_run_prices", include_str!("../migrations/0020_run_prices.sql"), None),
+    (
+        "0021_calibration_metrics_kept",
+        include_str!("../migrations/0021_calibration_metrics_kept.sql"),
+        Some(crate::reviews::calibration::keep_all),
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -1434,6 +1439,94 @@ mod tests {
             })
             .unwrap();
         assert_eq!(priced, ((7, 0.25), 90));
+    }
+
+    /// Migration 0021 keeps the metrics of the calibrations already
+    /// complete, as their labels and results give them then, and reads of
+    /// them answer those from then on, whatever becomes of the results; an
+    /// open one keeps none, and one whose metrics cannot be measured (a
+    /// document that is not a result) is left without rather than stop the
+    /// start.
+    #[test]
+    fn calibrations_complete_before_0021_keep_their_metrics() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            assert!(MIGRATIONS[20].0.starts_with("0021"));
+            migrate_to(&mut conn, &path, 20).unwrap();
+            conn.execute_batch(
+                r#"INSERT INTO users (id, email, name, created_at) VALUES ('usr_o', 'o@x', 'o', 't'),
+                       ('usr_r', 'r@x', 'r', 't');
+                   INSERT INTO projects (id, name, description, max_call_duration_s, default_concurrency, created_at,
+                                         updated_at) VALUES ('prj_1', 'p', '', 600, 10, 't', 't');
+                   INSERT INTO project_members VALUES ('prj_1', 'usr_o', 'owner', 't'),
+                       ('prj_1', 'usr_r', 'reviewer', 't');
+                   INSERT INTO test_results (id, project_id, run_id, batch_run_id, test_id, call_id, status,
+                                             created_at, document)
+                   VALUES ('trs_p', 'prj_1', 'run_1', 'brn_1', 'tst_1', 'call_1', 'passed', 't',
+                           '{"status":"passed","evaluations":[{"name":"e","passed":true}]}'),
+                          ('trs_f', 'prj_1', 'run_2', 'brn_1', 'tst_1', 'call_2', 'failed', 't',
+                           '{"status":"failed","evaluations":[{"name":"e","passed":false}]}'),
+                          ('trs_x', 'prj_1', 'run_3', 'brn_1', 'tst_1', 'call_3', 'failed', 't', 'not a result');
+                   INSERT INTO calibrations (id, project_id, created_by, status, sample, created_at, closed_at)
+                   VALUES ('cal_1', 'prj_1', 'usr_o', 'complete', NULL, '2026-11-01T00:00:00Z',
+                           '2026-11-02T00:00:00Z'),
+                          ('cal_2', 'prj_1', 'usr_o', 'complete', NULL, '2026-11-01T00:00:00Z',
+                           '2026-11-02T00:00:00Z'),
+                          ('cal_3', 'prj_1', 'usr_o', 'open', NULL, '2026-11-03T00:00:00Z', NULL);
+                   INSERT INTO calibration_results VALUES ('cal_1', 'trs_p', 0), ('cal_1', 'trs_f', 1),
+                       ('cal_2', 'trs_x', 0), ('cal_3', 'trs_p', 0);
+                   INSERT INTO calibration_reviewers VALUES ('cal_1', 'usr_r', 0), ('cal_2', 'usr_r', 0),
+                       ('cal_3', 'usr_o', 0);
+                   INSERT INTO reviews VALUES
+                       ('rev_1', 'prj_1', 'trs_p', 'usr_r', 'fail', '[{"name":"e","passed":false}]', '', 'cal_1', 't', 't'),
+                       ('rev_2', 'prj_1', 'trs_f', 'usr_r', 'fail', '[{"name":"e","passed":false}]', '', 'cal_1', 't', 't');"#,
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let read = |id: &'static str| {
+            store
+                .read_blocking::<_, StoreError, _>(|tx| {
+                    let kept: Option<String> =
+                        tx.query_row("SELECT metrics FROM calibrations WHERE id = ?1", [id], |r| r.get(0))?;
+                    let seen = (id == "cal_1").then(|| {
+                        let c = crate::reviews::calibration::view(tx, "usr_o", id).unwrap();
+                        serde_json::to_value((c.overall, c.per_evaluator, c.disagreements)).unwrap()
+                    });
+                    Ok((kept, seen))
+                })
+                .unwrap()
+        };
+        let (kept, seen) = read("cal_1");
+        assert!(kept.is_some());
+        // trs_p: automated pass, labelled fail; trs_f: fail, as labelled.
+        // Agreement ½, Cohen's κ 0 (chance ½), TNR ½; one label per result
+        // (no Fleiss' κ), no human pass (no TPR). The same for "e".
+        let metrics = serde_json::json!({
+            "agreement_rate": 0.5, "cohens_kappa": 0.0, "fleiss_kappa": null, "true_negative_rate": 0.5,
+            "true_positive_rate": null,
+            "undefined_reasons": {
+                "fleiss_kappa": "no subject has labels from two reviewers or more",
+                "true_positive_rate": "no result has a human-majority pass"
+            }
+        });
+        let disagreement = |evaluator: Option<&str>| {
+            serde_json::json!({"test_result_id": "trs_p", "evaluator": evaluator, "human_label": false,
+                               "automated_label": true})
+        };
+        let expected = serde_json::json!([
+            metrics,
+            [{"name": "e", "metrics": metrics}],
+            [disagreement(None), disagreement(Some("e"))]
+        ]);
+        assert_eq!(seen, Some(expected.clone()));
+        assert_eq!(read("cal_2").0, None, "its result is no result: measured on read, as before");
+        assert_eq!(read("cal_3").0, None, "open: measured on read");
+        // Kept: a result going away later changes nothing.
+        Connection::open(&path).unwrap().execute("DELETE FROM test_results WHERE id = 'trs_p'", []).unwrap();
+        assert_eq!(read("cal_1").1, Some(expected));
     }
 
     /// Under writes that never pause (each its own group, as `write` sends

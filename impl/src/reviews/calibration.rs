@@ -7,20 +7,28 @@
 //! `in_calibration`), so a review never has to choose between two. The
 //! reviewers must be members with the reviewer, editor or owner role.
 //!
-//! Metrics are computed on read from the reviews that carry the
-//! calibration's id (so an owner watching an open calibration sees them
-//! grow), over two kinds of subject: each result's overall verdict (the
+//! Metrics come from the reviews that carry the calibration's id, over two
+//! kinds of subject: each result's overall verdict (the
 //! automated label is `status == passed`; an `error` is not a pass), and
 //! each evaluator's verdict on each result (the automated label is the
 //! evaluation's `passed`, the human labels the reviews' label of that
-//! name). See `metrics.rs` for the majority and tie rule. An assigned
-//! reviewer who is not an owner sees none of it while the calibration is
-//! open (`blinded: true`).
+//! name). See `metrics.rs` for the majority and tie rule. An open
+//! calibration's are measured on read (so an owner watching it sees them
+//! grow); a complete one's are measured once, in the transaction that
+//! completes it (its last label, a close, or the membership change that
+//! left no one to wait for: all through [`complete`]), kept in its row
+//! (`calibrations.metrics`) and read from there: its labels are final, and
+//! so are its metrics, whatever becomes of its results; and a page of
+//! complete calibrations reads none of their results. An assigned reviewer
+//! who is not an owner sees none of it while the calibration is open, nor
+//! anyone who labels some of its results blind in another open one
+//! (`blinded: true`).
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use rusqlite::{params, OptionalExtension as _};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use sparring_server::{params as p, types, Caller};
 
@@ -311,10 +319,7 @@ pub async fn close(state: &AppState, caller: Caller, path: p::CloseCalibrationPa
                 tx.query_row("SELECT status FROM calibrations WHERE id = ?1", params![path.id], |r| r.get(0))?;
             if status == "open" {
                 let (done, total) = progress(tx, &path.id)?;
-                tx.execute(
-                    "UPDATE calibrations SET status = 'complete', closed_at = ?2 WHERE id = ?1",
-                    params![path.id, ids::format_time(&ids::now())],
-                )?;
+                complete(tx, &path.id)?;
                 activity::record(
                     tx,
                     &Actor::Caller(caller.clone()),
@@ -371,11 +376,57 @@ pub fn complete_if_done(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool
     if missing > 0 {
         return Ok(false);
     }
-    let changed = tx.execute(
-        "UPDATE calibrations SET status = 'complete', closed_at = ?2 WHERE id = ?1 AND status = 'open'",
-        params![id, ids::format_time(&ids::now())],
-    )?;
+    complete(tx, id)
+}
+
+/// Completes the calibration `id` if it is open, and keeps its metrics as
+/// they are now (see [`keep`]). True if it did. The one way a calibration
+/// completes.
+fn complete(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool> {
+    let changed = tx
+        .prepare_cached(
+            "UPDATE calibrations SET status = 'complete', closed_at = ?2 WHERE id = ?1 AND status = 'open'",
+        )?
+        .execute(params![id, ids::format_time(&ids::now())])?;
+    if changed == 1 {
+        keep(tx, id)?;
+    }
     Ok(changed == 1)
+}
+
+/// Measures the calibration `id` from its labels and results as they are
+/// now, and keeps that in its row (`calibrations.metrics`), which every
+/// read of it answers from once it is complete.
+fn keep(tx: &rusqlite::Connection, id: &str) -> Result<()> {
+    let measured = measure(tx, &result_ids(tx, id)?, &labels(tx, id)?)?;
+    let text = serde_json::to_string(&Kept::of(&measured)).map_err(|e| conversion(0, e))?;
+    tx.prepare_cached("UPDATE calibrations SET metrics = ?2 WHERE id = ?1")?.execute(params![id, text])?;
+    Ok(())
+}
+
+/// Migration 0021's step: the calibrations complete before it keep their
+/// metrics as their labels and results give them then. One whose metrics
+/// cannot be measured (a result's document that is not a result, which
+/// nothing writes) is left without, and measured on read as before, rather
+/// than stop every start.
+pub(crate) fn keep_all(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    let complete: Vec<String> = tx
+        .prepare("SELECT id FROM calibrations WHERE status = 'complete' AND metrics IS NULL")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for id in complete {
+        match keep(tx, &id) {
+            Ok(()) => {}
+            Err(Failure::Store(crate::store::StoreError::Sqlite(rusqlite::Error::FromSqlConversionFailure(..)))) => {}
+            Err(Failure::Store(crate::store::StoreError::Sqlite(e))) => return Err(e),
+            Err(e) => {
+                return Err(rusqlite::Error::ToSqlConversionFailure(
+                    format!("the metrics of calibration `{id}`: {e}").into(),
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// After `user_id` left project `project_id` or became a viewer there: the
@@ -402,6 +453,133 @@ struct Label {
     result_id: String,
     verdict_pass: bool,
     evaluations: Vec<types::ReviewLabel>,
+}
+
+/// The results of the calibration `id`, in order.
+fn result_ids(tx: &rusqlite::Connection, id: &str) -> Result<Vec<String>> {
+    Ok(tx
+        .prepare_cached("SELECT test_result_id FROM calibration_results WHERE calibration_id = ?1 ORDER BY position")?
+        .query_map(params![id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?)
+}
+
+/// The labels that count toward the calibration `id`, in the order of its
+/// reviewers.
+fn labels(tx: &rusqlite::Connection, id: &str) -> Result<Vec<Label>> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT r.test_result_id, r.verdict, r.evaluations FROM reviews r
+             JOIN calibration_reviewers v ON v.calibration_id = r.calibration_id AND v.user_id = r.reviewer_id
+             WHERE r.calibration_id = ?1 ORDER BY v.position",
+        )?
+        .query_map(params![id], |r| {
+            let verdict: String = r.get(1)?;
+            let evaluations: String = r.get(2)?;
+            Ok(Label {
+                result_id: r.get(0)?,
+                verdict_pass: verdict == "pass",
+                evaluations: serde_json::from_str(&evaluations).map_err(|e| conversion(2, e))?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?)
+}
+
+/// How many labels count toward the calibration `id`: as many as
+/// [`labels`] reads.
+fn labels_done(tx: &rusqlite::Connection, id: &str) -> Result<i64> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT count(*) FROM reviews r
+             JOIN calibration_reviewers v ON v.calibration_id = r.calibration_id AND v.user_id = r.reviewer_id
+             WHERE r.calibration_id = ?1",
+        )?
+        .query_row(params![id], |r| r.get(0))?)
+}
+
+/// A complete calibration's metrics as its row keeps them: the wire's, each
+/// rate written as text. serde_json reads a number back as an `f64` that
+/// may be one unit in the last place off the one it wrote (without its
+/// `float_roundtrip` feature); Rust's own parsing of Rust's own text gives
+/// the same `f64` back, so a kept metric is read exactly as measured.
+#[derive(Serialize, Deserialize)]
+struct Kept {
+    overall: KeptMetrics,
+    per_evaluator: Vec<(String, KeptMetrics)>,
+    disagreements: Vec<types::CalibrationDisagreement>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct KeptMetrics {
+    #[serde(with = "exact")]
+    agreement_rate: Option<f64>,
+    #[serde(with = "exact")]
+    cohens_kappa: Option<f64>,
+    #[serde(with = "exact")]
+    fleiss_kappa: Option<f64>,
+    #[serde(with = "exact")]
+    true_positive_rate: Option<f64>,
+    #[serde(with = "exact")]
+    true_negative_rate: Option<f64>,
+    undefined_reasons: Map<String, Value>,
+}
+
+/// An `Option<f64>` as the text Rust writes it (`{:?}`, the shortest that
+/// reads back the same), and read back with Rust's parser.
+mod exact {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        value.map(|v| format!("{v:?}")).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        Option::<String>::deserialize(d)?.map(|t| t.parse().map_err(D::Error::custom)).transpose()
+    }
+}
+
+impl KeptMetrics {
+    fn of(m: &types::CalibrationMetrics) -> KeptMetrics {
+        KeptMetrics {
+            agreement_rate: m.agreement_rate,
+            cohens_kappa: m.cohens_kappa,
+            fleiss_kappa: m.fleiss_kappa,
+            true_positive_rate: m.true_positive_rate,
+            true_negative_rate: m.true_negative_rate,
+            undefined_reasons: m.undefined_reasons.clone(),
+        }
+    }
+
+    fn wire(self) -> types::CalibrationMetrics {
+        types::CalibrationMetrics {
+            agreement_rate: self.agreement_rate,
+            cohens_kappa: self.cohens_kappa,
+            fleiss_kappa: self.fleiss_kappa,
+            true_positive_rate: self.true_positive_rate,
+            true_negative_rate: self.true_negative_rate,
+            undefined_reasons: self.undefined_reasons,
+        }
+    }
+}
+
+impl Kept {
+    fn of((overall, per_evaluator, disagreements): &Measured) -> Kept {
+        Kept {
+            overall: KeptMetrics::of(overall),
+            per_evaluator: per_evaluator.iter().map(|e| (e.name.clone(), KeptMetrics::of(&e.metrics))).collect(),
+            disagreements: disagreements.clone(),
+        }
+    }
+
+    fn measured(self) -> Measured {
+        (
+            self.overall.wire(),
+            self.per_evaluator
+                .into_iter()
+                .map(|(name, metrics)| types::CalibrationEvaluatorMetrics { name, metrics: metrics.wire() })
+                .collect(),
+            self.disagreements,
+        )
+    }
 }
 
 fn wire_metrics(m: &metrics::Metrics) -> types::CalibrationMetrics {
@@ -433,35 +611,18 @@ fn hidden_metrics(reason: &str) -> types::CalibrationMetrics {
 
 /// The calibration `id` as `user_id` may see it.
 pub(crate) fn view(tx: &rusqlite::Connection, user_id: &str, id: &str) -> Result<types::Calibration> {
-    type Row = (String, String, Option<String>, String, Option<String>);
-    let (project_id, status, sample, created_at, closed_at): Row = tx
-        .prepare_cached("SELECT project_id, status, sample, created_at, closed_at FROM calibrations WHERE id = ?1")?
-        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+    type Row = (String, String, Option<String>, String, Option<String>, Option<String>);
+    let (project_id, status, sample, created_at, closed_at, kept): Row = tx
+        .prepare_cached(
+            "SELECT project_id, status, sample, created_at, closed_at, metrics FROM calibrations WHERE id = ?1",
+        )?
+        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
         .optional()?
         .ok_or_else(|| Failure::not_found("calibration review", id))?;
-    let result_ids: Vec<String> = tx
-        .prepare_cached("SELECT test_result_id FROM calibration_results WHERE calibration_id = ?1 ORDER BY position")?
-        .query_map(params![id], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+    let result_ids = result_ids(tx, id)?;
     let reviewer_ids: Vec<String> = tx
         .prepare_cached("SELECT user_id FROM calibration_reviewers WHERE calibration_id = ?1 ORDER BY position")?
         .query_map(params![id], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    let labels: Vec<Label> = tx
-        .prepare_cached(
-            "SELECT r.test_result_id, r.verdict, r.evaluations FROM reviews r
-             JOIN calibration_reviewers v ON v.calibration_id = r.calibration_id AND v.user_id = r.reviewer_id
-             WHERE r.calibration_id = ?1 ORDER BY v.position",
-        )?
-        .query_map(params![id], |r| {
-            let verdict: String = r.get(1)?;
-            let evaluations: String = r.get(2)?;
-            Ok(Label {
-                result_id: r.get(0)?,
-                verdict_pass: verdict == "pass",
-                evaluations: serde_json::from_str(&evaluations).map_err(|e| conversion(2, e))?,
-            })
-        })?
         .collect::<rusqlite::Result<_>>()?;
     let open = status == "open";
     let caller_role = access::role_in(tx, user_id, &project_id)?;
@@ -475,7 +636,7 @@ pub(crate) fn view(tx: &rusqlite::Connection, user_id: &str, id: &str) -> Result
     };
     let blinded = labelling_this || blind_elsewhere()?;
     let labels_total = (result_ids.len() * reviewer_ids.len()) as i64;
-    let progress = types::CalibrationProgress { labels_done: labels.len() as i64, labels_total };
+    let progress = types::CalibrationProgress { labels_done: labels_done(tx, id)?, labels_total };
 
     let (overall, per_evaluator, disagreements) = if blinded {
         let reason = if labelling_this {
@@ -485,8 +646,10 @@ pub(crate) fn view(tx: &rusqlite::Connection, user_id: &str, id: &str) -> Result
              complete"
         };
         (hidden_metrics(reason), Vec::new(), Vec::new())
+    } else if let (false, Some(kept)) = (open, kept) {
+        serde_json::from_str::<Kept>(&kept).map_err(|e| conversion(5, e))?.measured()
     } else {
-        measure(tx, &result_ids, &labels)?
+        measure(tx, &result_ids, &labels(tx, id)?)?
     };
     let time = |s: &str| ids::parse_time(s).ok_or_else(|| Failure::Store(conversion(0, "not a time").into()));
     Ok(types::Calibration {
@@ -573,6 +736,45 @@ fn measure(tx: &rusqlite::Connection, result_ids: &[String], labels: &[Label]) -
 #[cfg(test)]
 mod unit {
     use super::*;
+
+    /// A kept metric reads back as the very `f64` that was measured, bit
+    /// for bit (these are numbers serde_json's own float parsing reads back
+    /// one unit in the last place off).
+    #[test]
+    fn kept_metrics_read_back_exactly() {
+        let values = [0.9122217316509271, -0.11255220830414857, -0.19104585650967235, 1.0 / 3.0, -1.0 / 11.0];
+        let metrics = |v: f64| types::CalibrationMetrics {
+            agreement_rate: Some(v),
+            cohens_kappa: Some(-v),
+            fleiss_kappa: Some(v / 7.0),
+            true_positive_rate: None,
+            true_negative_rate: Some(v * 3.0),
+            undefined_reasons: [("true_positive_rate".to_string(), Value::String("why".into()))].into_iter().collect(),
+        };
+        for v in values {
+            let measured: Measured = (
+                metrics(v),
+                vec![types::CalibrationEvaluatorMetrics { name: "e".into(), metrics: metrics(v * v) }],
+                vec![types::CalibrationDisagreement {
+                    test_result_id: "trs_1".into(),
+                    evaluator: Some("e".into()),
+                    human_label: false,
+                    automated_label: true,
+                }],
+            );
+            let text = serde_json::to_string(&Kept::of(&measured)).unwrap();
+            let back = serde_json::from_str::<Kept>(&text).unwrap().measured();
+            let bits = |m: &types::CalibrationMetrics| {
+                [m.agreement_rate, m.cohens_kappa, m.fleiss_kappa, m.true_positive_rate, m.true_negative_rate]
+                    .map(|x| x.map(f64::to_bits))
+            };
+            assert_eq!(bits(&back.0), bits(&measured.0), "{text}");
+            assert_eq!(bits(&back.1[0].metrics), bits(&measured.1[0].metrics), "{text}");
+            assert_eq!(back.1[0].name, "e");
+            assert_eq!(back.0.undefined_reasons, measured.0.undefined_reasons);
+            assert_eq!(serde_json::to_value(&back.2).unwrap(), serde_json::to_value(&measured.2).unwrap());
+        }
+    }
 
     #[test]
     fn the_sample_depends_on_the_seed_and_the_ids_not_their_order() {

@@ -1,0 +1,11 @@
+-- A complete calibration's metrics, kept as they were when it completed:
+-- its labels are final then (reviews toward it are locked), and its
+-- metrics must not move after. Computed on every read instead, they read
+-- every one of its results' documents (up to 500 per calibration, 200
+-- calibrations a page), and moved when a result went away afterwards.
+-- The JSON of its overall metrics, its metrics per evaluator and its
+-- disagreements (`reviews::calibration::Kept`); NULL while it is open.
+-- The calibrations already complete get theirs from this migration's step
+-- (`reviews::calibration::keep_all`), from the labels and results there
+-- are now.
+ALTER TABLE calibrations ADD COLUMN metrics TEXT;
