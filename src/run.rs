@@ -197,9 +197,11 @@ fn transient(e: &sparring_client::Error<types::Error>) -> bool {
 
 /// Whether an answer of this status may be different later: a server
 /// error, or a gateway's or proxy's "not now" (408 Request Timeout, 429
-/// Too Many Requests), which the API itself never answers.
+/// Too Many Requests), which the API itself never answers. Not 501 Not
+/// Implemented: what the server has not built (a run over a `phone`
+/// channel) it refuses the same way every time.
 fn passes(status: http::StatusCode) -> bool {
-    status.is_server_error() || matches!(status.as_u16(), 408 | 429)
+    (status.is_server_error() && status != http::StatusCode::NOT_IMPLEMENTED) || matches!(status.as_u16(), 408 | 429)
 }
 
 /// The longest wait a `Retry-After` is followed for: a gateway asking for
@@ -388,10 +390,12 @@ fn may_have_reached(e: &sparring_client::Error<types::Error>) -> bool {
 /// Whether `e`, the server's own refusal of a start, says what became of
 /// every attempt with the same `Idempotency-Key`: the server looks the key
 /// up (and answers with the batch run it started) before anything but the
-/// credential, and the same request is refused the same way.
+/// credential, and the same request is refused the same way (a 4xx, or a
+/// 501 `not_implemented`).
 fn rules_on_the_key(e: &sparring_client::Error<types::Error>) -> bool {
     matches!(e, sparring_client::Error::ErrorResponse(r)
-        if r.status().is_client_error() && r.status() != http::StatusCode::UNAUTHORIZED)
+        if (r.status().is_client_error() && r.status() != http::StatusCode::UNAUTHORIZED)
+            || r.status() == http::StatusCode::NOT_IMPLEMENTED)
 }
 
 /// Starts the batch run. An attempt that cannot reach the server or that it

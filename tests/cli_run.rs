@@ -279,6 +279,40 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
     assert!(said.contains("error: starting the batch run: could not reach the server"), "{said}");
 }
 
+/// A test over a `phone` channel is answered `501 not_implemented`: a
+/// refusal that no retry changes, said at once with the server's reason,
+/// not tried for a minute and then said to have perhaps started a batch
+/// run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_the_server_does_not_implement_is_refused_at_once() {
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let p = s.create_project(&key, "phones").await;
+    let telephony = json!({"project_id": p, "provider": "twilio", "name": "tel",
+                           "config": {"account_sid": "AC0123456789abcdef0123456789abcdef"}});
+    let tel = create(&s, &key, "/v1/integrations", telephony).await;
+    let phone = json!({"project_id": p, "name": "phone", "kind": "phone", "target": "+14155550123",
+                       "integration_id": tel});
+    let channel = create(&s, &key, "/v1/channels", phone).await;
+    let persona = create(&s, &key, "/v1/personas", json!({"project_id": p, "name": "Dana"})).await;
+    let scenario = create(&s, &key, "/v1/scenarios", booking(&p, &persona)).await;
+    let test = json!({"project_id": p, "name": "calls", "channel_id": channel, "scenario_id": scenario});
+    let test = create(&s, &key, "/v1/tests", test).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let at = std::time::Instant::now();
+    let (code, stdout, stderr) = run(&s, &key, &["--test", &test, "--junit", junit.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
+    assert!(at.elapsed() < std::time::Duration::from_secs(10), "{:?}: {stderr}", at.elapsed());
+    assert!(stderr.contains("error: starting the batch run: 501 not_implemented"), "{stderr}");
+    assert!(!stderr.contains("trying again") && !stderr.contains("may have been started"), "{stderr}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("no batch run started: starting the batch run: 501 not_implemented"), "{xml}");
+    let listed = s.expect(Method::GET, &format!("/v1/batch-runs?project_id={p}"), &key, None, 200).await;
+    assert_eq!(listed["batch_runs"], json!([]), "{listed}");
+}
+
 /// An agent that takes 2 s to answer, so the batch run is still going when
 /// the command is stopped.
 async fn slow_suite(s: &TestServer, key: &str, slow: &Agent) -> String {
