@@ -41,6 +41,17 @@ macro_rules! out {
     }};
 }
 
+/// `eprintln!`, but a stderr that cannot be written (the same reader:
+/// `sparring run … 2>&1 | head -n1`) is not an error either: the progress
+/// and the messages are lost, never the exit code, the report or the cancel
+/// of a batch run given up. (`eprintln!` panics there, exit 101.)
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
     /// Run this batch (`bat_…`).
@@ -108,7 +119,7 @@ pub fn report_bad_arguments(args: impl Iterator<Item = std::ffi::OsString>, erro
     };
     let first = error.lines().next().unwrap_or(error).trim_start_matches("error: ");
     if let Err(e) = report::write(&path, report::not_started(&format!("bad arguments: {first}"))) {
-        eprintln!("warning: {e:#}");
+        say!("warning: {e:#}");
     }
 }
 
@@ -165,7 +176,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
         Ok(Verdict::Failed) => ExitCode::from(1),
         Ok(Verdict::None) => ExitCode::from(2),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            say!("error: {e:#}");
             ExitCode::from(2)
         }
     }
@@ -265,7 +276,7 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
                 let why = format!("{e:#}");
                 let report = if unknown { report::start_unknown(&why) } else { report::not_started(&why) };
                 if let Err(not_written) = report::write(path, report) {
-                    eprintln!("error: {not_written:#}");
+                    say!("error: {not_written:#}");
                 }
             }
             return Err(e);
@@ -276,12 +287,12 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
         // cancelled, as an interrupted wait's batch run is.
         if let Some(signal) = interrupts.received() {
             let why = format!("interrupted ({signal})");
-            eprintln!("{why}; cancelling batch run {}…", started.id);
+            say!("{why}; cancelling batch run {}…", started.id);
             let by = Instant::now() + GIVE_UP_WITHIN;
             match cancel_within(&api, &started.id, by, &mut interrupts).await {
-                Ok(Ok(_)) => eprintln!("{why}; cancelled batch run {}", started.id),
+                Ok(Ok(_)) => say!("{why}; cancelled batch run {}", started.id),
                 Ok(Err(e)) => {
-                    eprintln!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
+                    say!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
                 }
                 Err(_) => {}
             }
@@ -294,7 +305,7 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
         }
         return Ok(Verdict::Passed);
     }
-    eprintln!("started batch run {} ({} runs)", started.id, started.counts.total);
+    say!("started batch run {} ({} runs)", started.id, started.counts.total);
 
     let (ended, gave_up, by) = match wait(&api, &started, &args, deadline, &mut interrupts).await? {
         Waited::Ended(run) => (*run, None, None),
@@ -303,9 +314,9 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
             // The cancel and the reads after it, in all.
             let by = Instant::now() + GIVE_UP_WITHIN;
             if args.keep_running {
-                eprintln!("{why}; batch run {} keeps running", started.id);
+                say!("{why}; batch run {} keeps running", started.id);
             } else {
-                eprintln!("{why}; cancelling batch run {}…", started.id);
+                say!("{why}; cancelling batch run {}…", started.id);
                 let cancelled = match cancel_within(&api, &started.id, by, &mut interrupts).await {
                     Ok(cancelled) => cancelled,
                     // Told again to stop: the report as things stand, now.
@@ -326,15 +337,15 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
                                 | types::BatchRunStatus::Cancelled
                         ) =>
                     {
-                        eprintln!("{why}, but batch run {} had already ended: {}", started.id, run.status);
+                        say!("{why}, but batch run {} had already ended: {}", started.id, run.status);
                         return finish(&api, &run, &args, None, Some(by), &mut interrupts).await;
                     }
                     Ok(run) => {
-                        eprintln!("{why}; cancelled batch run {}", started.id);
+                        say!("{why}; cancelled batch run {}", started.id);
                         last = run;
                     }
                     Err(e) => {
-                        eprintln!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
+                        say!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
                     }
                 }
             }
@@ -501,7 +512,7 @@ async fn start(
             if !maybe_started {
                 return Err(failed);
             }
-            eprintln!(
+            say!(
                 "starting the batch run failed ({failed:#}); asking once more, with the same Idempotency-Key, \
                  whether it was started"
             );
@@ -510,7 +521,7 @@ async fn start(
         }
         if said.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
             said = Some(Instant::now());
-            eprintln!(
+            say!(
                 "starting the batch run failed ({failed:#}); trying again (failing for {} s)",
                 first.elapsed().as_secs()
             );
@@ -546,7 +557,7 @@ async fn finish(
             tests = tests_of(api, ended) => tests,
             () = past(by) => Err(anyhow::anyhow!("its tests were not read within {} s", GIVE_UP_WITHIN.as_secs())),
             signal = interrupts.recv() => {
-                eprintln!("interrupted ({signal}) while reading the tests of batch run {}", ended.id);
+                say!("interrupted ({signal}) while reading the tests of batch run {}", ended.id);
                 gave_up = Some(match gave_up {
                     Some(why) => format!("{why}; interrupted again ({signal})"),
                     None => format!("interrupted ({signal})"),
@@ -583,7 +594,7 @@ fn conclude(
     }
     if let (Some(path), Some(report)) = (&args.junit, report) {
         if let Err(e) = report::write(path, report) {
-            eprintln!("error: {e:#} (only the report: the verdict above stands)");
+            say!("error: {e:#} (only the report: the verdict above stands)");
         }
     }
     Ok(verdict)
@@ -603,7 +614,7 @@ async fn cancel_within(
             Err(anyhow::anyhow!("the server did not answer within {} s", GIVE_UP_WITHIN.as_secs()))
         })),
         signal = interrupts.recv() => {
-            eprintln!("interrupted again ({signal}); stopped cancelling batch run {id}, it may still be running");
+            say!("interrupted again ({signal}); stopped cancelling batch run {id}, it may still be running");
             Err(signal)
         }
     }
@@ -773,7 +784,7 @@ impl Progress {
             }
             None => {
                 if self.last_line.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
-                    eprintln!("{}: {}", self.id, counts_line(run));
+                    say!("{}: {}", self.id, counts_line(run));
                     self.last_line = Some(Instant::now());
                 }
             }
@@ -783,7 +794,7 @@ impl Progress {
     fn note(&self, text: &str) {
         match &self.bar {
             Some(bar) => bar.println(text),
-            None => eprintln!("{text}"),
+            None => say!("{text}"),
         }
     }
 
@@ -793,7 +804,7 @@ impl Progress {
                 bar.set_message(counts_detail(run));
                 bar.finish();
             }
-            None => eprintln!("{}: {}: {}", self.id, run.status, counts_line(run)),
+            None => say!("{}: {}: {}", self.id, run.status, counts_line(run)),
         }
     }
 
@@ -836,7 +847,7 @@ fn passed_of(counts: &types::BatchRunCounts) -> Option<(i64, i64)> {
 /// said on stderr and left out.
 fn summary(run: &types::BatchRun, tests: anyhow::Result<Vec<types::BatchRunTest>>) {
     let tests = tests.unwrap_or_else(|e| {
-        eprintln!("no per-test summary: {e:#}");
+        say!("no per-test summary: {e:#}");
         Vec::new()
     });
     if run.blinded.is_none() && !tests.is_empty() {

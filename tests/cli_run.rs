@@ -1334,6 +1334,58 @@ async fn a_closed_stdout_leaves_the_verdict_and_the_report() {
     }
 }
 
+/// `sparring` with `args` and `key`, its stdout and stderr (one pipe, as
+/// with `2>&1 | head -n1`) closed before it writes anything.
+async fn with_output_closed(args: &[&str], key: &str) -> std::process::Output {
+    let mut cmd = std::process::Command::new(common::process::BIN);
+    cmd.args(args).env_remove("SPARRING_URL").env("SPARRING_API_KEY", key);
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap()
+}
+
+/// A reader that closed stderr too (`sparring run … 2>&1 | head -n1`): the
+/// progress and the messages are lost, never the exit code, the report or
+/// the cancel of a batch run given up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stderr_leaves_the_verdict_the_report_and_the_cancel() {
+    let good = Agent::start(&[]);
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &wrong_day).await;
+    let slow_test = slow_suite(&s, &key, &slow).await;
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let j = junit.to_str().unwrap();
+    let id_in = |xml: &str| {
+        let at = xml.find("sparring batch run brn_").unwrap_or_else(|| panic!("no batch run: {xml}"));
+        xml[at + "sparring batch run ".len()..].split('"').next().unwrap().to_string()
+    };
+    for (args, code) in [
+        (vec!["--test", &suite.good_test, "--junit", j], 0),
+        (vec!["--test", &suite.bad_test, "--junit", j], 1),
+        (vec!["--test", &slow_test, "--timeout", "1", "--junit", j], 2),
+    ] {
+        let out = with_output_closed(&[&["run", "--url", &s.base][..], &args].concat(), &key).await;
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        assert!(!xml.contains("unfinished"), "{args:?}: {xml}");
+        let id = id_in(&xml);
+        if code == 2 {
+            assert!(xml.contains("no verdict: timed out after 1 s"), "{xml}");
+            assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+        }
+    }
+    // Refused: exit 2 all the same.
+    let out = with_output_closed(&["run", "--url", &s.base, "--test", &suite.good_test], "spk_not_a_key").await;
+    assert_eq!(out.status.code(), Some(2));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_that_cannot_be_written_at_the_end_leaves_the_verdict() {
     let good = Agent::start(&["--latency-ms", "500"]);
