@@ -139,6 +139,18 @@ enum Source {
 
 impl RunArgs {
     fn source(&self) -> anyhow::Result<Source> {
+        // An id from a CI variable that is not set arrives empty, and a
+        // path with an empty segment is no operation of the API: said so,
+        // rather than as a server that answers what the API never does.
+        let named = self
+            .batch
+            .iter()
+            .map(|id| ("--batch", id))
+            .chain(self.channel.iter().map(|id| ("--channel", id)))
+            .chain(self.tests.iter().map(|id| ("--test", id)));
+        if let Some((flag, _)) = named.into_iter().find(|(_, id)| id.trim().is_empty()) {
+            anyhow::bail!("{flag} is empty: give the id to run (is the variable that holds it set?)");
+        }
         match (&self.batch, &self.channel, self.tests.as_slice()) {
             (Some(batch), None, []) => Ok(Source::Batch(batch.clone())),
             (None, Some(channel), tests) => Ok(Source::Channel(channel.clone(), tests.to_vec())),

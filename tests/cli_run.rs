@@ -178,7 +178,7 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
 
     // A key stored from a file, with its line break: trimmed.
     let key_from_a_file = format!("{key}\n");
-    let cases: [(&str, Vec<&str>, &str); 8] = [
+    let cases: [(&str, Vec<&str>, &str); 11] = [
         ("spk_not_a_key", vec!["--test", &suite.good_test], "401 "),
         (&outsider, vec!["--test", &suite.good_test], "404 not_found"),
         (&key_from_a_file, vec!["--test", &suite.good_test], "402 insufficient_credits"),
@@ -189,6 +189,11 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
         (&key, vec!["--test", &suite.good_test], "402 insufficient_credits"),
         (&key, vec!["--batch", "bat_0", "--test", &suite.good_test], "--batch"),
         (&key, vec!["--test", &suite.good_test, "--test", &suite.bad_test], "needs --channel"),
+        // An id from a CI variable that is not set: said so, not taken for
+        // a proxy in front of the server.
+        (&key, vec!["--batch", ""], "--batch is empty"),
+        (&key, vec!["--test", " "], "--test is empty"),
+        (&key, vec!["--channel", &suite.good_channel, "--test", ""], "--test is empty"),
     ];
     for (k, args, says) in cases {
         let (code, stdout, stderr) = run(&s, k, &args);
