@@ -492,6 +492,13 @@ async fn start(
                         interrupts.put_back(signal);
                         return Ok(started.into_inner());
                     }
+                    // The server refused it, and so every attempt with
+                    // its key; or this one, like all before it, never
+                    // reached the server: nothing was started.
+                    Ok(Err(e)) if rules_on_the_key(&e) || (!maybe_started && !may_have_reached(&e)) => {
+                        let why = format!("interrupted ({signal}) while starting");
+                        return Err(api_error(e).context(why));
+                    }
                     _ => return Err(unknown().into()),
                 }
             }
@@ -545,6 +552,10 @@ async fn start(
             () = tokio::time::sleep(pause) => {}
             signal = interrupts.recv() => {
                 let why = format!("interrupted ({signal}) while starting");
+                if !maybe_started {
+                    // Every attempt failed before it reached the server.
+                    return Err(failed.context(format!("{why}; no attempt reached the server")));
+                }
                 return Err(StartUnknown { why, key: key.clone() }.into());
             }
         }

@@ -1287,6 +1287,24 @@ async fn an_interrupted_start_says_where_to_look_for_what_it_may_have_started() 
     assert!(!xml.contains("no batch run started"), "{xml}");
 }
 
+/// Interrupted while it tries again to reach a server that no attempt
+/// reached (connection refused): nothing can have been started, and it says
+/// so, not to look for a batch run that cannot exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_start_that_never_reached_the_server_says_nothing_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let j = junit.to_str().unwrap();
+    let args = ["run", "--url", "http://127.0.0.1:9", "--test", "tst_x", "--junit", j];
+    let mut p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", "spk_x")]);
+    p.expect("a start tried again", |o| o.stderr.contains("trying again"));
+    assert_eq!(p.terminate().code(), Some(2), "{}", p.stderr());
+    assert!(p.stderr().contains("interrupted (SIGTERM) while starting"), "{}", p.stderr());
+    assert!(!p.stderr().contains("may have been started"), "{}", p.stderr());
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("no batch run started: ") && xml.contains(r#"type="not_started""#), "{xml}");
+}
+
 /// A start that failed is said even when the report saying so cannot be
 /// written: for one that may have started a batch run, its
 /// `Idempotency-Key` is the only way to find it.
