@@ -861,6 +861,40 @@ async fn an_interrupt_while_the_start_is_answered_cancels_what_it_started() {
     assert_eq!(status_of(&s, &key, &id).await, "cancelled");
 }
 
+/// Interrupted while a start's answer is on its way, and that answer is the
+/// server's refusal (which holds for every attempt with its key): nothing
+/// was started, and it says why, not where to look for a batch run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_start_the_server_refuses_says_why_and_nothing_started() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    let good = Agent::start(&[]);
+    let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 1).await;
+    let key = s.key_for_user("poor@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let test = suite(&s, &key, &project, &good, &good).await.good_test;
+    let sent = std::sync::Arc::new(AtomicBool::new(false));
+    let seen = sent.clone();
+    let front = Front::start(&s.base, move |method, path| {
+        is_start(method, path).then(|| {
+            seen.store(true, Ordering::SeqCst);
+            Answer::Late(Duration::from_secs(2))
+        })
+    })
+    .await;
+
+    let mut p = Proc::spawn_with_env(&["run", "--url", &front.base, "--test", &test], &[("SPARRING_API_KEY", &key)]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sent.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "no start: {}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(p.terminate().code(), Some(2), "{}", p.stderr());
+    let said = "interrupted (SIGTERM) while starting: 402 insufficient_credits";
+    assert!(p.stderr().contains(said), "{}", p.stderr());
+    assert!(!p.stderr().contains("may have been started"), "{}", p.stderr());
+}
+
 /// With `--no-wait` too, an interrupt while the start is answered cancels
 /// what it started (exit 2), rather than leave it running and say it
 /// started (exit 0).
