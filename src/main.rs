@@ -294,15 +294,29 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let addr = server.local_addr();
     slog::info!(log, "serving"; "address" => %addr, "data_dir" => %args.data_dir.display());
     if let Some(key) = &server.first_start_key {
-        // Shown once: only its hash is stored.
-        println!(
-            "\nA new database was created in {dir}, with an admin user\n\
-             (email {email}, for `sparring admin … --user`) and this API key.\n\
-             It is shown only now; keep it somewhere safe:\n\n    {key}\n\n\
-             Try it:\n\n    curl -H 'x-api-key: {key}' http://{addr}/v1/api-keys\n",
-            dir = args.data_dir.display(),
-            email = sparring_impl::users::ADMIN_EMAIL,
-        );
+        // Shown once: only its hash is stored. A stdout that cannot take it
+        // (a full disk, a pipe its reader closed) is said, with what to do,
+        // rather than a panic that stops the server with the key shown to
+        // no one.
+        let shown = {
+            use std::io::Write as _;
+            let mut stdout = std::io::stdout().lock();
+            writeln!(
+                stdout,
+                "\nA new database was created in {dir}, with an admin user\n\
+                 (email {email}, for `sparring admin … --user`) and this API key.\n\
+                 It is shown only now; keep it somewhere safe:\n\n    {key}\n\n\
+                 Try it:\n\n    curl -H 'x-api-key: {key}' http://{addr}/v1/api-keys\n",
+                dir = args.data_dir.display(),
+                email = sparring_impl::users::ADMIN_EMAIL,
+            )
+            .and_then(|()| stdout.flush())
+        };
+        if let Err(e) = shown {
+            slog::error!(log, "the admin user's first API key could not be printed on stdout; make it a key with \
+                               `sparring admin create-key --user {} --label LABEL`", sparring_impl::users::ADMIN_EMAIL;
+                         "error" => %e);
+        }
     }
     let signal = interrupts.recv().await;
     slog::info!(log, "shutting down: finishing in-flight requests"; "signal" => signal);

@@ -41,6 +41,17 @@ macro_rules! out {
     }};
 }
 
+/// `eprintln!`, but a stderr that cannot be written (the same reader:
+/// `sparring run … 2>&1 | head -n1`) is not an error either: the progress
+/// and the messages are lost, never the exit code, the report or the cancel
+/// of a batch run given up. (`eprintln!` panics there, exit 101.)
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
     /// Run this batch (`bat_…`).
@@ -108,7 +119,7 @@ pub fn report_bad_arguments(args: impl Iterator<Item = std::ffi::OsString>, erro
     };
     let first = error.lines().next().unwrap_or(error).trim_start_matches("error: ");
     if let Err(e) = report::write(&path, report::not_started(&format!("bad arguments: {first}"))) {
-        eprintln!("warning: {e:#}");
+        say!("warning: {e:#}");
     }
 }
 
@@ -128,6 +139,18 @@ enum Source {
 
 impl RunArgs {
     fn source(&self) -> anyhow::Result<Source> {
+        // An id from a CI variable that is not set arrives empty, and a
+        // path with an empty segment is no operation of the API: said so,
+        // rather than as a server that answers what the API never does.
+        let named = self
+            .batch
+            .iter()
+            .map(|id| ("--batch", id))
+            .chain(self.channel.iter().map(|id| ("--channel", id)))
+            .chain(self.tests.iter().map(|id| ("--test", id)));
+        if let Some((flag, _)) = named.into_iter().find(|(_, id)| id.trim().is_empty()) {
+            anyhow::bail!("{flag} is empty: give the id to run (is the variable that holds it set?)");
+        }
         match (&self.batch, &self.channel, self.tests.as_slice()) {
             (Some(batch), None, []) => Ok(Source::Batch(batch.clone())),
             (None, Some(channel), tests) => Ok(Source::Channel(channel.clone(), tests.to_vec())),
@@ -165,7 +188,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
         Ok(Verdict::Failed) => ExitCode::from(1),
         Ok(Verdict::None) => ExitCode::from(2),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            say!("error: {e:#}");
             ExitCode::from(2)
         }
     }
@@ -197,9 +220,11 @@ fn transient(e: &sparring_client::Error<types::Error>) -> bool {
 
 /// Whether an answer of this status may be different later: a server
 /// error, or a gateway's or proxy's "not now" (408 Request Timeout, 429
-/// Too Many Requests), which the API itself never answers.
+/// Too Many Requests), which the API itself never answers. Not 501 Not
+/// Implemented: what the server has not built (a run over a `phone`
+/// channel) it refuses the same way every time.
 fn passes(status: http::StatusCode) -> bool {
-    status.is_server_error() || matches!(status.as_u16(), 408 | 429)
+    (status.is_server_error() && status != http::StatusCode::NOT_IMPLEMENTED) || matches!(status.as_u16(), 408 | 429)
 }
 
 /// The longest wait a `Retry-After` is followed for: a gateway asking for
@@ -263,7 +288,7 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
                 let why = format!("{e:#}");
                 let report = if unknown { report::start_unknown(&why) } else { report::not_started(&why) };
                 if let Err(not_written) = report::write(path, report) {
-                    eprintln!("error: {not_written:#}");
+                    say!("error: {not_written:#}");
                 }
             }
             return Err(e);
@@ -274,12 +299,12 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
         // cancelled, as an interrupted wait's batch run is.
         if let Some(signal) = interrupts.received() {
             let why = format!("interrupted ({signal})");
-            eprintln!("{why}; cancelling batch run {}…", started.id);
+            say!("{why}; cancelling batch run {}…", started.id);
             let by = Instant::now() + GIVE_UP_WITHIN;
             match cancel_within(&api, &started.id, by, &mut interrupts).await {
-                Ok(Ok(_)) => eprintln!("{why}; cancelled batch run {}", started.id),
+                Ok(Ok(_)) => say!("{why}; cancelled batch run {}", started.id),
                 Ok(Err(e)) => {
-                    eprintln!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
+                    say!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
                 }
                 Err(_) => {}
             }
@@ -292,7 +317,7 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
         }
         return Ok(Verdict::Passed);
     }
-    eprintln!("started batch run {} ({} runs)", started.id, started.counts.total);
+    say!("started batch run {} ({} runs)", started.id, started.counts.total);
 
     let (ended, gave_up, by) = match wait(&api, &started, &args, deadline, &mut interrupts).await? {
         Waited::Ended(run) => (*run, None, None),
@@ -301,9 +326,9 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
             // The cancel and the reads after it, in all.
             let by = Instant::now() + GIVE_UP_WITHIN;
             if args.keep_running {
-                eprintln!("{why}; batch run {} keeps running", started.id);
+                say!("{why}; batch run {} keeps running", started.id);
             } else {
-                eprintln!("{why}; cancelling batch run {}…", started.id);
+                say!("{why}; cancelling batch run {}…", started.id);
                 let cancelled = match cancel_within(&api, &started.id, by, &mut interrupts).await {
                     Ok(cancelled) => cancelled,
                     // Told again to stop: the report as things stand, now.
@@ -324,15 +349,15 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
                                 | types::BatchRunStatus::Cancelled
                         ) =>
                     {
-                        eprintln!("{why}, but batch run {} had already ended: {}", started.id, run.status);
+                        say!("{why}, but batch run {} had already ended: {}", started.id, run.status);
                         return finish(&api, &run, &args, None, Some(by), &mut interrupts).await;
                     }
                     Ok(run) => {
-                        eprintln!("{why}; cancelled batch run {}", started.id);
+                        say!("{why}; cancelled batch run {}", started.id);
                         last = run;
                     }
                     Err(e) => {
-                        eprintln!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
+                        say!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
                     }
                 }
             }
@@ -388,10 +413,12 @@ fn may_have_reached(e: &sparring_client::Error<types::Error>) -> bool {
 /// Whether `e`, the server's own refusal of a start, says what became of
 /// every attempt with the same `Idempotency-Key`: the server looks the key
 /// up (and answers with the batch run it started) before anything but the
-/// credential, and the same request is refused the same way.
+/// credential, and the same request is refused the same way (a 4xx, or a
+/// 501 `not_implemented`).
 fn rules_on_the_key(e: &sparring_client::Error<types::Error>) -> bool {
     matches!(e, sparring_client::Error::ErrorResponse(r)
-        if r.status().is_client_error() && r.status() != http::StatusCode::UNAUTHORIZED)
+        if (r.status().is_client_error() && r.status() != http::StatusCode::UNAUTHORIZED)
+            || r.status() == http::StatusCode::NOT_IMPLEMENTED)
 }
 
 /// Starts the batch run. An attempt that cannot reach the server or that it
@@ -465,6 +492,13 @@ async fn start(
                         interrupts.put_back(signal);
                         return Ok(started.into_inner());
                     }
+                    // The server refused it, and so every attempt with
+                    // its key; or this one, like all before it, never
+                    // reached the server: nothing was started.
+                    Ok(Err(e)) if rules_on_the_key(&e) || (!maybe_started && !may_have_reached(&e)) => {
+                        let why = format!("interrupted ({signal}) while starting");
+                        return Err(api_error(e).context(why));
+                    }
                     _ => return Err(unknown().into()),
                 }
             }
@@ -497,7 +531,7 @@ async fn start(
             if !maybe_started {
                 return Err(failed);
             }
-            eprintln!(
+            say!(
                 "starting the batch run failed ({failed:#}); asking once more, with the same Idempotency-Key, \
                  whether it was started"
             );
@@ -506,7 +540,7 @@ async fn start(
         }
         if said.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
             said = Some(Instant::now());
-            eprintln!(
+            say!(
                 "starting the batch run failed ({failed:#}); trying again (failing for {} s)",
                 first.elapsed().as_secs()
             );
@@ -518,6 +552,10 @@ async fn start(
             () = tokio::time::sleep(pause) => {}
             signal = interrupts.recv() => {
                 let why = format!("interrupted ({signal}) while starting");
+                if !maybe_started {
+                    // Every attempt failed before it reached the server.
+                    return Err(failed.context(format!("{why}; no attempt reached the server")));
+                }
                 return Err(StartUnknown { why, key: key.clone() }.into());
             }
         }
@@ -542,7 +580,7 @@ async fn finish(
             tests = tests_of(api, ended) => tests,
             () = past(by) => Err(anyhow::anyhow!("its tests were not read within {} s", GIVE_UP_WITHIN.as_secs())),
             signal = interrupts.recv() => {
-                eprintln!("interrupted ({signal}) while reading the tests of batch run {}", ended.id);
+                say!("interrupted ({signal}) while reading the tests of batch run {}", ended.id);
                 gave_up = Some(match gave_up {
                     Some(why) => format!("{why}; interrupted again ({signal})"),
                     None => format!("interrupted ({signal})"),
@@ -579,7 +617,7 @@ fn conclude(
     }
     if let (Some(path), Some(report)) = (&args.junit, report) {
         if let Err(e) = report::write(path, report) {
-            eprintln!("error: {e:#} (only the report: the verdict above stands)");
+            say!("error: {e:#} (only the report: the verdict above stands)");
         }
     }
     Ok(verdict)
@@ -599,7 +637,7 @@ async fn cancel_within(
             Err(anyhow::anyhow!("the server did not answer within {} s", GIVE_UP_WITHIN.as_secs()))
         })),
         signal = interrupts.recv() => {
-            eprintln!("interrupted again ({signal}); stopped cancelling batch run {id}, it may still be running");
+            say!("interrupted again ({signal}); stopped cancelling batch run {id}, it may still be running");
             Err(signal)
         }
     }
@@ -769,7 +807,7 @@ impl Progress {
             }
             None => {
                 if self.last_line.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
-                    eprintln!("{}: {}", self.id, counts_line(run));
+                    say!("{}: {}", self.id, counts_line(run));
                     self.last_line = Some(Instant::now());
                 }
             }
@@ -779,7 +817,7 @@ impl Progress {
     fn note(&self, text: &str) {
         match &self.bar {
             Some(bar) => bar.println(text),
-            None => eprintln!("{text}"),
+            None => say!("{text}"),
         }
     }
 
@@ -789,7 +827,7 @@ impl Progress {
                 bar.set_message(counts_detail(run));
                 bar.finish();
             }
-            None => eprintln!("{}: {}: {}", self.id, run.status, counts_line(run)),
+            None => say!("{}: {}: {}", self.id, run.status, counts_line(run)),
         }
     }
 
@@ -832,7 +870,7 @@ fn passed_of(counts: &types::BatchRunCounts) -> Option<(i64, i64)> {
 /// said on stderr and left out.
 fn summary(run: &types::BatchRun, tests: anyhow::Result<Vec<types::BatchRunTest>>) {
     let tests = tests.unwrap_or_else(|e| {
-        eprintln!("no per-test summary: {e:#}");
+        say!("no per-test summary: {e:#}");
         Vec::new()
     });
     if run.blinded.is_none() && !tests.is_empty() {

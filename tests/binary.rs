@@ -609,6 +609,42 @@ fn a_first_start_that_cannot_bind_does_not_lose_the_admin_key() {
     assert!(printed.is_ok(), "the admin key was never shown: {}", server.proc.stdout());
 }
 
+/// A first start whose stdout cannot take the key (a full disk, a pipe its
+/// reader closed) goes on serving, and says in its log how to make the
+/// admin a key; it crashed, with the key made and shown to no one.
+#[test]
+fn a_first_start_that_cannot_print_the_key_serves_and_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let log = dir.path().join("stderr.log");
+    let mut child = std::process::Command::new(common::process::BIN)
+        .args(["serve", "--bind", "127.0.0.1:0", "--data-dir", data_dir.to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let said = "sparring admin create-key --user admin@localhost";
+    let deadline = std::time::Instant::now() + common::process::DEADLINE;
+    while !std::fs::read_to_string(&log).unwrap().contains(said) {
+        let ended = child.try_wait().unwrap();
+        assert!(
+            ended.is_none() && std::time::Instant::now() < deadline,
+            "{ended:?}: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(child.try_wait().unwrap(), None, "{}", std::fs::read_to_string(&log).unwrap());
+    let status = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
+    assert!(status.success());
+    let ended = child.wait().unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(ended.success(), "{ended}: {logged}");
+    assert!(!logged.contains("spk_"), "the key was logged: {logged}");
+}
+
 /// A project with a webhook secret: the database then holds a sealed value.
 async fn seal_a_secret(server: &common::process::Server, key: &str) {
     let resp = http()

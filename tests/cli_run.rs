@@ -178,7 +178,7 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
 
     // A key stored from a file, with its line break: trimmed.
     let key_from_a_file = format!("{key}\n");
-    let cases: [(&str, Vec<&str>, &str); 8] = [
+    let cases: [(&str, Vec<&str>, &str); 11] = [
         ("spk_not_a_key", vec!["--test", &suite.good_test], "401 "),
         (&outsider, vec!["--test", &suite.good_test], "404 not_found"),
         (&key_from_a_file, vec!["--test", &suite.good_test], "402 insufficient_credits"),
@@ -189,6 +189,11 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
         (&key, vec!["--test", &suite.good_test], "402 insufficient_credits"),
         (&key, vec!["--batch", "bat_0", "--test", &suite.good_test], "--batch"),
         (&key, vec!["--test", &suite.good_test, "--test", &suite.bad_test], "needs --channel"),
+        // An id from a CI variable that is not set: said so, not taken for
+        // a proxy in front of the server.
+        (&key, vec!["--batch", ""], "--batch is empty"),
+        (&key, vec!["--test", " "], "--test is empty"),
+        (&key, vec!["--channel", &suite.good_channel, "--test", ""], "--test is empty"),
     ];
     for (k, args, says) in cases {
         let (code, stdout, stderr) = run(&s, k, &args);
@@ -277,6 +282,40 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
     let retry = said.lines().find(|l| l.contains("trying again")).unwrap();
     assert!(retry.contains("Connection refused"), "{retry}");
     assert!(said.contains("error: starting the batch run: could not reach the server"), "{said}");
+}
+
+/// A test over a `phone` channel is answered `501 not_implemented`: a
+/// refusal that no retry changes, said at once with the server's reason,
+/// not tried for a minute and then said to have perhaps started a batch
+/// run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_the_server_does_not_implement_is_refused_at_once() {
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let p = s.create_project(&key, "phones").await;
+    let telephony = json!({"project_id": p, "provider": "twilio", "name": "tel",
+                           "config": {"account_sid": "AC0123456789abcdef0123456789abcdef"}});
+    let tel = create(&s, &key, "/v1/integrations", telephony).await;
+    let phone = json!({"project_id": p, "name": "phone", "kind": "phone", "target": "+14155550123",
+                       "integration_id": tel});
+    let channel = create(&s, &key, "/v1/channels", phone).await;
+    let persona = create(&s, &key, "/v1/personas", json!({"project_id": p, "name": "Dana"})).await;
+    let scenario = create(&s, &key, "/v1/scenarios", booking(&p, &persona)).await;
+    let test = json!({"project_id": p, "name": "calls", "channel_id": channel, "scenario_id": scenario});
+    let test = create(&s, &key, "/v1/tests", test).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let at = std::time::Instant::now();
+    let (code, stdout, stderr) = run(&s, &key, &["--test", &test, "--junit", junit.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
+    assert!(at.elapsed() < std::time::Duration::from_secs(10), "{:?}: {stderr}", at.elapsed());
+    assert!(stderr.contains("error: starting the batch run: 501 not_implemented"), "{stderr}");
+    assert!(!stderr.contains("trying again") && !stderr.contains("may have been started"), "{stderr}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("no batch run started: starting the batch run: 501 not_implemented"), "{xml}");
+    let listed = s.expect(Method::GET, &format!("/v1/batch-runs?project_id={p}"), &key, None, 200).await;
+    assert_eq!(listed["batch_runs"], json!([]), "{listed}");
 }
 
 /// An agent that takes 2 s to answer, so the batch run is still going when
@@ -822,6 +861,40 @@ async fn an_interrupt_while_the_start_is_answered_cancels_what_it_started() {
     assert_eq!(status_of(&s, &key, &id).await, "cancelled");
 }
 
+/// Interrupted while a start's answer is on its way, and that answer is the
+/// server's refusal (which holds for every attempt with its key): nothing
+/// was started, and it says why, not where to look for a batch run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_start_the_server_refuses_says_why_and_nothing_started() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    let good = Agent::start(&[]);
+    let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 1).await;
+    let key = s.key_for_user("poor@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let test = suite(&s, &key, &project, &good, &good).await.good_test;
+    let sent = std::sync::Arc::new(AtomicBool::new(false));
+    let seen = sent.clone();
+    let front = Front::start(&s.base, move |method, path| {
+        is_start(method, path).then(|| {
+            seen.store(true, Ordering::SeqCst);
+            Answer::Late(Duration::from_secs(2))
+        })
+    })
+    .await;
+
+    let mut p = Proc::spawn_with_env(&["run", "--url", &front.base, "--test", &test], &[("SPARRING_API_KEY", &key)]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sent.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "no start: {}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(p.terminate().code(), Some(2), "{}", p.stderr());
+    let said = "interrupted (SIGTERM) while starting: 402 insufficient_credits";
+    assert!(p.stderr().contains(said), "{}", p.stderr());
+    assert!(!p.stderr().contains("may have been started"), "{}", p.stderr());
+}
+
 /// With `--no-wait` too, an interrupt while the start is answered cancels
 /// what it started (exit 2), rather than leave it running and say it
 /// started (exit 0).
@@ -1248,6 +1321,24 @@ async fn an_interrupted_start_says_where_to_look_for_what_it_may_have_started() 
     assert!(!xml.contains("no batch run started"), "{xml}");
 }
 
+/// Interrupted while it tries again to reach a server that no attempt
+/// reached (connection refused): nothing can have been started, and it says
+/// so, not to look for a batch run that cannot exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_start_that_never_reached_the_server_says_nothing_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let j = junit.to_str().unwrap();
+    let args = ["run", "--url", "http://127.0.0.1:9", "--test", "tst_x", "--junit", j];
+    let mut p = Proc::spawn_with_env(&args, &[("SPARRING_API_KEY", "spk_x")]);
+    p.expect("a start tried again", |o| o.stderr.contains("trying again"));
+    assert_eq!(p.terminate().code(), Some(2), "{}", p.stderr());
+    assert!(p.stderr().contains("interrupted (SIGTERM) while starting"), "{}", p.stderr());
+    assert!(!p.stderr().contains("may have been started"), "{}", p.stderr());
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("no batch run started: ") && xml.contains(r#"type="not_started""#), "{xml}");
+}
+
 /// A start that failed is said even when the report saying so cannot be
 /// written: for one that may have started a batch run, its
 /// `Idempotency-Key` is the only way to find it.
@@ -1298,6 +1389,58 @@ async fn a_closed_stdout_leaves_the_verdict_and_the_report() {
         assert!(xml.contains(&format!(r#"<testsuite name="sparring batch run {id}""#)), "{args:?}: {xml}");
         assert!(!xml.contains("unfinished"), "{args:?}: {xml}");
     }
+}
+
+/// `sparring` with `args` and `key`, its stdout and stderr (one pipe, as
+/// with `2>&1 | head -n1`) closed before it writes anything.
+async fn with_output_closed(args: &[&str], key: &str) -> std::process::Output {
+    let mut cmd = std::process::Command::new(common::process::BIN);
+    cmd.args(args).env_remove("SPARRING_URL").env("SPARRING_API_KEY", key);
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap()
+}
+
+/// A reader that closed stderr too (`sparring run … 2>&1 | head -n1`): the
+/// progress and the messages are lost, never the exit code, the report or
+/// the cancel of a batch run given up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stderr_leaves_the_verdict_the_report_and_the_cancel() {
+    let good = Agent::start(&[]);
+    let wrong_day = Agent::start(&["--bug", "wrong-day"]);
+    let slow = Agent::start(&["--latency-ms", "2000"]);
+    let s = TestServer::start().await;
+    let key = s.key_for_user("ci@example.com").await;
+    let project = s.create_project(&key, "ci").await;
+    let suite = suite(&s, &key, &project, &good, &wrong_day).await;
+    let slow_test = slow_suite(&s, &key, &slow).await;
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("report.xml");
+    let j = junit.to_str().unwrap();
+    let id_in = |xml: &str| {
+        let at = xml.find("sparring batch run brn_").unwrap_or_else(|| panic!("no batch run: {xml}"));
+        xml[at + "sparring batch run ".len()..].split('"').next().unwrap().to_string()
+    };
+    for (args, code) in [
+        (vec!["--test", &suite.good_test, "--junit", j], 0),
+        (vec!["--test", &suite.bad_test, "--junit", j], 1),
+        (vec!["--test", &slow_test, "--timeout", "1", "--junit", j], 2),
+    ] {
+        let out = with_output_closed(&[&["run", "--url", &s.base][..], &args].concat(), &key).await;
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        assert!(!xml.contains("unfinished"), "{args:?}: {xml}");
+        let id = id_in(&xml);
+        if code == 2 {
+            assert!(xml.contains("no verdict: timed out after 1 s"), "{xml}");
+            assert_eq!(status_of(&s, &key, &id).await, "cancelled");
+        }
+    }
+    // Refused: exit 2 all the same.
+    let out = with_output_closed(&["run", "--url", &s.base, "--test", &suite.good_test], "spk_not_a_key").await;
+    assert_eq!(out.status.code(), Some(2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
