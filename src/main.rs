@@ -263,7 +263,10 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Not `eprintln!`: with stderr closed (`… 2>&1 | head -n1`) it
+            // panics, and the exit code would be 101, not the failure's.
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "error: {e:#}");
             ExitCode::FAILURE
         }
     }

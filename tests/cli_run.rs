@@ -1443,6 +1443,25 @@ async fn a_closed_stderr_leaves_the_verdict_the_report_and_the_cancel() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// The other client commands fail with exit 1 when stderr is closed too:
+/// the error's message was written with `eprintln!`, which panicked (101).
+#[tokio::test]
+async fn a_closed_stderr_leaves_a_failing_command_its_exit_code() {
+    let nothing = common::ClosedPort::new();
+    let url = format!("http://127.0.0.1:{}", nothing.port);
+    let out = with_output_closed(&["result", "trs_nothing", "--url", &url], "spk_x").await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    // And with stderr open, the same failure says why.
+    let out = std::process::Command::new(common::process::BIN)
+        .args(["result", "trs_nothing", "--url", &url])
+        .env_remove("SPARRING_URL")
+        .env("SPARRING_API_KEY", "spk_x")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "), "{out:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_that_cannot_be_written_at_the_end_leaves_the_verdict() {
     let good = Agent::start(&["--latency-ms", "500"]);
