@@ -25,8 +25,11 @@ impl Remote {
                 "no API key: set SPARRING_API_KEY (or give --api-key, which other users of the machine can see)"
             )
         };
-        check_url(&self.url)?;
-        sparring_client::Client::with_api_key(&base_url(&self.url), key).map_err(|_| {
+        // Trimmed as the key is: a URL stored in a file ends with a line
+        // break as often.
+        let url = self.url.trim();
+        check_url(url)?;
+        sparring_client::Client::with_api_key(&base_url(url), key).map_err(|_| {
             anyhow::anyhow!(
                 "the API key contains a line break or another character a header cannot carry: \
                  check how SPARRING_API_KEY is set"
@@ -145,6 +148,22 @@ mod tests {
         let long = "x".repeat(500);
         assert_eq!(super::beginning(long.as_bytes()), format!("{}…", "x".repeat(120)));
         assert_eq!(super::beginning(b"\x1b[2Jhi"), "\\u{1b}[2Jhi");
+    }
+
+    /// A URL read from a file (`SPARRING_URL=$(cat url.txt)` keeps none,
+    /// but a CI variable pasted with its line break does) is taken as the
+    /// key is, trimmed; it was refused as not looking like a URL.
+    #[test]
+    fn a_url_with_a_line_break_around_it_is_taken_trimmed() {
+        let remote = super::Remote {
+            url: "  https://sparring.example.com/v1\n".to_string(),
+            api_key: Some("spk_x\n".to_string()),
+        };
+        use sparring_client::ClientInfo as _;
+        let client = remote.client().expect("a trimmed URL is a URL");
+        assert_eq!(client.baseurl(), "https://sparring.example.com/v1");
+        let inside = super::Remote { url: "https://sparring.example.com\n/v1".to_string(), api_key: Some("k".into()) };
+        assert!(inside.client().is_err(), "a line break inside is no URL");
     }
 
     #[test]
