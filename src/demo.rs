@@ -274,7 +274,8 @@ async fn show(
         tokio::time::sleep(Duration::from_millis(150)).await;
     };
 
-    println!("\n{:<36} {:>10} {:>9} {:>8}  failure reasons", "test", "iterations", "pass rate", "p95 ms");
+    // A row counts conversations: a test's iterations times its personas.
+    println!("\n{:<36} {:>10} {:>9} {:>8}  failure reasons", "test", "calls", "pass rate", "p95 ms");
     let mut a_failure = None;
     for id in &test_ids {
         let results = api.list_test_results().id(id).limit(200).send().await?.into_inner().test_results;
