@@ -323,6 +323,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let signal = interrupts.recv().await;
     slog::info!(log, "shutting down: finishing in-flight requests"; "signal" => signal);
+    // A second signal ends the process at once: what was acknowledged is
+    // durable, and a run in flight goes back to the queue when its lease
+    // ends, as after a crash. An operator need not wait out the stop (up
+    // to its 5 s for requests, then the engine's and the checkpoint's).
+    let forced = log.clone();
+    tokio::spawn(async move {
+        let signal = interrupts.recv().await;
+        slog::warn!(forced, "stopping at once: a second signal came during the stop"; "signal" => signal);
+        // The log is written by its own thread; give it a moment.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::process::exit(if signal == "SIGTERM" { 143 } else { 130 });
+    });
     server.shutdown().await
 }
 

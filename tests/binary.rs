@@ -157,6 +157,41 @@ async fn a_request_that_never_finishes_does_not_keep_the_server_from_stopping() 
     assert_eq!(projects, 0, "the request never sent whole made a project");
 }
 
+/// A second signal during the stop ends the process at once (exit 128 +
+/// the signal), rather than after the stop's wait for requests in flight.
+#[tokio::test]
+async fn a_second_signal_during_the_stop_ends_the_process_at_once() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, key) = first_start(dir.path());
+    let addr = server.base.trim_start_matches("http://").to_string();
+    // A request whose body never comes: the stop waits 5 s for it.
+    let mut stuck = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        stuck,
+        "POST /v1/projects HTTP/1.1\r\nhost: {addr}\r\nx-api-key: {key}\r\ncontent-type: application/json\r\n\
+         content-length: 100\r\n\r\n{{\"na"
+    )
+    .unwrap();
+    let accepted = format!("\"remote_addr\":\"{}\"", stuck.local_addr().unwrap());
+    server.proc.expect("the connection accepted", |o| o.stderr.contains(&accepted));
+    server.proc.signal("TERM");
+    server.proc.expect("the stop begun", |o| o.stderr.contains("shutting down: finishing in-flight requests"));
+    server.proc.signal("INT");
+    let status = server.proc.wait_exit();
+    assert_eq!(status.code(), Some(130), "{status}\n{}", server.proc.stderr());
+    assert!(server.proc.stderr().contains("a second signal came during the stop"), "{}", server.proc.stderr());
+    drop(stuck);
+    // What was acknowledged is there: the next start opens the data dir.
+    let store = sparring_impl::open_store(dir.path()).unwrap();
+    let keys: i64 = store
+        .read_blocking(|c| {
+            Ok::<_, sparring_impl::store::StoreError>(c.query_row("SELECT count(*) FROM api_keys", [], |r| r.get(0))?)
+        })
+        .unwrap();
+    assert_eq!(keys, 1);
+}
+
 #[tokio::test]
 async fn admin_create_key_prints_the_key_alone() {
     let dir = tempfile::tempdir().unwrap();
