@@ -119,13 +119,10 @@ async fn a_stopped_server_leaves_its_data_in_the_database_file() {
 /// sent whole) does not keep a server asked to stop from stopping: the wait
 /// for requests in flight is bounded, and the stop still writes what it must
 /// on its way out (the key's last use, the WAL emptied into the database).
-#[tokio::test]
-async fn a_request_that_never_finishes_does_not_keep_the_server_from_stopping() {
+/// A connection whose `POST` declares 100 bytes of body and sends 4, once
+/// the server has accepted it: a request in flight until it is cut off.
+fn a_request_whose_body_never_comes(server: &mut common::process::Server, key: &str) -> std::net::TcpStream {
     use std::io::Write as _;
-    let dir = tempfile::tempdir().unwrap();
-    let (mut server, key) = first_start(dir.path());
-    let resp = http().get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
     let addr = server.base.trim_start_matches("http://").to_string();
     let mut stuck = std::net::TcpStream::connect(&addr).unwrap();
     write!(
@@ -136,6 +133,16 @@ async fn a_request_that_never_finishes_does_not_keep_the_server_from_stopping() 
     .unwrap();
     let accepted = format!("\"remote_addr\":\"{}\"", stuck.local_addr().unwrap());
     server.proc.expect("the connection accepted", |o| o.stderr.contains(&accepted));
+    stuck
+}
+
+#[tokio::test]
+async fn a_request_that_never_finishes_does_not_keep_the_server_from_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, key) = first_start(dir.path());
+    let resp = http().get(server.url("/v1/api-keys")).header("x-api-key", &key).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let stuck = a_request_whose_body_never_comes(&mut server, &key);
     let asked = std::time::Instant::now();
     server.stop();
     assert!(asked.elapsed() < std::time::Duration::from_secs(20), "the stop took {:?}", asked.elapsed());
@@ -161,20 +168,10 @@ async fn a_request_that_never_finishes_does_not_keep_the_server_from_stopping() 
 /// the signal), rather than after the stop's wait for requests in flight.
 #[tokio::test]
 async fn a_second_signal_during_the_stop_ends_the_process_at_once() {
-    use std::io::Write as _;
     let dir = tempfile::tempdir().unwrap();
     let (mut server, key) = first_start(dir.path());
-    let addr = server.base.trim_start_matches("http://").to_string();
-    // A request whose body never comes: the stop waits 5 s for it.
-    let mut stuck = std::net::TcpStream::connect(&addr).unwrap();
-    write!(
-        stuck,
-        "POST /v1/projects HTTP/1.1\r\nhost: {addr}\r\nx-api-key: {key}\r\ncontent-type: application/json\r\n\
-         content-length: 100\r\n\r\n{{\"na"
-    )
-    .unwrap();
-    let accepted = format!("\"remote_addr\":\"{}\"", stuck.local_addr().unwrap());
-    server.proc.expect("the connection accepted", |o| o.stderr.contains(&accepted));
+    // The stop waits 5 s for it.
+    let stuck = a_request_whose_body_never_comes(&mut server, &key);
     server.proc.signal("TERM");
     server.proc.expect("the stop begun", |o| o.stderr.contains("shutting down: finishing in-flight requests"));
     server.proc.signal("INT");

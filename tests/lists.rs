@@ -74,6 +74,33 @@ async fn a_cursor_the_list_did_not_issue_is_refused() {
     }
 }
 
+/// In the team's project, made by its editor: an http channel to `closed`
+/// (every call fails at once, each run keeping a result that says so) and a
+/// scripted scenario of one line with its persona.
+async fn unreachable_channel_and_scenario(
+    s: &TestServer,
+    t: &common::Team,
+    closed: &common::ClosedPort,
+) -> (String, String) {
+    let p = &t.project_id;
+    let create = async |path: &str, body: Value| -> String {
+        s.expect(Method::POST, path, &t.editor, Some(body), 200).await["id"].as_str().unwrap().to_string()
+    };
+    let channel = create(
+        "/v1/channels",
+        json!({"project_id": p, "name": "agent", "kind": "http", "target": closed.http_target()}),
+    )
+    .await;
+    let persona = create("/v1/personas", json!({"project_id": p, "name": "caller"})).await;
+    let scenario = create(
+        "/v1/scenarios",
+        json!({"project_id": p, "name": "s", "mode": "scripted", "default_persona_id": persona,
+               "steps": [{"say": "hi", "expect": []}]}),
+    )
+    .await;
+    (channel, scenario)
+}
+
 /// The runs of a batch run, the tests of a batch run and the results of a
 /// test are a list each: a cursor one of them issued, given to the same
 /// list of another batch run or test, is refused too. It was taken as a
@@ -90,18 +117,7 @@ async fn a_cursor_of_another_batch_runs_or_tests_list_is_refused() {
         let (s, key) = (&s, t.editor.clone());
         async move { s.expect(Method::POST, path, &key, Some(body), 200).await["id"].as_str().unwrap().to_string() }
     };
-    let channel = create(
-        "/v1/channels",
-        json!({"project_id": p, "name": "agent", "kind": "http", "target": closed.http_target()}),
-    )
-    .await;
-    let persona = create("/v1/personas", json!({"project_id": p, "name": "caller"})).await;
-    let scenario = create(
-        "/v1/scenarios",
-        json!({"project_id": p, "name": "s", "mode": "scripted", "default_persona_id": persona,
-               "steps": [{"say": "hi", "expect": []}]}),
-    )
-    .await;
+    let (channel, scenario) = unreachable_channel_and_scenario(&s, &t, &closed).await;
     let test = |name: &str| json!({"project_id": p, "name": name, "channel_id": channel, "scenario_id": scenario, "iterations": 2});
     let (one, two) = (create("/v1/tests", test("one")).await, create("/v1/tests", test("two")).await);
     let batch = create("/v1/batches", json!({"project_id": p, "name": "b", "test_ids": [one, two]})).await;
@@ -146,18 +162,7 @@ async fn a_batch_runs_tests_paged_are_its_whole_page() {
         let (s, key) = (&s, t.editor.clone());
         async move { s.expect(Method::POST, path, &key, Some(body), 200).await["id"].as_str().unwrap().to_string() }
     };
-    let channel = create(
-        "/v1/channels",
-        json!({"project_id": p, "name": "agent", "kind": "http", "target": closed.http_target()}),
-    )
-    .await;
-    let persona = create("/v1/personas", json!({"project_id": p, "name": "caller"})).await;
-    let scenario = create(
-        "/v1/scenarios",
-        json!({"project_id": p, "name": "s", "mode": "scripted", "default_persona_id": persona,
-               "steps": [{"say": "hi", "expect": []}]}),
-    )
-    .await;
+    let (channel, scenario) = unreachable_channel_and_scenario(&s, &t, &closed).await;
     // Five tests, the i-th with i iterations: each test's count says whose
     // runs it counted.
     let mut iterations = std::collections::HashMap::new();

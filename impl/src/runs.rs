@@ -1364,10 +1364,14 @@ mod tests {
 
     use crate::failure::Failure;
 
-    /// SQLite's virtual machine steps (which no machine's noise moves) to
-    /// count the runs of a batch run of `tests` tests with 4 runs each, as
-    /// the end of a batch run does.
-    fn steps_to_count(tests: usize) -> i32 {
+    /// A store holding the batch run `brn_1` of `tests` tests (`tst_0000`
+    /// on), each with 4 runs: run `i` (1 to 4) of test `t` has the id
+    /// `id(t, i)` and the status `status(i)`.
+    fn a_batch_run(
+        tests: usize,
+        id: impl Fn(usize, usize) -> String,
+        status: impl Fn(usize) -> &'static str,
+    ) -> (tempfile::TempDir, crate::store::Store) {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
         store
@@ -1389,14 +1393,23 @@ mod tests {
                         tx.execute(
                             "INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, iteration,
                                                status, attempt, queued_at, queued_ms, created_at, updated_at)
-                             VALUES (?1, 'brn_1', 'prj_1', 'usr_1', ?2, 'scn_1', ?3, 'passed', 1, 't', 0, 't', 't')",
-                            params![format!("run_{t:04}_{i}"), test, i],
+                             VALUES (?1, 'brn_1', 'prj_1', 'usr_1', ?2, 'scn_1', ?3, ?4, 1, 't', 0, 't', 't')",
+                            params![id(t, i), test, i as i64, status(i)],
                         )?;
                     }
                 }
                 Ok(())
             })
             .unwrap();
+        (dir, store)
+    }
+
+    /// SQLite's virtual machine steps (which no machine's noise moves) to
+    /// count the runs of a batch run of `tests` tests with 4 runs each, as
+    /// the end of a batch run does.
+    fn steps_to_count(tests: usize) -> i32 {
+        // Each test's runs queued one after another.
+        let (_dir, store) = a_batch_run(tests, |t, i| format!("run_{t:04}_{i}"), |_| "passed");
         store
             .read_blocking::<_, Failure, _>(|tx| {
                 let mut count = tx.prepare(&format!(
@@ -1459,13 +1472,7 @@ mod tests {
         let tests = 300;
         let (planned, worst, reads) = store
             .write_blocking::<_, Failure, _>(|tx| {
-                tx.execute_batch(
-                    "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
-                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', 'usr_1');
-                     INSERT INTO personas VALUES ('per_1', 'prj_1', 'caller', '{}', 't', 't');
-                     INSERT INTO channels VALUES ('chn_1', 'prj_1', 'web', 'http', 'https://a.example', NULL, '[]',
-                                                  NULL, 1000, 600, 't', 't');",
-                )?;
+                a_project_with_a_channel(tx)?;
                 tx.execute(
                     "INSERT INTO scenarios VALUES ('scn_1', 'prj_1', 's', 'scripted', 'per_1', 1, ?1, 't', 't', 60)",
                     params![scenario.to_string()],
@@ -1492,18 +1499,24 @@ mod tests {
         assert_eq!(reads, 1, "the scenario of {tests} tests read once");
     }
 
-    /// A project of `usr_1`, who pays for it and has no credits, with a
-    /// channel and a scenario (120 s at most) and `tests` tests of 3
-    /// iterations and a pass threshold of 0.5 (`tst_0000`, …), whose own
-    /// and scenario's documents are `document`.
-    fn project_with_tests(tx: &rusqlite::Transaction<'_>, tests: usize, document: &str) -> rusqlite::Result<()> {
+    /// `usr_1`, who pays for `prj_1` (and has no credits), with its persona
+    /// `per_1` and its http channel `chn_1`.
+    fn a_project_with_a_channel(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
         tx.execute_batch(
             "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
              INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', 'usr_1');
              INSERT INTO personas VALUES ('per_1', 'prj_1', 'caller', '{}', 't', 't');
              INSERT INTO channels VALUES ('chn_1', 'prj_1', 'web', 'http', 'https://a.example', NULL, '[]',
                                           NULL, 1000, 600, 't', 't');",
-        )?;
+        )
+    }
+
+    /// A project of `usr_1`, who pays for it and has no credits, with a
+    /// channel and a scenario (120 s at most) and `tests` tests of 3
+    /// iterations and a pass threshold of 0.5 (`tst_0000`, …), whose own
+    /// and scenario's documents are `document`.
+    fn project_with_tests(tx: &rusqlite::Transaction<'_>, tests: usize, document: &str) -> rusqlite::Result<()> {
+        a_project_with_a_channel(tx)?;
         tx.execute(
             "INSERT INTO scenarios (id, project_id, name, mode, default_persona_id, version, document, created_at,
                                     updated_at, max_duration_s)
@@ -1712,37 +1725,10 @@ mod tests {
     /// cursor `after` (a test's index) or from the first test: the page's
     /// tests and their counts as they were read, and the steps.
     fn steps_for_a_page(tests: usize, after: Option<usize>, limit: usize) -> (Vec<(String, i64, i64)>, i32) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
-        store
-            .write_blocking::<_, Failure, _>(|tx| {
-                tx.execute_batch(
-                    "INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't');
-                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', NULL);
-                     INSERT INTO batch_runs (id, project_id, user_id, source, status, concurrency, metadata,
-                                             created_at, updated_at)
-                     VALUES ('brn_1', 'prj_1', 'usr_1', 'batch', 'running', 10, '{}', 't', 't');",
-                )?;
-                for t in 0..tests {
-                    let test = format!("tst_{t:04}");
-                    tx.execute(
-                        "INSERT INTO batch_run_tests (batch_run_id, test_id, pass_threshold) VALUES ('brn_1', ?1, 1)",
-                        params![test],
-                    )?;
-                    // Runs of every test queued together, as a start queues
-                    // them: each test's runs far apart in `runs_by_batch_run`.
-                    for i in 1..=4 {
-                        tx.execute(
-                            "INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, iteration,
-                                               status, attempt, queued_at, queued_ms, created_at, updated_at)
-                             VALUES (?1, 'brn_1', 'prj_1', 'usr_1', ?2, 'scn_1', ?3, ?4, 1, 't', 0, 't', 't')",
-                            params![format!("run_{i}_{t:04}"), test, i, if i == 4 { "failed" } else { "passed" }],
-                        )?;
-                    }
-                }
-                Ok(())
-            })
-            .unwrap();
+        // Runs of every test queued together, as a start queues them: each
+        // test's runs far apart in `runs_by_batch_run`.
+        let (_dir, store) =
+            a_batch_run(tests, |t, i| format!("run_{i}_{t:04}"), |i| if i == 4 { "failed" } else { "passed" });
         let page = crate::pagination::PageRequest { limit, after: after.map(|t| format!("tst_{t:04}")) };
         store
             .read_blocking::<_, Failure, _>(move |tx| {
