@@ -353,8 +353,19 @@ async fn run_agent(config: agent::AgentConfig) -> anyhow::Result<()> {
 async fn admin(command: AdminCommand) -> anyhow::Result<()> {
     match command {
         AdminCommand::CreateKey { data_dir, user, label } => {
-            println!("{}", sparring_impl::admin::create_key(&data_dir, user, label).await?);
-            Ok(())
+            let key = sparring_impl::admin::create_key(&data_dir, user.clone(), label.clone()).await?;
+            // `println!` panicked when stdout could not take it (a full
+            // disk, a closed pipe), after the key was made: an active key
+            // shown to no one. Say so, and which key it is (never the key).
+            use std::io::Write as _;
+            let mut stdout = std::io::stdout().lock();
+            writeln!(stdout, "{key}").and_then(|()| stdout.flush()).map_err(|e| {
+                let prefix: String = key.chars().take(sparring_impl::api_keys::DISPLAY_PREFIX_LEN).collect();
+                anyhow::anyhow!(
+                    "the key was made but could not be printed ({e}): revoke it (for {user}, label {label:?}, \
+                     prefix {prefix}; `GET /v1/api-keys` lists it) and make another"
+                )
+            })
         }
         AdminCommand::GrantCredits { data_dir, user, amount, description } => {
             // As `create-key` keeps it (the lookup is case aside).

@@ -189,6 +189,39 @@ async fn a_second_signal_during_the_stop_ends_the_process_at_once() {
     assert_eq!(keys, 1);
 }
 
+/// A key made whose printing fails (stdout a full disk) is a failure that
+/// says which key to revoke, without the key: `println!` panicked (101),
+/// and the key was left active, shown to no one.
+#[test]
+fn admin_create_key_that_cannot_print_the_key_says_which_to_revoke() {
+    let dir = tempfile::tempdir().unwrap();
+    data_dir_at(dir.path());
+    let data_dir = dir.path().to_str().unwrap();
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = std::process::Command::new(common::process::BIN)
+        .args(["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "deploy"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the key was made but could not be printed"), "{stderr}");
+    assert!(stderr.contains("ops@example.com") && stderr.contains("\"deploy\""), "{stderr}");
+    assert!(keys_in(&stderr).iter().all(|k| !is_key(k)), "the key itself: {stderr}");
+    // The prefix it names is the key's, as `GET /v1/api-keys` shows it.
+    let store = sparring_impl::open_store(dir.path()).unwrap();
+    let prefix: String = store
+        .read_blocking(|c| {
+            Ok::<_, sparring_impl::store::StoreError>(c.query_row(
+                "SELECT prefix FROM api_keys WHERE label = 'deploy'",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap();
+    assert!(stderr.contains(&format!("prefix {prefix}")), "{prefix}: {stderr}");
+}
+
 #[tokio::test]
 async fn admin_create_key_prints_the_key_alone() {
     let dir = tempfile::tempdir().unwrap();

@@ -26,7 +26,7 @@ use sparring_server::{Caller, Credential};
 pub const MAX_ACTIVE_KEYS: i64 = 25;
 pub const KEY_PREFIX: &str = "spk_";
 /// How much of a key is shown in listings: `spk_` and 8 characters.
-const DISPLAY_PREFIX_LEN: usize = 12;
+pub const DISPLAY_PREFIX_LEN: usize = 12;
 pub const MAX_LABEL_CHARS: usize = 100;
 
 #[derive(Debug, thiserror::Error)]
