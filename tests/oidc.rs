@@ -768,6 +768,13 @@ async fn an_empty_subject_is_refused_and_a_malformed_email_is_not_kept() {
     assert_eq!(oidc_users(&s, "").await, 0, "no account for the empty subject");
     // Refused every time, not remembered.
     assert_eq!(status_with_token(&s, &nobody).await, 401);
+    // Nor a subject over OpenID Connect's 255 ASCII characters, or not
+    // ASCII; one of 255 is.
+    let (longest, too_long) = ("s".repeat(255), "s".repeat(256));
+    for (subject, status) in [(too_long.as_str(), 401), ("søren", 401), (longest.as_str(), 200)] {
+        assert_eq!(status_with_token(&s, &sign(valid(&url, subject))).await, status, "{subject}");
+        assert_eq!(oidc_users(&s, subject).await, i64::from(status == 200), "{subject}");
+    }
 
     let long = format!("{}@example.com", "p".repeat(320));
     for (subject, email, kept) in [

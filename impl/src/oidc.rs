@@ -121,6 +121,9 @@ impl Keys {
     }
 }
 
+/// The longest `sub` OpenID Connect allows (Core 1.0, section 2).
+const MAX_SUBJECT: usize = 255;
+
 /// More verified tokens than this and the expired ones are dropped (all of
 /// them if none has expired): a bound on memory, whatever the traffic.
 const MAX_VERIFIED: usize = 10_000;
@@ -372,9 +375,18 @@ impl Oidc {
         }?;
         // The signature holds, so the payload is the issuer's.
         check_not_before(token, Utc::now())?;
-        // Users are keyed by issuer and subject: a token must name someone.
-        if verified.identity.subject.is_empty() {
+        // Users are keyed by issuer and subject: a token must name someone,
+        // within what OpenID Connect allows a subject (Core 1.0, 2: at most
+        // 255 ASCII characters), so that no token makes a key of any size.
+        let subject = &verified.identity.subject;
+        if subject.is_empty() {
             return Err("the ID token's `sub` claim is empty: it names no one".into());
+        }
+        if subject.len() > MAX_SUBJECT || !subject.is_ascii() {
+            return Err(format!(
+                "the ID token's `sub` claim is not a subject OpenID Connect allows (at most {MAX_SUBJECT} ASCII \
+                 characters)"
+            ));
         }
         Ok((verified, issuer))
     }
