@@ -360,7 +360,7 @@ async fn admin(command: AdminCommand) -> anyhow::Result<()> {
             use std::io::Write as _;
             let mut stdout = std::io::stdout().lock();
             writeln!(stdout, "{key}").and_then(|()| stdout.flush()).map_err(|e| {
-                let prefix: String = key.chars().take(sparring_impl::api_keys::DISPLAY_PREFIX_LEN).collect();
+                let prefix = sparring_impl::api_keys::display_prefix_of(&key);
                 anyhow::anyhow!(
                     "the key was made but could not be printed ({e}): revoke it (for {user}, label {label:?}, \
                      prefix {prefix}; `GET /v1/api-keys` lists it) and make another"

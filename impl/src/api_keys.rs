@@ -26,7 +26,7 @@ use sparring_server::{Caller, Credential};
 pub const MAX_ACTIVE_KEYS: i64 = 25;
 pub const KEY_PREFIX: &str = "spk_";
 /// How much of a key is shown in listings: `spk_` and 8 characters.
-pub const DISPLAY_PREFIX_LEN: usize = 12;
+const DISPLAY_PREFIX_LEN: usize = 12;
 pub const MAX_LABEL_CHARS: usize = 100;
 
 #[derive(Debug, thiserror::Error)]
@@ -102,8 +102,14 @@ impl RawKey {
     }
 
     pub fn display_prefix(&self) -> String {
-        self.0.chars().take(DISPLAY_PREFIX_LEN).collect()
+        display_prefix_of(&self.0)
     }
+}
+
+/// The part of a key that lists show (`prefix`), by which its owner tells
+/// it from their others.
+pub fn display_prefix_of(raw: &str) -> String {
+    raw.chars().take(DISPLAY_PREFIX_LEN).collect()
 }
 
 pub fn hash_key(raw: &str) -> [u8; 32] {
