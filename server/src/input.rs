@@ -403,19 +403,19 @@ async fn read_body<Context: ServerContext>(
 /// A request body that fails once no frame of it came for `idle`, and says
 /// so in `stalled`.
 ///
-/// The timer is set only when the next frame is not there yet: a body that
-/// came whole with its headers (most do) never touches the timer wheel.
+/// The timer is made and set only when the next frame is not there yet: a
+/// body that came whole with its headers (most do) never has one.
 struct IdleBody {
     inner: dropshot::Body,
     idle: Duration,
-    sleep: Pin<Box<tokio::time::Sleep>>,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     armed: bool,
     stalled: Arc<AtomicBool>,
 }
 
 impl IdleBody {
     fn new(inner: dropshot::Body, idle: Duration, stalled: Arc<AtomicBool>) -> IdleBody {
-        IdleBody { inner, idle, sleep: Box::pin(tokio::time::sleep(idle)), armed: false, stalled }
+        IdleBody { inner, idle, sleep: None, armed: false, stalled }
     }
 }
 
@@ -437,9 +437,13 @@ impl http_body::Body for IdleBody {
                 if !this.armed {
                     this.armed = true;
                     let deadline = tokio::time::Instant::now() + this.idle;
-                    this.sleep.as_mut().reset(deadline);
+                    match &mut this.sleep {
+                        Some(sleep) => sleep.as_mut().reset(deadline),
+                        None => this.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
+                    }
                 }
-                match this.sleep.as_mut().poll(cx) {
+                let Some(sleep) = this.sleep.as_mut() else { unreachable!("armed above") };
+                match sleep.as_mut().poll(cx) {
                     Poll::Ready(()) => {
                         this.stalled.store(true, Ordering::Relaxed);
                         Poll::Ready(Some(Err("the request body stopped coming".into())))
