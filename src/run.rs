@@ -219,8 +219,10 @@ fn transient(e: &sparring_client::Error<types::Error>) -> bool {
 }
 
 /// Whether an answer of this status may be different later: a server
-/// error, or a gateway's or proxy's "not now" (408 Request Timeout, 429
-/// Too Many Requests), which the API itself never answers. Not 501 Not
+/// error, or a "not now": 429 Too Many Requests (a gateway's or proxy's;
+/// the API never answers it) or 408 Request Timeout (a proxy's, or the
+/// API's own for a body that stopped coming, which may come whole when
+/// sent again). Not 501 Not
 /// Implemented: what the server has not built (a run over a `phone`
 /// channel) it refuses the same way every time.
 fn passes(status: http::StatusCode) -> bool {
