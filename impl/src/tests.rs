@@ -540,18 +540,20 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTestsQuery) ->
                     Some(role)
                 }
                 None => {
-                    // One walk per project of the caller's, merged.
-                    let projects = pagination::projects_to_walk(tx, &caller.user_id, None)?;
-                    let mut ids: Vec<String> = Vec::new();
-                    let mut statement = tx.prepare_cached(&page_sql(false, given))?;
-                    for project_id in &projects {
-                        let found = statement.query_map(walk(project_id, page.fetch_limit()), |r| r.get(0))?;
-                        for id in found {
-                            ids.push(id?);
-                        }
-                    }
-                    ids.sort_unstable_by(|a, b| b.cmp(a));
-                    ids.truncate(page.limit + 1);
+                    // One walk per project of the caller's, merged: the
+                    // filters given, then the limit (see `page_sql`).
+                    let limit = page.fetch_limit();
+                    let mut rest: Vec<&dyn rusqlite::ToSql> =
+                        filters.iter().filter_map(|f| f.as_ref().map(|v| v as &dyn rusqlite::ToSql)).collect();
+                    rest.push(&limit);
+                    let ids = pagination::ids_across_projects(
+                        tx,
+                        &caller.user_id,
+                        None,
+                        &page_sql(false, given),
+                        &page,
+                        &rest,
+                    )?;
                     let mut by_id = tx.prepare_cached("SELECT served FROM tests WHERE id = ?1")?;
                     for id in ids {
                         let served: String = by_id.query_row([&id], |r| r.get(0))?;
