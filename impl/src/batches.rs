@@ -169,11 +169,8 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListBatchesQuery) 
                 &page,
                 params![page.after, page.fetch_limit()],
             )?;
-            let mut by_id = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM batches b WHERE b.id = ?1"))?;
-            let rows = ids.iter().map(|id| by_id.query_row([id], from_row)).collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |b| b.id.clone());
-            let batches =
-                page.items.into_iter().map(|b| with_tests(tx, &caller.user_id, b)).collect::<Result<Vec<_>>>()?;
+            let page = page.finish(ids, String::clone);
+            let batches = page.items.iter().map(|id| load(tx, &caller.user_id, id)).collect::<Result<Vec<_>>>()?;
             Ok(types::BatchList { batches, next_cursor: page.next_cursor })
         })
         .await

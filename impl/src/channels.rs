@@ -310,9 +310,9 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListChannelsQuery)
                 &page,
                 params![kind, page.after, page.fetch_limit()],
             )?;
-            let rows = ids.iter().map(|id| load(tx, id)).collect::<Result<Vec<_>>>()?;
-            let page = page.finish(rows, |c| c.id.clone());
-            Ok(types::ChannelList { channels: page.items, next_cursor: page.next_cursor })
+            let page = page.finish(ids, String::clone);
+            let channels = page.items.iter().map(|id| load(tx, id)).collect::<Result<Vec<_>>>()?;
+            Ok(types::ChannelList { channels, next_cursor: page.next_cursor })
         })
         .await
 }

@@ -345,10 +345,8 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListIntegrationsQu
                 &page,
                 params![provider, page.after, page.fetch_limit()],
             )?;
-            let mut by_id = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM integrations i WHERE i.id = ?1"))?;
-            let rows = ids.iter().map(|id| by_id.query_row([id], from_row)).collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |i| i.id.clone());
-            let integrations = page.items.into_iter().map(|i| with_numbers(tx, i)).collect::<Result<_>>()?;
+            let page = page.finish(ids, String::clone);
+            let integrations = page.items.iter().map(|id| load(tx, id)).collect::<Result<_>>()?;
             Ok(types::IntegrationList { integrations, next_cursor: page.next_cursor })
         })
         .await
