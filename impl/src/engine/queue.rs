@@ -153,7 +153,6 @@ pub fn claim(
         )?
         .execute(params![batch_run.id, now_text])?;
         batch_run.queued -= 1;
-        batch_run.running += 1;
         *user_running.get_mut(&batch_run.user_id).expect("every active user is counted") += 1;
         *limited_running.get_mut(&batch_run.limited).expect("every active limit is counted") += 1;
         claimed.push(run);
