@@ -399,8 +399,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Scenario> {
 }
 
 /// The statement [`load`] reads a scenario with.
-pub(crate) static LOAD_SQL: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {COLUMNS} FROM scenarios s WHERE s.id = ?1"));
+static LOAD_SQL: LazyLock<String> = LazyLock::new(|| format!("SELECT {COLUMNS} FROM scenarios s WHERE s.id = ?1"));
 
 pub(crate) fn load(tx: &rusqlite::Connection, id: &str) -> Result<types::Scenario> {
     tx.prepare_cached(&LOAD_SQL)?
@@ -447,8 +446,7 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListScenariosQuery
             )?;
             // A scenario is up to a request body in size: the page ends
             // early past `PAGE_BYTES` of their documents.
-            let by_id = format!("SELECT {COLUMNS} FROM scenarios s WHERE s.id = ?1");
-            let rows = pagination::read_sized(tx, &by_id, &ids, 6, from_row)?;
+            let rows = pagination::read_sized(tx, &LOAD_SQL, &ids, 6, from_row)?;
             let page = page.finish_sized(rows, |(_, size)| *size, |(s, _)| s.id.clone());
             let scenarios = page.items.into_iter().map(|(s, _)| s).collect();
             Ok(types::ScenarioList { scenarios, next_cursor: page.next_cursor })
