@@ -306,22 +306,15 @@ fn begin(
             payer,
         ],
     )?;
-    if enough {
-        // Each test as its runs will run it: its channel and evaluators
-        // too. Copied row by row inside SQLite, never held here: a test's
-        // evaluators may be a megabyte, and a batch holds a thousand tests.
-        let mut insert_test = tx.prepare_cached(QUEUED_TEST_SQL)?;
-        for t in &priced {
-            insert_test.execute(params![id, t.test_id])?;
-        }
-    } else {
-        // A start refused for credits queued nothing (and is free to
-        // repeat): it keeps what it shows of each test only, read beside
-        // the test's document.
-        let mut insert_test = tx.prepare_cached(REFUSED_TEST_SQL)?;
-        for t in &priced {
-            insert_test.execute(params![id, t.test_id])?;
-        }
+    // Paid: each test as its runs will run it, its channel and evaluators
+    // too, copied row by row inside SQLite, never held here (a test's
+    // evaluators may be a megabyte, and a batch holds a thousand tests).
+    // Refused for credits: nothing was queued (and the start is free to
+    // repeat), so only what it shows of each test, read beside the test's
+    // document.
+    let mut insert_test = tx.prepare_cached(if enough { QUEUED_TEST_SQL } else { REFUSED_TEST_SQL })?;
+    for t in &priced {
+        insert_test.execute(params![id, t.test_id])?;
     }
     if enough {
         credits::append(
@@ -1235,10 +1228,6 @@ pub async fn get_test_result_by_call(
     readable_result(state, &caller.user_id, ResultBy::Call, &path.call_id).await
 }
 
-/// Past this many bytes of results, a page of a test's results ends (with
-/// its cursor) before its `limit`.
-const RESULTS_PAGE_BYTES: usize = 8 << 20;
-
 /// A page of a test's results (see [`PageSql`]).
 pub(crate) static TEST_RESULTS_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
@@ -1272,7 +1261,7 @@ pub async fn list_test_results(
             // (matching the filter would reveal it) in the query itself, so
             // that neither the page's length nor its cursor tells.
             // A page stops early, with its cursor, once its documents pass
-            // RESULTS_PAGE_BYTES: each may be up to a call's record in size.
+            // `pagination::PAGE_BYTES`: each may be up to a call's record in size.
             // A page cut early names a next page only if a row follows it
             // (one more step of the statement, that row left out).
             let mut statement = tx.prepare_cached(TEST_RESULTS_SQL.of(&page))?;
@@ -1280,7 +1269,7 @@ pub async fn list_test_results(
                 statement.query(params![path.id, status, page.after, page.fetch_limit(), caller.user_id])?;
             let (mut rows, mut bytes, mut full) = (Vec::new(), 0, false);
             while let Some(row) = found.next()? {
-                if bytes > RESULTS_PAGE_BYTES {
+                if bytes > pagination::PAGE_BYTES {
                     full = true;
                     break;
                 }
@@ -1595,13 +1584,7 @@ mod tests {
             .read_blocking::<_, Failure, _>(|tx| {
                 let mut plans = Vec::new();
                 for sql in [super::PRICE_TEST_SQL, super::PRICE_SCENARIO_SQL, super::REFUSED_TEST_SQL] {
-                    let mut explain = tx.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
-                    // NULLs: a plan does not look at values.
-                    let nulls = std::iter::repeat_n(rusqlite::types::Null, explain.parameter_count());
-                    let plan: Vec<String> = explain
-                        .query_map(rusqlite::params_from_iter(nulls), |r| r.get(3))?
-                        .collect::<rusqlite::Result<_>>()?;
-                    plans.push(plan.join("; "));
+                    plans.push(crate::pagination::tests::plan(tx, sql)?.join("; "));
                 }
                 Ok(plans)
             })
