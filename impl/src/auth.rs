@@ -130,8 +130,9 @@ impl AppState {
         let cached = self.oidc_users.lock().unwrap_or_else(|p| p.into_inner()).get(&cache_key).cloned();
         let user_id = match cached {
             // A user without an address is looked up again when a token
-            // brings one, which may become theirs.
-            Some(known) if known.has_email || identity.email.is_none() => known.user_id,
+            // brings one, which may become theirs (unless it was found
+            // another user's, which it stays).
+            Some(known) if known.settled_for(identity.email.as_deref()) => known.user_id,
             _ => {
                 // A first sign-in makes the user: a write, refused as every
                 // write is when the disk is full.

@@ -78,6 +78,23 @@ pub struct SignedIn {
     /// Whether they have an email: one who has none gets the verified
     /// address of a later token.
     pub has_email: bool,
+    /// The token's address, found another user's: it never becomes theirs
+    /// (no user is deleted, no address changed), so a token bringing it
+    /// again need not be looked up.
+    pub taken: Option<String>,
+}
+
+impl SignedIn {
+    /// Whether signing in with a token bringing `email` would change
+    /// nothing: they have an address, the token brings none, or the one
+    /// it brings is another user's.
+    pub fn settled_for(&self, email: Option<&str>) -> bool {
+        match email {
+            None => true,
+            Some(_) if self.has_email => true,
+            Some(email) => self.taken.as_deref().is_some_and(|t| t.eq_ignore_ascii_case(email)),
+        }
+    }
 }
 
 /// Whether no user has this address, case aside (users are found by it).
@@ -109,11 +126,14 @@ pub async fn ensure_for_identity(store: &Store, identity: Identity) -> Result<Si
         .read(move |tx| {
             let Some((user_id, has_email)) = find_identity(tx, &lookup)? else { return Ok(None) };
             // Nothing to write unless an address they lack is free.
-            let settled = match &lookup.email {
-                Some(email) if !has_email => !email_free(tx, email)?,
-                _ => true,
+            let taken = match &lookup.email {
+                Some(email) if !has_email => match email_free(tx, email)? {
+                    true => return Ok(None),
+                    false => Some(email.clone()),
+                },
+                _ => None,
             };
-            Ok::<_, StoreError>(settled.then_some(SignedIn { user_id, has_email }))
+            Ok::<_, StoreError>(Some(SignedIn { user_id, has_email, taken }))
         })
         .await?;
     if let Some(found) = found {
@@ -122,17 +142,17 @@ pub async fn ensure_for_identity(store: &Store, identity: Identity) -> Result<Si
     store
         .write(move |tx| {
             // Free: kept only if no other user has it, case aside.
-            let email = match &identity.email {
-                Some(e) if email_free(tx, e)? => Some(e.clone()),
-                _ => None,
+            let (email, taken) = match &identity.email {
+                Some(e) if email_free(tx, e)? => (Some(e.clone()), None),
+                other => (None, other.clone()),
             };
             // Another request may have created it since the read.
             if let Some((user_id, has_email)) = find_identity(tx, &identity)? {
                 if has_email || email.is_none() {
-                    return Ok(SignedIn { user_id, has_email });
+                    return Ok(SignedIn { user_id, has_email, taken });
                 }
                 tx.execute("UPDATE users SET email = ?2 WHERE id = ?1", params![user_id, email])?;
-                return Ok(SignedIn { user_id, has_email: true });
+                return Ok(SignedIn { user_id, has_email: true, taken: None });
             }
             let id = ids::new_id("usr");
             // A name as names are kept (`display_name`), whichever it is.
@@ -147,7 +167,7 @@ pub async fn ensure_for_identity(store: &Store, identity: Identity) -> Result<Si
                 params![id, email, name, identity.issuer, identity.subject, ids::format_time(&ids::now())],
             )?;
             crate::credits::grant_starting(tx, &id)?;
-            Ok(SignedIn { user_id: id, has_email: email.is_some() })
+            Ok(SignedIn { user_id: id, has_email: email.is_some(), taken })
         })
         .await
 }
