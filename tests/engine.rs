@@ -1645,6 +1645,34 @@ async fn retries_follow_the_project_s_webhook_url() {
     assert_eq!(old_removed.received().len(), sent_removed, "sent after the URL was removed");
 }
 
+/// A receiver that answers a redirect has not taken the event: the redirect
+/// is not followed (a `301`, `302` or `303` would turn the `POST` into a
+/// bodiless `GET`, whose `200` said nothing of the event; a `307` or `308`
+/// would send it to another URL than the one set), and the attempt fails,
+/// saying where the receiver pointed, to be retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_receiver_s_redirect_is_a_failed_attempt() {
+    let receiver = Recorder::start(|req, _| match req.path.as_str() {
+        "/landing" => (200, "{}".into()),
+        path => (path.trim_start_matches("/hook").parse().unwrap(), "/landing".into()),
+    })
+    .await;
+    let s = TestServer::start().await;
+    let closed = common::ClosedPort::new();
+    for status in [301, 302, 303, 307, 308] {
+        let url = format!("{}/hook{status}", receiver.base);
+        let (t, test) = hooked_project(&s, &closed, &format!("redirects {status}"), &url).await;
+        run_to_end(&s, &t, &test).await;
+        let d = delivery_when(&s, &t, "never attempted", |d| d["attempts"] != 0).await;
+        assert_eq!((&d["status"], &d["last_response_status"]), (&json!("pending"), &json!(status)), "{d:#}");
+        let error = d["last_error"].as_str().unwrap_or_default();
+        assert!(error.contains(&format!("HTTP {status}")) && error.contains("/landing"), "{status}: {d:#}");
+        assert_eq!(d["url"], json!(url));
+    }
+    let landed: Vec<_> = receiver.received().into_iter().filter(|r| r.path == "/landing").collect();
+    assert!(landed.is_empty(), "a redirect was followed: {landed:?}");
+}
+
 /// A webhook receiver that takes each request whole and answers it only
 /// with a status the test then gives: its URL, each request's arrival (its
 /// path), and where the answers go.

@@ -8,7 +8,8 @@
 //! receiver never holds up a worker. Each attempt runs on its own (at most
 //! [`MAX_IN_FLIGHT`] at once, [`PER_PROJECT`] per project), so a slow or
 //! silent receiver never holds up another delivery either. A failed attempt
-//! (no answer in [`ATTEMPT_TIMEOUT`] or a non-2xx status) is retried after
+//! (no answer in [`ATTEMPT_TIMEOUT`] or a non-2xx status, a redirect
+//! included: none is followed) is retried after
 //! 1 s, 5 s, 30 s, 2 min and 10 min, then the delivery is `failed`.
 //!
 //! Each attempt goes to the project's webhook as it is at that moment: to
@@ -248,11 +249,7 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
     };
     let (status, error, sent) = match http.checking_when_connected(still, request.send()).await {
         Ok(response) if response.status().is_success() => (Some(response.status().as_u16()), None, Sent::Yes),
-        Ok(response) => (
-            Some(response.status().as_u16()),
-            Some(format!("the receiver answered HTTP {}", response.status())),
-            Sent::Yes,
-        ),
+        Ok(response) => (Some(response.status().as_u16()), Some(refused_by(&response)), Sent::Yes),
         Err(e) => {
             if let Some(why) = super::outbound::not_sent(&e) {
                 // Not an attempt: the delivery is as the write that
@@ -273,6 +270,24 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
         }
     };
     record_attempt(state, due, url, status, error, sent).await
+}
+
+/// Why a receiver's answer other than 2xx failed the attempt; for a
+/// redirect, where it pointed (it is not followed: see
+/// [`Outbound::for_webhooks`]).
+fn refused_by(response: &reqwest::Response) -> String {
+    let status = response.status();
+    if !status.is_redirection() {
+        return format!("the receiver answered HTTP {status}");
+    }
+    let location = response.headers().get(reqwest::header::LOCATION).and_then(|l| l.to_str().ok());
+    match location {
+        Some(to) => {
+            let to: String = to.chars().take(200).collect();
+            format!("the receiver answered HTTP {status}, a redirect to `{to}`, which webhooks do not follow")
+        }
+        None => format!("the receiver answered HTTP {status}, a redirect, which webhooks do not follow"),
+    }
 }
 
 fn could_not_reach(e: &reqwest::Error) -> String {

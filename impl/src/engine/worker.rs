@@ -70,6 +70,8 @@ pub struct Engine {
     /// earlier task is stopped, and its end removes nothing of the later's.
     running: Mutex<HashMap<String, (String, CancellationToken)>>,
     http: Outbound,
+    /// Webhook deliveries' client: no redirect followed.
+    webhook_http: Outbound,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Set by [`Engine::shutdown`] before it stops the runs in flight: a
     /// conversation that ends for that reason is not a cancelled run, and
@@ -80,12 +82,14 @@ pub struct Engine {
 impl Engine {
     pub fn new(config: EngineConfig) -> Engine {
         let http = Outbound::new(config.allow_private_targets, usize::try_from(config.workers).unwrap_or(256));
+        let webhook_http = Outbound::for_webhooks(config.allow_private_targets, 8);
         Engine {
             config,
             owner: ids::new_id("wrk"),
             wake: Notify::new(),
             running: Mutex::new(HashMap::new()),
             http,
+            webhook_http,
             tasks: Mutex::new(Vec::new()),
             stopping: std::sync::atomic::AtomicBool::new(false),
         }
@@ -136,7 +140,7 @@ impl Engine {
         let tasks = vec![
             tokio::spawn(dispatch(state.clone())),
             tokio::spawn(keep_leases(state.clone())),
-            tokio::spawn(webhooks::run(state.clone(), engine.http.clone(), WEBHOOK_POLL)),
+            tokio::spawn(webhooks::run(state.clone(), engine.webhook_http.clone(), WEBHOOK_POLL)),
         ];
         engine.tasks.lock().expect("not poisoned").extend(tasks);
         engine.wake();
