@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use common::engine::{
-    all_pages, channel, completion, create, wait_for_end, ws_recv, ws_send, Agent, Recorder, WsAgent, WsPeer,
+    all_pages, channel, completion, create, held_receiver, wait_for_end, ws_recv, ws_send, Agent, Recorder, WsAgent,
+    WsPeer,
 };
 use common::{error_body, TestServer};
 use reqwest::Method;
@@ -1671,45 +1672,6 @@ async fn a_webhook_receiver_s_redirect_is_a_failed_attempt() {
     }
     let landed: Vec<_> = receiver.received().into_iter().filter(|r| r.path == "/landing").collect();
     assert!(landed.is_empty(), "a redirect was followed: {landed:?}");
-}
-
-/// A webhook receiver that takes each request whole and answers it only
-/// with a status the test then gives: its URL, each request's arrival (its
-/// path), and where the answers go.
-async fn held_receiver(
-) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>, tokio::sync::mpsc::UnboundedSender<u16>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    let (arrived, arrivals) = tokio::sync::mpsc::unbounded_channel();
-    let (answer, answers) = tokio::sync::mpsc::unbounded_channel::<u16>();
-    let answers = std::sync::Arc::new(tokio::sync::Mutex::new(answers));
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let (arrived, answers) = (arrived.clone(), answers.clone());
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let (arrived, answers) = (arrived.clone(), answers.clone());
-                    async move {
-                        use http_body_util::BodyExt as _;
-                        let path = req.uri().path().to_string();
-                        let _ = req.into_body().collect().await;
-                        let _ = arrived.send(path);
-                        let status = answers.lock().await.recv().await.unwrap_or(500);
-                        Ok::<_, std::convert::Infallible>(
-                            hyper::Response::builder()
-                                .status(status)
-                                .body(http_body_util::Full::new(bytes::Bytes::new()))
-                                .unwrap(),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (url, arrivals, answer)
 }
 
 /// An attempt under way when the project's webhook URL is removed is

@@ -35,6 +35,7 @@ use rusqlite::{params, OptionalExtension as _};
 use serde_json::json;
 use sha2::Sha256;
 use sparring_server::{params as p, types, Caller};
+use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Need};
 use crate::failure::{Failure, Result};
@@ -418,15 +419,27 @@ async fn record_attempt(
     Ok(())
 }
 
+/// How long a stopping server lets the attempts under way finish (see
+/// [`run`]).
+pub const STOP_WAIT: Duration = Duration::from_secs(5);
+
 /// The sending loop: every `every`, starts an attempt at each delivery
 /// that is due and not under way, and meanwhile takes note of the attempts
-/// that ended. Stopping it (its task aborted) stops the attempts under way.
-pub async fn run(state: Arc<AppState>, http: Outbound, every: Duration) {
+/// that ended.
+///
+/// Once `stop` is cancelled it starts no attempt and lets those under way
+/// end, for up to [`STOP_WAIT`], then returns: an attempt whose receiver
+/// answers meanwhile is recorded, rather than cut off unrecorded and made
+/// again by the next start (to a receiver that already has the event).
+/// One still waiting then is stopped, and made again after the restart.
+/// Aborting its task stops the attempts under way at once.
+pub async fn run(state: Arc<AppState>, http: Outbound, every: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut in_flight = InFlight::default();
     loop {
         tokio::select! {
+            _ = stop.cancelled() => break,
             _ = tick.tick() => {
                 if let Err(e) = start_due(&state, &http, &mut in_flight).await {
                     slog::warn!(state.log, "sending webhooks failed; will retry"; "error" => %e);
@@ -440,6 +453,16 @@ pub async fn run(state: Arc<AppState>, http: Outbound, every: Duration) {
                 in_flight.of_task.remove(&task);
             }
         }
+    }
+    let under_way = in_flight.len();
+    if under_way == 0 {
+        return;
+    }
+    let ended = tokio::time::timeout(STOP_WAIT, async { while in_flight.tasks.join_next().await.is_some() {} }).await;
+    if ended.is_err() {
+        slog::warn!(state.log, "stopping: webhook attempts still waiting for their receivers are cut off, \
+                                and made again after the restart";
+                    "attempts" => in_flight.tasks.len(), "waited_s" => STOP_WAIT.as_secs());
     }
 }
 
