@@ -1146,13 +1146,25 @@ async fn webhooks_are_signed_and_retried_until_delivered() {
     assert_eq!(received.len(), 3);
     for r in &received {
         assert_eq!(r.path, "/hook");
+        // What a receiver does, as the spec (list_webhook_deliveries) and
+        // the README say: `t=<unix seconds>,v1=<hex>`, the hex the
+        // HMAC-SHA256 of `t`, "." and the body as received, keyed with the
+        // secret's UTF-8 bytes; compared in constant time; `t` near now.
         let signature = r.header("x-sparring-signature").unwrap();
-        let (t_part, v1) = signature.split_once(',').unwrap();
-        let timestamp = t_part.strip_prefix("t=").unwrap();
-        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"whsec_abc").unwrap();
-        mac.update(format!("{timestamp}.{}", r.body).as_bytes());
-        let expected: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(v1, format!("v1={expected}"), "the receiver can verify the signature");
+        let fields: BTreeMap<&str, &str> = signature.split(',').map(|f| f.split_once('=').unwrap()).collect();
+        let (t, v1) = (fields["t"], fields["v1"]);
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice("whsec_abc".as_bytes()).unwrap();
+        mac.update(t.as_bytes());
+        mac.update(b".");
+        mac.update(r.body.as_bytes());
+        let v1: Vec<u8> = (0..v1.len()).step_by(2).map(|i| u8::from_str_radix(&v1[i..i + 2], 16).unwrap()).collect();
+        assert!(mac.verify_slice(&v1).is_ok(), "the receiver can verify the signature: {signature}");
+        let age = chrono::Utc::now().timestamp() - t.parse::<i64>().unwrap();
+        assert!((0..300).contains(&age), "each attempt is signed when it is made: {age} s old");
+        // The same delivery id on every attempt (to drop a repeat), the
+        // event named in a header too.
+        assert_eq!(r.header("x-sparring-delivery"), delivery["id"].as_str());
+        assert_eq!(r.header("x-sparring-event"), Some("batch_run.completed"));
         let body: Value = serde_json::from_str(&r.body).unwrap();
         assert_eq!(body["event"], "batch_run.completed");
         assert_eq!(body["batch_run"]["id"], json!(id));

@@ -43,6 +43,12 @@ use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::{ids, AppState};
 
 pub const EVENT_COMPLETED: &str = "batch_run.completed";
+/// The headers of every attempt: the event's name, the delivery's id (the
+/// same on every attempt, for the receiver to drop a repeat) and, when the
+/// project has a secret, the signature ([`signature`]).
+pub const HEADER_EVENT: &str = "x-sparring-event";
+pub const HEADER_DELIVERY: &str = "x-sparring-delivery";
+pub const HEADER_SIGNATURE: &str = "x-sparring-signature";
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Delay before each retry; one attempt more than there are delays.
 pub const RETRY_DELAYS_MS: &[i64] = &[1_000, 5_000, 30_000, 120_000, 600_000];
@@ -226,12 +232,11 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
     let mut request = request
         .timeout(ATTEMPT_TIMEOUT)
         .header("content-type", "application/json")
-        .header("x-sparring-event", EVENT_COMPLETED)
-        .header("x-sparring-delivery", &due.id)
+        .header(HEADER_EVENT, EVENT_COMPLETED)
+        .header(HEADER_DELIVERY, &due.id)
         .body(due.payload.clone());
     if let Some(secret) = &secret {
-        request =
-            request.header("x-sparring-signature", signature(secret, chrono::Utc::now().timestamp(), &due.payload));
+        request = request.header(HEADER_SIGNATURE, signature(secret, chrono::Utc::now().timestamp(), &due.payload));
     }
     // The webhook read above may have been changed or removed (or its
     // project deleted) since, and making the connection can take seconds:
@@ -529,6 +534,41 @@ pub async fn list(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// "1 s, 5 s, 30 s, 2 min and 10 min": the delays as the spec says them.
+    fn said(delays: &[i64]) -> String {
+        let each: Vec<String> = delays
+            .iter()
+            .map(|ms| if ms % 60_000 == 0 { format!("{} min", ms / 60_000) } else { format!("{} s", ms / 1000) })
+            .collect();
+        match each.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+            None => String::new(),
+        }
+    }
+
+    /// A receiver learns from the spec alone what it gets: the headers each
+    /// attempt carries, how the signature is made, and the retries this
+    /// sender runs (their schedule, their number, the time an answer has).
+    #[test]
+    fn the_spec_tells_a_receiver_what_it_gets() {
+        let spec: serde_json::Value = serde_json::from_str(include_str!("../../../spec/openapi.json")).unwrap();
+        let text = spec["paths"]["/projects/{id}/webhook-deliveries"]["get"]["description"].as_str().unwrap();
+        for header in [HEADER_EVENT, HEADER_DELIVERY, HEADER_SIGNATURE] {
+            assert!(text.contains(&format!("`{header}")), "{header}: {text}");
+        }
+        assert!(text.contains(&format!("{{\"event\": \"{EVENT_COMPLETED}\", \"batch_run\": BatchRun}}")), "{text}");
+        assert!(text.contains("t=<unix seconds>,v1=<hex>"), "{text}");
+        assert!(text.contains(
+            "HMAC-SHA256, keyed with the secret's UTF-8 bytes, of the decimal `t`, a `.` and the request body"
+        ));
+        assert!(text.contains(&format!("within {} s", ATTEMPT_TIMEOUT.as_secs())), "{text}");
+        assert!(text.contains(&format!("retried after {}", said(RETRY_DELAYS_MS))), "{text}");
+        assert!(text.contains(&format!("({} attempts in all)", RETRY_DELAYS_MS.len() + 1)), "{text}");
+        let status = spec["components"]["schemas"]["WebhookDeliveryStatus"]["description"].as_str().unwrap();
+        assert!(status.contains(&format!("retries after {}", said(RETRY_DELAYS_MS))), "{status}");
+    }
 
     /// HMAC-SHA256 test case 2 of RFC 4231 (key "Jefe"), with the message
     /// split as `t + "." + body`.
