@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::engine::{wait_for_end_at, Agent};
+use common::engine::{held_receiver, wait_for_end_at, Agent};
 use common::process::serve_with;
 use serde_json::{json, Value};
 
@@ -320,4 +320,71 @@ async fn every_acknowledged_write_survives_a_kill_under_load() {
         let most = acknowledged.len() + 16 * (round + 1);
         assert!(stored.len() <= most, "round {round}: {} stored, {} acknowledged", stored.len(), acknowledged.len());
     }
+}
+
+/// A webhook attempt waiting for its receiver's answer when the server is
+/// stopped (SIGTERM) is let finish, and recorded: the receiver that took
+/// the event and answered `200` during the stop does not get it again
+/// after the restart, and the delivery reads `delivered`, one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_attempt_under_way_at_a_clean_stop_is_recorded_not_sent_again() {
+    let (url, mut arrivals, answers) = held_receiver().await;
+    let closed = common::ClosedPort::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = serve_with(dir.path(), &[]);
+    let api = Api { http: reqwest::Client::new(), base: server.base.clone(), key: first_key(&server.proc.stdout()) };
+    let project =
+        api.create("/v1/projects", json!({"name": "hooked", "webhook_url": url, "webhook_secret": "whsec_abc"})).await;
+    let persona = api.create("/v1/personas", json!({"project_id": project, "name": "Dana"})).await;
+    let scenario = api
+        .create(
+            "/v1/scenarios",
+            json!({"project_id": project, "name": "two lines", "mode": "scripted", "default_persona_id": persona,
+                   "first_message": "Hi.", "steps": [{"say": "Bye.", "expect": []}], "max_duration_s": 60}),
+        )
+        .await;
+    // Not there: the run ends at once, in error.
+    let channel = api
+        .create(
+            "/v1/channels",
+            json!({"project_id": project, "name": "closed", "kind": "http", "target": closed.http_target()}),
+        )
+        .await;
+    let test = api
+        .create(
+            "/v1/tests",
+            json!({"project_id": project, "name": "t", "channel_id": channel, "scenario_id": scenario}),
+        )
+        .await;
+    let run = api.send(reqwest::Method::POST, &format!("/v1/tests/{test}/run"), Some(json!({}))).await;
+    wait_for_end_at(&server.base, &api.key, run["id"].as_str().unwrap()).await;
+    let arrived = tokio::time::timeout(Duration::from_secs(30), arrivals.recv()).await;
+    assert_eq!(arrived.expect("the webhook was never sent").as_deref(), Some("/hook"));
+
+    // Stopped while the receiver holds the request; it answers a second
+    // into the stop.
+    server.proc.signal("TERM");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    answers.send(200).unwrap();
+    let status = tokio::task::spawn_blocking(move || {
+        let status = server.proc.wait_exit();
+        (status, server.proc.stderr())
+    })
+    .await
+    .unwrap();
+    assert!(status.0.success(), "the server did not stop cleanly ({})\n{}", status.0, status.1);
+
+    let server = serve_with(dir.path(), &[]);
+    let api = Api { base: server.base.clone(), ..api };
+    let deliveries = api.all(&format!("/v1/projects/{project}/webhook-deliveries"), "webhook_deliveries").await;
+    assert_eq!(deliveries.len(), 1, "{deliveries:#?}");
+    let d = &deliveries[0];
+    assert_eq!(
+        (&d["status"], &d["attempts"], &d["last_response_status"]),
+        (&json!("delivered"), &json!(1), &json!(200)),
+        "{d:#}"
+    );
+    // A delivery left pending would be sent again within a poll (0.5 s).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(arrivals.try_recv().is_err(), "sent again after the restart");
 }

@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use common::engine::{
-    all_pages, channel, completion, create, wait_for_end, ws_recv, ws_send, Agent, Recorder, WsAgent, WsPeer,
+    all_pages, channel, completion, create, held_receiver, wait_for_end, ws_recv, ws_send, Agent, Recorder, WsAgent,
+    WsPeer,
 };
 use common::{error_body, TestServer};
 use reqwest::Method;
@@ -1145,13 +1146,25 @@ async fn webhooks_are_signed_and_retried_until_delivered() {
     assert_eq!(received.len(), 3);
     for r in &received {
         assert_eq!(r.path, "/hook");
+        // What a receiver does, as the spec (list_webhook_deliveries) and
+        // the README say: `t=<unix seconds>,v1=<hex>`, the hex the
+        // HMAC-SHA256 of `t`, "." and the body as received, keyed with the
+        // secret's UTF-8 bytes; compared in constant time; `t` near now.
         let signature = r.header("x-sparring-signature").unwrap();
-        let (t_part, v1) = signature.split_once(',').unwrap();
-        let timestamp = t_part.strip_prefix("t=").unwrap();
-        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"whsec_abc").unwrap();
-        mac.update(format!("{timestamp}.{}", r.body).as_bytes());
-        let expected: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(v1, format!("v1={expected}"), "the receiver can verify the signature");
+        let fields: BTreeMap<&str, &str> = signature.split(',').map(|f| f.split_once('=').unwrap()).collect();
+        let (t, v1) = (fields["t"], fields["v1"]);
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice("whsec_abc".as_bytes()).unwrap();
+        mac.update(t.as_bytes());
+        mac.update(b".");
+        mac.update(r.body.as_bytes());
+        let v1: Vec<u8> = (0..v1.len()).step_by(2).map(|i| u8::from_str_radix(&v1[i..i + 2], 16).unwrap()).collect();
+        assert!(mac.verify_slice(&v1).is_ok(), "the receiver can verify the signature: {signature}");
+        let age = chrono::Utc::now().timestamp() - t.parse::<i64>().unwrap();
+        assert!((0..300).contains(&age), "each attempt is signed when it is made: {age} s old");
+        // The same delivery id on every attempt (to drop a repeat), the
+        // event named in a header too.
+        assert_eq!(r.header("x-sparring-delivery"), delivery["id"].as_str());
+        assert_eq!(r.header("x-sparring-event"), Some("batch_run.completed"));
         let body: Value = serde_json::from_str(&r.body).unwrap();
         assert_eq!(body["event"], "batch_run.completed");
         assert_eq!(body["batch_run"]["id"], json!(id));
@@ -1645,43 +1658,32 @@ async fn retries_follow_the_project_s_webhook_url() {
     assert_eq!(old_removed.received().len(), sent_removed, "sent after the URL was removed");
 }
 
-/// A webhook receiver that takes each request whole and answers it only
-/// with a status the test then gives: its URL, each request's arrival (its
-/// path), and where the answers go.
-async fn held_receiver(
-) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>, tokio::sync::mpsc::UnboundedSender<u16>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    let (arrived, arrivals) = tokio::sync::mpsc::unbounded_channel();
-    let (answer, answers) = tokio::sync::mpsc::unbounded_channel::<u16>();
-    let answers = std::sync::Arc::new(tokio::sync::Mutex::new(answers));
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let (arrived, answers) = (arrived.clone(), answers.clone());
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let (arrived, answers) = (arrived.clone(), answers.clone());
-                    async move {
-                        use http_body_util::BodyExt as _;
-                        let path = req.uri().path().to_string();
-                        let _ = req.into_body().collect().await;
-                        let _ = arrived.send(path);
-                        let status = answers.lock().await.recv().await.unwrap_or(500);
-                        Ok::<_, std::convert::Infallible>(
-                            hyper::Response::builder()
-                                .status(status)
-                                .body(http_body_util::Full::new(bytes::Bytes::new()))
-                                .unwrap(),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (url, arrivals, answer)
+/// A receiver that answers a redirect has not taken the event: the redirect
+/// is not followed (a `301`, `302` or `303` would turn the `POST` into a
+/// bodiless `GET`, whose `200` said nothing of the event; a `307` or `308`
+/// would send it to another URL than the one set), and the attempt fails,
+/// saying where the receiver pointed, to be retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_receiver_s_redirect_is_a_failed_attempt() {
+    let receiver = Recorder::start(|req, _| match req.path.as_str() {
+        "/landing" => (200, "{}".into()),
+        path => (path.trim_start_matches("/hook").parse().unwrap(), "/landing".into()),
+    })
+    .await;
+    let s = TestServer::start().await;
+    let closed = common::ClosedPort::new();
+    for status in [301, 302, 303, 307, 308] {
+        let url = format!("{}/hook{status}", receiver.base);
+        let (t, test) = hooked_project(&s, &closed, &format!("redirects {status}"), &url).await;
+        run_to_end(&s, &t, &test).await;
+        let d = delivery_when(&s, &t, "never attempted", |d| d["attempts"] != 0).await;
+        assert_eq!((&d["status"], &d["last_response_status"]), (&json!("pending"), &json!(status)), "{d:#}");
+        let error = d["last_error"].as_str().unwrap_or_default();
+        assert!(error.contains(&format!("HTTP {status}")) && error.contains("/landing"), "{status}: {d:#}");
+        assert_eq!(d["url"], json!(url));
+    }
+    let landed: Vec<_> = receiver.received().into_iter().filter(|r| r.path == "/landing").collect();
+    assert!(landed.is_empty(), "a redirect was followed: {landed:?}");
 }
 
 /// An attempt under way when the project's webhook URL is removed is

@@ -312,8 +312,9 @@ impl RunningServer {
         self.server.local_addr()
     }
 
-    /// Stops accepting connections, lets in-flight requests finish (for up
-    /// to [`REQUESTS_WAIT`]), stops the engine (its runs in flight go back
+    /// Stops accepting connections, lets in-flight requests and webhook
+    /// attempts finish (for up to [`REQUESTS_WAIT`] and
+    /// [`engine::webhooks::STOP_WAIT`], side by side), stops the engine (its runs in flight go back
     /// to the queue), closes the admin socket, writes pending
     /// `last_used_at` times, and empties the WAL into the database file
     /// (see [`Store::checkpoint_all`]). A step that fails does not skip
@@ -327,7 +328,11 @@ impl RunningServer {
         // then wait out their leases, the last uses of keys are lost, and the
         // WAL is left. A request still being sent when cut off here was
         // never run; an answer not read, cut off, was already written.
-        match tokio::time::timeout(REQUESTS_WAIT, self.server.close()).await {
+        // Beside it, the webhook attempts under way are let end (and be
+        // recorded) for up to as long, and no other starts.
+        let (closed, ()) =
+            tokio::join!(tokio::time::timeout(REQUESTS_WAIT, self.server.close()), self.state.engine.stop_webhooks());
+        match closed {
             Ok(Ok(())) => {}
             Ok(Err(e)) => failed.push(anyhow::anyhow!(e).context("closing the HTTP server")),
             Err(_) => slog::warn!(self.state.log, "stopping: requests still in flight are cut off";

@@ -177,6 +177,45 @@ impl Recorder {
     }
 }
 
+/// A webhook receiver that takes each request whole and answers it only
+/// with a status the test then gives: its URL, each request's arrival (its
+/// path), and where the answers go.
+pub async fn held_receiver(
+) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>, tokio::sync::mpsc::UnboundedSender<u16>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (arrived, arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let (answer, answers) = tokio::sync::mpsc::unbounded_channel::<u16>();
+    let answers = std::sync::Arc::new(tokio::sync::Mutex::new(answers));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (arrived, answers) = (arrived.clone(), answers.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let (arrived, answers) = (arrived.clone(), answers.clone());
+                    async move {
+                        use http_body_util::BodyExt as _;
+                        let path = req.uri().path().to_string();
+                        let _ = req.into_body().collect().await;
+                        let _ = arrived.send(path);
+                        let status = answers.lock().await.recv().await.unwrap_or(500);
+                        Ok::<_, std::convert::Infallible>(
+                            hyper::Response::builder()
+                                .status(status)
+                                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, arrivals, answer)
+}
+
 /// A chat-completions answer whose content is `content`.
 pub fn completion(content: &str) -> String {
     json!({"id": "chatcmpl-1", "object": "chat.completion",

@@ -11,7 +11,8 @@
 //! connection, and a host name is resolved by [`PublicOnly`], which keeps
 //! only public addresses (so a name that resolves, or is later made to
 //! resolve, to a private address is refused too). Redirects are followed only
-//! to the same origin (below), so they cannot leave the checked address.
+//! to the same origin (below), so they cannot leave the checked address, and
+//! by webhooks not at all ([`Outbound::for_webhooks`]).
 //! `sparring serve --allow-private-targets` lifts this for a server whose
 //! agents live on its own network (local development, a private deployment).
 
@@ -38,23 +39,38 @@ impl Outbound {
     /// `allow_private`: whether private and local addresses may be called;
     /// `idle_per_host`: connections kept open to one host.
     pub fn new(allow_private: bool, idle_per_host: usize) -> Outbound {
+        // A channel's header values (and an LLM's key) go only where they
+        // were set, and only to an address checked here: a redirect to
+        // another origin is not followed (the agent's 3xx answer is the
+        // turn's error).
+        let same_origin = reqwest::redirect::Policy::custom(|attempt| {
+            let from = attempt.previous()[0].origin();
+            if attempt.previous().len() > 5 {
+                attempt.error("more than 5 redirects")
+            } else if attempt.url().origin() == from {
+                attempt.follow()
+            } else {
+                attempt.stop()
+            }
+        });
+        Outbound::with_redirects(allow_private, idle_per_host, same_origin)
+    }
+
+    /// The client of webhook deliveries: as [`Outbound::new`], but a
+    /// redirect is never followed, within the origin either. A `301`, `302`
+    /// or `303` would turn the signed `POST` into a `GET` without its body,
+    /// whose `2xx` would read as the event delivered; a `307` or `308`
+    /// would send it to another URL than the project's. The receiver's 3xx
+    /// answer is the attempt's, a failed one.
+    pub fn for_webhooks(allow_private: bool, idle_per_host: usize) -> Outbound {
+        Outbound::with_redirects(allow_private, idle_per_host, reqwest::redirect::Policy::none())
+    }
+
+    fn with_redirects(allow_private: bool, idle_per_host: usize, redirects: reqwest::redirect::Policy) -> Outbound {
         let mut builder = reqwest::Client::builder()
             .pool_max_idle_per_host(idle_per_host)
             .connector_layer(tower_layer::layer_fn(ConnectBy))
-            // A channel's header values (and an LLM's key) go only where
-            // they were set, and only to an address checked here: a redirect
-            // to another origin is not followed (the agent's 3xx answer is
-            // the turn's error).
-            .redirect(reqwest::redirect::Policy::custom(|attempt| {
-                let from = attempt.previous()[0].origin();
-                if attempt.previous().len() > 5 {
-                    attempt.error("more than 5 redirects")
-                } else if attempt.url().origin() == from {
-                    attempt.follow()
-                } else {
-                    attempt.stop()
-                }
-            }));
+            .redirect(redirects);
         if !allow_private {
             builder = builder.dns_resolver(Arc::new(PublicOnly));
         }

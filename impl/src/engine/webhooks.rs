@@ -8,8 +8,12 @@
 //! receiver never holds up a worker. Each attempt runs on its own (at most
 //! [`MAX_IN_FLIGHT`] at once, [`PER_PROJECT`] per project), so a slow or
 //! silent receiver never holds up another delivery either. A failed attempt
-//! (no answer in [`ATTEMPT_TIMEOUT`] or a non-2xx status) is retried after
-//! 1 s, 5 s, 30 s, 2 min and 10 min, then the delivery is `failed`.
+//! (no answer in [`ATTEMPT_TIMEOUT`] or a non-2xx status, a redirect
+//! included: none is followed) is retried after
+//! 1 s, 5 s, 30 s, 2 min and 10 min, then the delivery is `failed`. An
+//! attempt whose outcome cannot be recorded (the disk full, the storage
+//! refusing writes) leaves the delivery due, and is made again on that
+//! schedule too, not at the next tick (see `InFlight::held`).
 //!
 //! Each attempt goes to the project's webhook as it is at that moment: to
 //! its current URL (recorded as the delivery's `url`) and signed with its
@@ -34,6 +38,7 @@ use rusqlite::{params, OptionalExtension as _};
 use serde_json::json;
 use sha2::Sha256;
 use sparring_server::{params as p, types, Caller};
+use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Need};
 use crate::failure::{Failure, Result};
@@ -41,6 +46,12 @@ use crate::pagination::{PageRequest, PageSql, AFTER};
 use crate::{ids, AppState};
 
 pub const EVENT_COMPLETED: &str = "batch_run.completed";
+/// The headers of every attempt: the event's name, the delivery's id (the
+/// same on every attempt, for the receiver to drop a repeat) and, when the
+/// project has a secret, the signature ([`signature`]).
+pub const HEADER_EVENT: &str = "x-sparring-event";
+pub const HEADER_DELIVERY: &str = "x-sparring-delivery";
+pub const HEADER_SIGNATURE: &str = "x-sparring-signature";
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Delay before each retry; one attempt more than there are delays.
 pub const RETRY_DELAYS_MS: &[i64] = &[1_000, 5_000, 30_000, 120_000, 600_000];
@@ -104,9 +115,22 @@ struct Due {
 /// it is never sent twice at once.
 #[derive(Default)]
 struct InFlight {
-    tasks: tokio::task::JoinSet<()>,
+    /// Each ends saying whether its attempt was recorded.
+    tasks: tokio::task::JoinSet<bool>,
     /// Delivery and project of each task (at most [`MAX_IN_FLIGHT`]).
     of_task: HashMap<tokio::task::Id, (String, String)>,
+    /// Deliveries whose last attempt could not be recorded (the storage
+    /// failing): still due in the database, but not tried again before
+    /// `until`, the retry schedule's delay for the `unrecorded`-th such
+    /// attempt in a row. The attempt may well have reached its receiver; made
+    /// again at every tick, it would reach it twice a second for as long as
+    /// the disk stays full.
+    held: HashMap<String, Held>,
+}
+
+struct Held {
+    until: tokio::time::Instant,
+    unrecorded: usize,
 }
 
 impl InFlight {
@@ -120,6 +144,27 @@ impl InFlight {
 
     fn project_full(&self, project: &str) -> bool {
         self.of_task.values().filter(|(_, p)| p == project).count() >= PER_PROJECT
+    }
+
+    fn held_back(&self, delivery: &str, now: tokio::time::Instant) -> bool {
+        self.held.get(delivery).is_some_and(|h| h.until > now)
+    }
+
+    /// Takes note that the attempt of `task` ended, recorded or not.
+    fn ended(&mut self, task: tokio::task::Id, recorded: bool) {
+        let Some((delivery, _)) = self.of_task.remove(&task) else { return };
+        let now = tokio::time::Instant::now();
+        // What an earlier failure holds back, and is long past, is
+        // forgotten (its delivery may be gone, ended elsewhere).
+        let longest = Duration::from_millis(*RETRY_DELAYS_MS.last().unwrap_or(&0) as u64);
+        self.held.retain(|_, h| h.until + longest > now);
+        if recorded {
+            self.held.remove(&delivery);
+            return;
+        }
+        let unrecorded = self.held.get(&delivery).map_or(0, |h| h.unrecorded) + 1;
+        let delay = RETRY_DELAYS_MS[(unrecorded - 1).min(RETRY_DELAYS_MS.len() - 1)];
+        self.held.insert(delivery, Held { until: now + Duration::from_millis(delay as u64), unrecorded });
     }
 }
 
@@ -154,20 +199,27 @@ async fn start_due(state: &Arc<AppState>, http: &Outbound, in_flight: &mut InFli
         })
         .await?;
     let mut started = 0;
+    let now = tokio::time::Instant::now();
     for due in due {
         if in_flight.len() >= MAX_IN_FLIGHT {
             break;
         }
-        if in_flight.holds(&due.id) || in_flight.project_full(&due.project_id) {
+        if in_flight.holds(&due.id) || in_flight.project_full(&due.project_id) || in_flight.held_back(&due.id, now) {
             continue;
         }
         let (delivery, project) = (due.id.clone(), due.project_id.clone());
         let (state, http) = (state.clone(), http.clone());
         let task = in_flight.tasks.spawn(async move {
             let id = due.id.clone();
-            if let Err(e) = attempt(&state, &http, due).await {
-                // Not recorded: still due, tried again at a later tick.
-                slog::warn!(state.log, "a webhook attempt could not be recorded; will retry"; "delivery" => id, "error" => %e);
+            match attempt(&state, &http, due).await {
+                Ok(()) => true,
+                Err(e) => {
+                    // Not recorded: still due, tried again after the
+                    // retry schedule's delay (see `InFlight::held`).
+                    slog::warn!(state.log, "a webhook attempt could not be recorded; will retry";
+                                "delivery" => id, "error" => %e);
+                    false
+                }
             }
         });
         in_flight.of_task.insert(task.id(), (delivery, project));
@@ -224,12 +276,11 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
     let mut request = request
         .timeout(ATTEMPT_TIMEOUT)
         .header("content-type", "application/json")
-        .header("x-sparring-event", EVENT_COMPLETED)
-        .header("x-sparring-delivery", &due.id)
+        .header(HEADER_EVENT, EVENT_COMPLETED)
+        .header(HEADER_DELIVERY, &due.id)
         .body(due.payload.clone());
     if let Some(secret) = &secret {
-        request =
-            request.header("x-sparring-signature", signature(secret, chrono::Utc::now().timestamp(), &due.payload));
+        request = request.header(HEADER_SIGNATURE, signature(secret, chrono::Utc::now().timestamp(), &due.payload));
     }
     // The webhook read above may have been changed or removed (or its
     // project deleted) since, and making the connection can take seconds:
@@ -248,11 +299,7 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
     };
     let (status, error, sent) = match http.checking_when_connected(still, request.send()).await {
         Ok(response) if response.status().is_success() => (Some(response.status().as_u16()), None, Sent::Yes),
-        Ok(response) => (
-            Some(response.status().as_u16()),
-            Some(format!("the receiver answered HTTP {}", response.status())),
-            Sent::Yes,
-        ),
+        Ok(response) => (Some(response.status().as_u16()), Some(refused_by(&response)), Sent::Yes),
         Err(e) => {
             if let Some(why) = super::outbound::not_sent(&e) {
                 // Not an attempt: the delivery is as the write that
@@ -273,6 +320,24 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
         }
     };
     record_attempt(state, due, url, status, error, sent).await
+}
+
+/// Why a receiver's answer other than 2xx failed the attempt; for a
+/// redirect, where it pointed (it is not followed: see
+/// [`Outbound::for_webhooks`]).
+fn refused_by(response: &reqwest::Response) -> String {
+    let status = response.status();
+    if !status.is_redirection() {
+        return format!("the receiver answered HTTP {status}");
+    }
+    let location = response.headers().get(reqwest::header::LOCATION).and_then(|l| l.to_str().ok());
+    match location {
+        Some(to) => {
+            let to: String = to.chars().take(200).collect();
+            format!("the receiver answered HTTP {status}, a redirect to `{to}`, which webhooks do not follow")
+        }
+        None => format!("the receiver answered HTTP {status}, a redirect, which webhooks do not follow"),
+    }
 }
 
 fn could_not_reach(e: &reqwest::Error) -> String {
@@ -403,28 +468,51 @@ async fn record_attempt(
     Ok(())
 }
 
+/// How long a stopping server lets the attempts under way finish (see
+/// [`run`]).
+pub const STOP_WAIT: Duration = Duration::from_secs(5);
+
 /// The sending loop: every `every`, starts an attempt at each delivery
 /// that is due and not under way, and meanwhile takes note of the attempts
-/// that ended. Stopping it (its task aborted) stops the attempts under way.
-pub async fn run(state: Arc<AppState>, http: Outbound, every: Duration) {
+/// that ended.
+///
+/// Once `stop` is cancelled it starts no attempt and lets those under way
+/// end, for up to [`STOP_WAIT`], then returns: an attempt whose receiver
+/// answers meanwhile is recorded, rather than cut off unrecorded and made
+/// again by the next start (to a receiver that already has the event).
+/// One still waiting then is stopped, and made again after the restart.
+/// Aborting its task stops the attempts under way at once.
+pub async fn run(state: Arc<AppState>, http: Outbound, every: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut in_flight = InFlight::default();
     loop {
         tokio::select! {
+            _ = stop.cancelled() => break,
             _ = tick.tick() => {
                 if let Err(e) = start_due(&state, &http, &mut in_flight).await {
                     slog::warn!(state.log, "sending webhooks failed; will retry"; "error" => %e);
                 }
             }
             Some(ended) = in_flight.tasks.join_next_with_id() => {
-                let task = match &ended {
-                    Ok((task, ())) => *task,
-                    Err(e) => e.id(),
+                // A task that panicked may have made its attempt too.
+                let (task, recorded) = match &ended {
+                    Ok((task, recorded)) => (*task, *recorded),
+                    Err(e) => (e.id(), false),
                 };
-                in_flight.of_task.remove(&task);
+                in_flight.ended(task, recorded);
             }
         }
+    }
+    let under_way = in_flight.len();
+    if under_way == 0 {
+        return;
+    }
+    let ended = tokio::time::timeout(STOP_WAIT, async { while in_flight.tasks.join_next().await.is_some() {} }).await;
+    if ended.is_err() {
+        slog::warn!(state.log, "stopping: webhook attempts still waiting for their receivers are cut off, \
+                                and made again after the restart";
+                    "attempts" => in_flight.tasks.len(), "waited_s" => STOP_WAIT.as_secs());
     }
 }
 
@@ -491,6 +579,136 @@ pub async fn list(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// "1 s, 5 s, 30 s, 2 min and 10 min": the delays as the spec says them.
+    fn said(delays: &[i64]) -> String {
+        let each: Vec<String> = delays
+            .iter()
+            .map(|ms| if ms % 60_000 == 0 { format!("{} min", ms / 60_000) } else { format!("{} s", ms / 1000) })
+            .collect();
+        match each.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+            None => String::new(),
+        }
+    }
+
+    /// A receiver learns from the spec alone what it gets: the headers each
+    /// attempt carries, how the signature is made, and the retries this
+    /// sender runs (their schedule, their number, the time an answer has).
+    #[test]
+    fn the_spec_tells_a_receiver_what_it_gets() {
+        let spec: serde_json::Value = serde_json::from_str(include_str!("../../../spec/openapi.json")).unwrap();
+        let text = spec["paths"]["/projects/{id}/webhook-deliveries"]["get"]["description"].as_str().unwrap();
+        for header in [HEADER_EVENT, HEADER_DELIVERY, HEADER_SIGNATURE] {
+            assert!(text.contains(&format!("`{header}")), "{header}: {text}");
+        }
+        assert!(text.contains(&format!("{{\"event\": \"{EVENT_COMPLETED}\", \"batch_run\": BatchRun}}")), "{text}");
+        assert!(text.contains("t=<unix seconds>,v1=<hex>"), "{text}");
+        assert!(text.contains(
+            "HMAC-SHA256, keyed with the secret's UTF-8 bytes, of the decimal `t`, a `.` and the request body"
+        ));
+        assert!(text.contains(&format!("within {} s", ATTEMPT_TIMEOUT.as_secs())), "{text}");
+        assert!(text.contains(&format!("retried after {}", said(RETRY_DELAYS_MS))), "{text}");
+        assert!(text.contains(&format!("({} attempts in all)", RETRY_DELAYS_MS.len() + 1)), "{text}");
+        let status = spec["components"]["schemas"]["WebhookDeliveryStatus"]["description"].as_str().unwrap();
+        assert!(status.contains(&format!("retries after {}", said(RETRY_DELAYS_MS))), "{status}");
+    }
+
+    /// A loopback webhook receiver that answers `200` to every request, the
+    /// first only once `first_answer` is told to: its URL, and how many
+    /// requests it has had.
+    async fn receiver(
+        first_answer: Arc<tokio::sync::Notify>,
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>, Arc<tokio::sync::Notify>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let (count, arrived) = (Arc::new(AtomicUsize::new(0)), Arc::new(tokio::sync::Notify::new()));
+        let (seen, told) = (count.clone(), arrived.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (seen, told, first_answer) = (seen.clone(), told.clone(), first_answer.clone());
+                let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                    let (seen, told, first_answer) = (seen.clone(), told.clone(), first_answer.clone());
+                    async move {
+                        use http_body_util::BodyExt as _;
+                        let _ = request.into_body().collect().await;
+                        if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                            told.notify_one();
+                            first_answer.notified().await;
+                        }
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
+                            hyper::body::Bytes::new(),
+                        )))
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+                );
+            }
+        });
+        (url, count, arrived)
+    }
+
+    /// An attempt that was made but could not be recorded (the disk full,
+    /// the storage refusing writes) leaves its delivery due: it is not made
+    /// again at the next tick, every half second while the storage fails,
+    /// to a receiver that already has the event, but on the retry schedule.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_attempt_that_could_not_be_recorded_is_not_made_again_at_every_tick() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::Config {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().to_path_buf(),
+            oidc: Vec::new(),
+            oidc_refetch_interval: crate::oidc::REFETCH_INTERVAL,
+            oidc_keys_max_age: crate::oidc::KEYS_MAX_AGE,
+            secret_key_file: None,
+            engine: crate::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() },
+            starting_credits: 0,
+            body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
+        };
+        let answer = Arc::new(tokio::sync::Notify::new());
+        let (url, received, arrived) = receiver(answer.clone()).await;
+        let server = crate::start(config, slog::Logger::root(slog::Discard, slog::o!())).await.unwrap();
+        let database = dir.path().join(crate::DATABASE_FILE);
+        server
+            .state
+            .store
+            .write(move |tx| {
+                tx.execute_batch("INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't')")?;
+                tx.execute(
+                    "INSERT INTO projects (id, name, description, webhook_url, max_call_duration_s, default_concurrency,
+                                           created_at, updated_at, billing_user_id)
+                     VALUES ('prj_1', 'p', '', ?1, 600, 10, 't', 't', 'usr_1')",
+                    [&url],
+                )?;
+                tx.execute(
+                    "INSERT INTO webhook_deliveries (id, project_id, event, batch_run_id, url, payload, status,
+                                                     attempts, next_attempt_at, next_attempt_ms, created_at,
+                                                     updated_at)
+                     VALUES ('whd_1', 'prj_1', 'batch_run.completed', 'brn_1', ?1, '{}', 'pending',
+                             0, 't', 0, 't', 't')",
+                    [&url],
+                )?;
+                Ok::<_, crate::store::StoreError>(())
+            })
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(30), arrived.notified()).await.expect("the webhook was never sent");
+        // The receiver has the event; its answer cannot be recorded.
+        crate::wal_writes::full_disk::set(&database, true);
+        answer.notify_one();
+        // Ticks come every 0.5 s; a retry, 1 s after the unrecorded attempt
+        // ended, and the next 5 s after that.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let made = received.load(std::sync::atomic::Ordering::SeqCst);
+        crate::wal_writes::full_disk::set(&database, false);
+        assert!(made <= 2, "made {made} times in 3 s to a receiver that answered 200 at the first");
+        server.shutdown().await.unwrap();
+    }
 
     /// HMAC-SHA256 test case 2 of RFC 4231 (key "Jefe"), with the message
     /// split as `t + "." + body`.

@@ -70,7 +70,12 @@ pub struct Engine {
     /// earlier task is stopped, and its end removes nothing of the later's.
     running: Mutex<HashMap<String, (String, CancellationToken)>>,
     http: Outbound,
+    /// Webhook deliveries' client: no redirect followed.
+    webhook_http: Outbound,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The webhook sender and what tells it to stop (see
+    /// [`Engine::stop_webhooks`]).
+    webhooks: Mutex<Option<(tokio::task::JoinHandle<()>, CancellationToken)>>,
     /// Set by [`Engine::shutdown`] before it stops the runs in flight: a
     /// conversation that ends for that reason is not a cancelled run, and
     /// goes back to the queue.
@@ -80,13 +85,16 @@ pub struct Engine {
 impl Engine {
     pub fn new(config: EngineConfig) -> Engine {
         let http = Outbound::new(config.allow_private_targets, usize::try_from(config.workers).unwrap_or(256));
+        let webhook_http = Outbound::for_webhooks(config.allow_private_targets, 8);
         Engine {
             config,
             owner: ids::new_id("wrk"),
             wake: Notify::new(),
             running: Mutex::new(HashMap::new()),
             http,
+            webhook_http,
             tasks: Mutex::new(Vec::new()),
+            webhooks: Mutex::new(None),
             stopping: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -133,12 +141,12 @@ impl Engine {
             slog::info!(state.log, "requeued runs left running by a stopped server"; "runs" => recovered);
         }
         let engine = state.engine.clone();
-        let tasks = vec![
-            tokio::spawn(dispatch(state.clone())),
-            tokio::spawn(keep_leases(state.clone())),
-            tokio::spawn(webhooks::run(state.clone(), engine.http.clone(), WEBHOOK_POLL)),
-        ];
+        let tasks = vec![tokio::spawn(dispatch(state.clone())), tokio::spawn(keep_leases(state.clone()))];
         engine.tasks.lock().expect("not poisoned").extend(tasks);
+        let stop = CancellationToken::new();
+        let sender =
+            tokio::spawn(webhooks::run(state.clone(), engine.webhook_http.clone(), WEBHOOK_POLL, stop.clone()));
+        *engine.webhooks.lock().expect("not poisoned") = Some((sender, stop));
         engine.wake();
         Ok(())
     }
@@ -160,6 +168,7 @@ impl Engine {
     /// the dispatcher, hence the argument here.)
     pub async fn shutdown(state: &AppState) -> anyhow::Result<()> {
         let engine = &state.engine;
+        engine.stop_webhooks().await;
         let tasks: Vec<_> = engine.tasks.lock().expect("not poisoned").drain(..).collect();
         for task in &tasks {
             task.abort();
@@ -183,6 +192,21 @@ impl Engine {
 }
 
 impl Engine {
+    /// Stops the webhook sender: no attempt starts after this, and those
+    /// under way are let end (and be recorded) for up to
+    /// [`webhooks::STOP_WAIT`] (see [`webhooks::run`]). A stopping server
+    /// runs it beside the wait for its requests, so that it adds nothing
+    /// to a stop when no receiver is slow; [`Engine::shutdown`] runs it
+    /// too (a second call returns at once).
+    pub async fn stop_webhooks(&self) {
+        let sender = self.webhooks.lock().expect("not poisoned").take();
+        if let Some((task, stop)) = sender {
+            stop.cancel();
+            // Ended by a panic (already logged): gone all the same.
+            let _ = task.await;
+        }
+    }
+
     /// The stop signal of `run`, just claimed, now in `running`; `None`
     /// once [`Engine::shutdown`] is stopping the runs in flight (then the
     /// run is not held: it would never be stopped). `stopping` is read
