@@ -138,8 +138,9 @@ struct ServeArgs {
     /// over HTTP (offline): once per issuer, in the same order.
     #[arg(long = "oidc-jwks", env = "SPARRING_OIDC_JWKS", value_delimiter = ',')]
     oidc_jwks: Vec<PathBuf>,
-    /// The key that seals stored secrets (created if missing; default
-    /// `<data dir>/secret.key`).
+    /// The key that seals stored secrets (default `<data dir>/secret.key`;
+    /// created if missing, unless the database holds secrets sealed with
+    /// one: then the server refuses to start without it).
     #[arg(long, env = "SPARRING_SECRET_KEY_FILE")]
     secret_key_file: Option<PathBuf>,
     /// Conversations held at once by this server (they mostly wait on the
