@@ -23,7 +23,8 @@ use crate::agent::{self, AgentConfig, Bug, Fault};
 #[derive(Args, Clone, Debug)]
 pub struct DemoArgs {
     /// An OpenAI-compatible endpoint (e.g. https://api.openai.com/v1) for a
-    /// simulated caller and an LLM judge.
+    /// simulated caller and an LLM judge; its API key, if it needs one, in
+    /// SPARRING_DEMO_LLM_API_KEY.
     #[arg(long, env = "SPARRING_DEMO_LLM_BASE_URL")]
     llm_base_url: Option<String>,
     /// The model to use with `--llm-base-url`.

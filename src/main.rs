@@ -59,6 +59,7 @@ enum AdminCommand {
     /// Create an API key for a user (created if needed); prints the raw key
     /// alone on stdout.
     CreateKey {
+        /// The server's data dir (one `serve` made: it is not created).
         #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
         data_dir: PathBuf,
         /// The user's email (the admin made by the first start is
@@ -73,6 +74,7 @@ enum AdminCommand {
     /// Add credits to a user's ledger (a negative amount takes some away; one
     /// that would go below zero is refused); prints the new balance.
     GrantCredits {
+        /// The server's data dir (one `serve` made: it is not created).
         #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
         data_dir: PathBuf,
         /// The user's email (the admin made by the first start is
@@ -91,6 +93,7 @@ enum AdminCommand {
     /// secret key. The copy holds everything the data dir does, secrets
     /// included: keep it as safe.
     Backup {
+        /// The server's data dir (one `serve` made: it is not created).
         #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
         data_dir: PathBuf,
         /// The key file, if not `<data dir>/secret.key`; copied as the
@@ -105,6 +108,7 @@ enum AdminCommand {
     /// Make a new secret key and re-seal every stored secret with it, in one
     /// transaction. Run it with the server stopped.
     RotateSecretKey {
+        /// The server's data dir (one `serve` made: it is not created).
         #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
         data_dir: PathBuf,
         /// The key file, if not `<data dir>/secret.key`.
@@ -122,7 +126,8 @@ struct ServeArgs {
     /// admin commands need one that exists).
     #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
     data_dir: PathBuf,
-    /// Accept ID tokens from this OpenID Connect issuer (repeatable).
+    /// Accept ID tokens from this OpenID Connect issuer (repeatable; several
+    /// in the variable are separated by commas, as for the two below).
     #[arg(long = "oidc-issuer", env = "SPARRING_OIDC_ISSUER", value_delimiter = ',')]
     oidc_issuers: Vec<String>,
     /// The audience (client id) ID tokens must carry: once for all issuers,
@@ -133,8 +138,9 @@ struct ServeArgs {
     /// over HTTP (offline): once per issuer, in the same order.
     #[arg(long = "oidc-jwks", env = "SPARRING_OIDC_JWKS", value_delimiter = ',')]
     oidc_jwks: Vec<PathBuf>,
-    /// The key that seals stored secrets (created if missing; default
-    /// `<data dir>/secret.key`).
+    /// The key that seals stored secrets (default `<data dir>/secret.key`;
+    /// created if missing, unless the database holds secrets sealed with
+    /// one: then the server refuses to start without it).
     #[arg(long, env = "SPARRING_SECRET_KEY_FILE")]
     secret_key_file: Option<PathBuf>,
     /// Conversations held at once by this server (they mostly wait on the
@@ -370,8 +376,12 @@ async fn admin(command: AdminCommand) -> anyhow::Result<()> {
         AdminCommand::GrantCredits { data_dir, user, amount, description } => {
             // As `create-key` keeps it (the lookup is case aside).
             let user = user.trim().to_string();
-            let (store, _lock) = sparring_impl::open_store_for_admin(&data_dir)?;
+            let (store, lock) = sparring_impl::open_store_for_admin(&data_dir)?;
             let balance = sparring_impl::credits::admin_grant_async(&store, user.clone(), amount, description).await?;
+            // Beside a running server, its own checkpoints and stop do it.
+            if lock.is_some() {
+                sparring_impl::leave_database_whole(&store).await;
+            }
             println!("{user} now has {balance} credits");
             Ok(())
         }

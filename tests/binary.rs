@@ -115,6 +115,61 @@ async fn a_stopped_server_leaves_its_data_in_the_database_file() {
     assert!(used.is_some(), "the key's last use, written as the server stopped, is not in the database file");
 }
 
+/// The admin commands that write to a stopped server's data dir leave it as
+/// the stop did: everything in `sparring.db`, the WAL emptied. A copy of
+/// that file with the key file is a backup (README), also after
+/// `admin rotate-secret-key`, which must run with the server stopped and
+/// whose re-sealed secrets were left in the WAL: the copy held the old
+/// sealing beside the new key, and a server refused to start on it.
+#[tokio::test]
+async fn admin_commands_on_a_stopped_server_leave_their_writes_in_the_database_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let (mut server, key) = first_start(dir.path());
+    seal_a_secret(&server, &key).await;
+    server.stop();
+
+    let wal = dir.path().join(format!("{}-wal", sparring_impl::DATABASE_FILE));
+    let wal_len = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    let (status, stdout, stderr) = run(&["admin", "rotate-secret-key", "--data-dir", data_dir]);
+    assert!(status.success() && stdout.contains("re-sealed 1 stored secrets"), "{stdout}{stderr}");
+    assert_eq!(wal_len(), 0, "rotate-secret-key left its writes in the WAL");
+    let (status, _, stderr) =
+        run(&["admin", "create-key", "--data-dir", data_dir, "--user", "ops@example.com", "--label", "deploy"]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(wal_len(), 0, "create-key left its writes in the WAL");
+    let (status, _, stderr) =
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "ops@example.com", "--amount", "5"]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(wal_len(), 0, "grant-credits left its writes in the WAL");
+
+    // `sparring.db` and `secret.key` alone: a server starts on them (the
+    // key opens the secrets sealed there), with the key made and the grant.
+    let copy = tempfile::tempdir().unwrap();
+    for file in [sparring_impl::DATABASE_FILE, "secret.key"] {
+        std::fs::copy(dir.path().join(file), copy.path().join(file)).unwrap();
+    }
+    let mut restored =
+        common::process::Proc::spawn(&["serve", "--bind", "127.0.0.1:0", "--data-dir", copy.path().to_str().unwrap()]);
+    restored.expect("the server to end or serve", |o| o.closed() || o.stderr.contains(common::process::SERVING));
+    let stderr = restored.stderr();
+    assert!(stderr.contains(common::process::SERVING), "no server on the copied files: {stderr}");
+    assert!(restored.terminate().success(), "{}", restored.stderr());
+    let store = sparring_impl::open_store(copy.path()).unwrap();
+    let (keys, credits): (i64, i64) = store
+        .read_blocking(|c| {
+            c.query_row(
+                "SELECT (SELECT count(*) FROM api_keys WHERE label = 'deploy'),
+                        (SELECT count(*) FROM transactions WHERE amount = 5)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(sparring_impl::store::StoreError::from)
+        })
+        .unwrap();
+    assert_eq!((keys, credits), (1, 1), "the copy lacks the key made or the grant");
+}
+
 /// A client that never finishes its request (a body promised and never
 /// sent whole) does not keep a server asked to stop from stopping: the wait
 /// for requests in flight is bounded, and the stop still writes what it must

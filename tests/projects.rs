@@ -138,8 +138,11 @@ async fn a_project_keeps_an_owner() {
     assert_eq!(s.expect(Method::POST, &members, &t.editor, Some(by_email), 200).await["user_id"], stranger.as_str());
     // And how such a user comes to be: a server with API keys only has no
     // sign-in, and its users are made by the admin command.
+    // The command is named whole: `--label` is required, and without it
+    // the command the message gave was refused.
     let message = e["message"].as_str().unwrap();
-    assert!(message.contains("nobody@example.com") && message.contains("sparring admin create-key"), "{message}");
+    assert!(message.contains("nobody@example.com"), "{message}");
+    assert!(message.contains("`sparring admin create-key --user EMAIL --label LABEL`"), "{message}");
     // Something that is no address at all says so, by the rule the admin
     // command makes users by.
     for not_an_address in ["nobody", "@example.com", "no body@example.com"] {

@@ -12,7 +12,8 @@
 //! ```
 //!
 //! The reviewer must be a user already: one who signed in once with an ID
-//! token, or was given a key with `sparring admin create-key --user EMAIL`.
+//! token, or was given a key with
+//! `sparring admin create-key --user EMAIL --label LABEL`.
 //! `SPARRING_URL` may end in `/v1` or not.
 
 use std::error::Error;

@@ -183,7 +183,9 @@ pub async fn create_key(data_dir: &Path, email: String, label: String) -> anyhow
     match crate::try_lock_data_dir(data_dir)? {
         Some(_lock) => {
             let store = crate::open_store_saying_so(data_dir)?;
-            create_key_here(&store, email, &label).await
+            let key = create_key_here(&store, email, &label).await?;
+            crate::leave_database_whole(&store).await;
+            Ok(key)
         }
         None => ask(data_dir, &Request::CreateKey { email, label }).await,
     }

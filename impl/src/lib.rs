@@ -230,6 +230,31 @@ pub fn open_store_for_admin(data_dir: &std::path::Path) -> anyhow::Result<(Store
     Ok((open_store_saying_so(data_dir)?, lock))
 }
 
+/// Empties the WAL into `sparring.db` once an admin command has written to a
+/// data dir no server runs on (it holds the data dir's lock), as a server's
+/// stop does ([`Store::checkpoint_all`]): the database file alone is then
+/// whole, and a copy of it with the key file a backup. The WAL was left
+/// holding the command's writes, `admin rotate-secret-key`'s re-sealed
+/// secrets among them: such a copy held the old sealing beside the new key.
+/// Not emptied (a reader such as a `sqlite3` shell holds it), nothing is
+/// lost: the WAL stays and the next open reads it; that is said on stderr.
+pub async fn leave_database_whole(store: &Store) {
+    let store = store.clone();
+    let emptied = tokio::task::spawn_blocking(move || store.checkpoint_all()).await;
+    if let Some(e) = match emptied {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(e) => Some(e.to_string()),
+    } {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "warning: the write is done, but the database's WAL could not be emptied into its file ({e}): copy \
+             the `-wal` file with the database, or use `sparring admin backup`"
+        );
+    }
+}
+
 /// Held by whatever owns a data dir exclusively (the server, a key
 /// rotation): two servers on one database, or a rotation under a running
 /// server that still holds the old key, would corrupt it.
@@ -281,11 +306,13 @@ pub async fn rotate_secret_key(data_dir: &std::path::Path, key_file: Option<Path
         }
         anyhow::bail!("no secret key at {}: nothing was ever sealed with it", key_path.display());
     }
+    let sealing = store.clone();
     let resealed = tokio::task::spawn_blocking(move || {
         // The key files are written around this one transaction.
-        secrets::rotate(&key_path, |secrets| store.write_blocking(|tx| reseal::reseal_all(tx, secrets)))
+        secrets::rotate(&key_path, |secrets| sealing.write_blocking(|tx| reseal::reseal_all(tx, secrets)))
     })
     .await??;
+    leave_database_whole(&store).await;
     Ok(resealed)
 }
 

@@ -574,7 +574,7 @@ pub async fn add_member(
                     .ok_or_else(|| {
                         Failure::NotFound(format!(
                             "no user `{email}`; a user is made by their first sign-in with an ID token, \
-                             or by `sparring admin create-key --user EMAIL`"
+                             or by `sparring admin create-key --user EMAIL --label LABEL`"
                         ))
                     }),
                 Who::Id(id) => tx
