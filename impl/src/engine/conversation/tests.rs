@@ -1434,6 +1434,34 @@ async fn a_key_echoed_in_the_caller_llms_answer_goes_nowhere() {
     }
 }
 
+/// A channel's header values go only to the agent they were set for: an
+/// agent that echoes one (in a greeting, a debug line) does not have it
+/// passed on to the simulated caller's LLM, another service.
+#[tokio::test]
+async fn a_header_value_echoed_by_the_agent_is_not_told_to_the_callers_llm() {
+    let (agent, _) = serve_http(|body| {
+        if body["event"] == "end" {
+            return Act::Json(json!({"messages": []}));
+        }
+        Act::Json(json!({"messages": [{"role": "assistant", "content": "Your key is secret-value, right?"}]}))
+    })
+    .await;
+    let (llm, asked) = serve_llm(vec![(200, "{\"say\": \"Tuesday please\", \"done\": false}")]).await;
+    let plan = simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"));
+    assert_eq!(plan.agent.headers, [(s("x-api-key"), s("secret-value"))]);
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{:?}", outcome.error);
+    let asked = asked.lock().unwrap();
+    assert_eq!(asked.len(), 2);
+    for request in asked.iter() {
+        let messages = request.body["messages"].as_array().unwrap();
+        let heard: Vec<&str> =
+            messages.iter().filter(|m| m["role"] == "user").filter_map(|m| m["content"].as_str()).collect();
+        assert!(heard.contains(&"Your key is [redacted], right?"), "{heard:?}");
+        assert!(!request.body.to_string().contains("secret-value"), "{}", request.body);
+    }
+}
+
 #[tokio::test]
 async fn simulated_scenario_without_a_caller_llm() {
     let (agent, seen) = serve_http(booking_http).await;
