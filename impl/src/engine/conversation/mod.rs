@@ -17,8 +17,9 @@
 //!   reply to the caller's last words);
 //! - the caller has nothing more to say (`caller_done`: steps ran out, or
 //!   the simulated caller said `done`);
-//! - the token is cancelled (`cancelled`, checked before each caller line; a
-//!   running turn finishes);
+//! - the token is cancelled (`cancelled`, checked before each caller line,
+//!   also while a simulated caller's LLM writes it; a running turn
+//!   finishes);
 //! - `max_duration` passes (`max_duration`, at any await);
 //! - the next caller line and the agent's reply would not fit in
 //!   `max_turns` transcript turns (`max_turns`): a line is said only when its
@@ -349,7 +350,18 @@ impl Call<'_, '_> {
             if !self.rec.has_room(self.max_turns, 2) {
                 return Ending::now(EndedReason::MaxTurns);
             }
-            match caller.next(self.rec.transcript(), self.deadline).await {
+            // A cancel while the caller makes its line (a simulated
+            // caller's LLM may take a while) stops the call before the line
+            // is said: the agent is sent no other turn.
+            let next = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Ending::now(EndedReason::Cancelled),
+                next = caller.next(self.rec.transcript(), self.deadline) => next,
+            };
+            if cancel.is_cancelled() {
+                return Ending::now(EndedReason::Cancelled);
+            }
+            match next {
                 Next::Say { line, step } => {
                     if let Err(ending) = self.exchange(Some(&line), step).await {
                         return ending;

@@ -1462,6 +1462,26 @@ async fn a_header_value_echoed_by_the_agent_is_not_told_to_the_callers_llm() {
     }
 }
 
+/// A cancel that comes while the simulated caller's LLM is writing its next
+/// line stops the call there: the line is not said, and the agent is sent
+/// no other turn.
+#[tokio::test]
+async fn cancel_while_the_simulated_caller_thinks_says_no_more_lines() {
+    let cancel = CancellationToken::new();
+    let token = cancel.clone();
+    let (agent, seen) = serve_http(booking_http).await;
+    let (llm, _) = serve_http(move |_| {
+        token.cancel();
+        Act::Json(json!({"choices": [{"message": {"role": "assistant", "content": "{\"say\": \"Tuesday please\"}"}}]}))
+    })
+    .await;
+    let plan = simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"));
+    let outcome = run_with(&plan, &cancel).await;
+    assert_eq!(outcome.ended_reason, EndedReason::Cancelled, "{outcome:?}");
+    assert_eq!(lines(&outcome), vec![("caller", s("Hello")), ("agent", s("Hi! How can I help?"))]);
+    assert_eq!(events(&seen).iter().map(|e| (e.0.as_str(), e.1)).collect::<Vec<_>>(), vec![("start", 0), ("end", 1)]);
+}
+
 #[tokio::test]
 async fn simulated_scenario_without_a_caller_llm() {
     let (agent, seen) = serve_http(booking_http).await;
