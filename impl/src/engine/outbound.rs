@@ -11,7 +11,8 @@
 //! connection, and a host name is resolved by [`PublicOnly`], which keeps
 //! only public addresses (so a name that resolves, or is later made to
 //! resolve, to a private address is refused too). Redirects are followed only
-//! to the same origin (below), so they cannot leave the checked address.
+//! to the same origin, and only those that keep the POST and its body (307,
+//! 308; below), so they cannot leave the checked address.
 //! `sparring serve --allow-private-targets` lifts this for a server whose
 //! agents live on its own network (local development, a private deployment).
 
@@ -41,20 +42,7 @@ impl Outbound {
         let mut builder = reqwest::Client::builder()
             .pool_max_idle_per_host(idle_per_host)
             .connector_layer(tower_layer::layer_fn(ConnectBy))
-            // A channel's header values (and an LLM's key) go only where
-            // they were set, and only to an address checked here: a redirect
-            // to another origin is not followed (the agent's 3xx answer is
-            // the turn's error).
-            .redirect(reqwest::redirect::Policy::custom(|attempt| {
-                let from = attempt.previous()[0].origin();
-                if attempt.previous().len() > 5 {
-                    attempt.error("more than 5 redirects")
-                } else if attempt.url().origin() == from {
-                    attempt.follow()
-                } else {
-                    attempt.stop()
-                }
-            }));
+            .redirect(redirects());
         if !allow_private {
             builder = builder.dns_resolver(Arc::new(PublicOnly));
         }
@@ -78,11 +66,12 @@ impl Outbound {
     }
 
     /// The client `builder` makes, with the time limit of
-    /// [`Outbound::connecting_by`], any address allowed: for tests of the
+    /// [`Outbound::connecting_by`] and the redirects followed as
+    /// [`Outbound::new`]'s, any address allowed: for tests of the
     /// engine's parts that need a client of their own.
     #[cfg(test)]
     pub fn of(builder: reqwest::ClientBuilder) -> Outbound {
-        let client = builder.connector_layer(tower_layer::layer_fn(ConnectBy)).build().unwrap();
+        let client = builder.connector_layer(tower_layer::layer_fn(ConnectBy)).redirect(redirects()).build().unwrap();
         Outbound { client, allow_private: true }
     }
 
@@ -126,6 +115,28 @@ impl Outbound {
         }
         public_only(host, found)
     }
+}
+
+/// The redirects the engine follows. A channel's header values (and an
+/// LLM's key) go only where they were set, and only to an address checked
+/// here: a redirect to another origin is not followed (the agent's 3xx
+/// answer is the turn's error). Every request here is a POST whose body is
+/// the point of it (a caller's line, a prompt, an event): a 301, 302 or 303
+/// would be followed as a GET without that body, and its answer taken for
+/// the answer to the POST, so only a 307 or 308, which keep both, is
+/// followed.
+fn redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let from = attempt.previous()[0].origin();
+        let keeps_request = matches!(attempt.status().as_u16(), 307 | 308);
+        if attempt.previous().len() > 5 {
+            attempt.error("more than 5 redirects")
+        } else if keeps_request && attempt.url().origin() == from {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    })
 }
 
 /// What [`Outbound::checking_when_connected`] asks of a connection once it

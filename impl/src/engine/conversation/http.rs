@@ -5,7 +5,7 @@
 use crate::engine::outbound::{connect_too_late, Outbound};
 use std::time::Duration;
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, LOCATION};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
@@ -163,6 +163,13 @@ impl<'a> HttpAgent<'a> {
             }
         })?;
         let status = response.status();
+        // A redirect the client did not follow (see `Outbound`): where it
+        // pointed, for the reason.
+        let location = response
+            .headers()
+            .get(LOCATION)
+            .filter(|_| status.is_redirection())
+            .map(|location| String::from_utf8_lossy(location.as_bytes()).into_owned());
         let bytes = crate::engine::body_at_most(&mut response, MAX_REPLY_BYTES)
             .await
             .map_err(|e| TurnFailure::Agent(format!("the agent's reply to turn {turn} broke off: {}", innermost(&e))))?
@@ -170,6 +177,17 @@ impl<'a> HttpAgent<'a> {
                 TurnFailure::Agent(format!("the agent's reply to turn {turn} is larger than {MAX_REPLY_BYTES} bytes"))
             })?;
         let text = String::from_utf8_lossy(&bytes).into_owned();
+        if let Some(location) = location {
+            let body = excerpt(&text, 300, &self.secrets);
+            return Err(TurnFailure::Agent(format!(
+                "the agent answered turn {turn} with HTTP {}, a redirect to {} that is not followed (only a 307 or \
+                 308 within the target's origin is: it keeps the request and its body){}{body}",
+                status.as_u16(),
+                excerpt(&location, 300, &self.secrets),
+                if body.is_empty() { "" } else { ": " },
+            ))
+            .into());
+        }
         if !status.is_success() {
             return Err(TurnFailure::Agent(format!(
                 "the agent answered turn {turn} with HTTP {}: {}",

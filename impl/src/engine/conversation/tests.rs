@@ -36,6 +36,8 @@ use crate::engine::{AgentEndpoint, LlmEndpoint};
 enum Act {
     Json(Value),
     Raw(u16, String),
+    /// A redirect: the status and its `Location`.
+    Redirect(u16, &'static str),
     /// Never answers.
     Hang,
 }
@@ -72,14 +74,17 @@ where
                     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
                     let act = handler(&body);
                     log.lock().unwrap().push(Seen { headers: parts.headers, body });
-                    let (status, text) = match act {
-                        Act::Json(value) => (200, value.to_string()),
-                        Act::Raw(status, text) => (status, text),
+                    let (status, text, location) = match act {
+                        Act::Json(value) => (200, value.to_string(), None),
+                        Act::Raw(status, text) => (status, text, None),
+                        Act::Redirect(status, location) => (status, String::new(), Some(location)),
                         Act::Hang => std::future::pending().await,
                     };
-                    Ok::<_, Infallible>(
-                        hyper::Response::builder().status(status).body(Full::new(Bytes::from(text))).unwrap(),
-                    )
+                    let mut response = hyper::Response::builder().status(status);
+                    if let Some(location) = location {
+                        response = response.header("location", location);
+                    }
+                    Ok::<_, Infallible>(response.body(Full::new(Bytes::from(text))).unwrap())
                 }
             });
             tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), service));
@@ -720,6 +725,45 @@ async fn http_reply_of_the_wrong_shape() {
     let (outcome, _) =
         http_failure(|_| Act::Json(json!({"messages": [{"content": 3}]})), Duration::from_secs(10)).await;
     assert!(outcome.error.unwrap().starts_with("the agent's reply to turn 0 is not of the protocol's shape"));
+}
+
+/// An agent that answers a turn's POST with a 301, 302 or 303 would have it
+/// followed as a GET without its body (as every HTTP client does): the
+/// caller's line would never reach the agent, and whatever the GET answered
+/// would be taken as the reply to it. Such a redirect is the turn's error,
+/// naming where it pointed; a 307 or 308 (which keep the POST and its body)
+/// within the origin is still followed.
+#[tokio::test]
+async fn http_redirect_that_would_drop_the_callers_line_is_not_followed() {
+    for status in [301, 302, 303] {
+        let (base, seen) = serve_http(move |body| {
+            if body.is_null() {
+                // The GET a followed redirect makes: no event, no line.
+                return Act::Json(json!({"messages": [{"role": "assistant", "content": "Anything else?"}]}));
+            }
+            Act::Redirect(status, "/moved")
+        })
+        .await;
+        let plan = plan(ChannelKind::Http, format!("{base}/http"), scripted(Some("Hi, a table"), &[]));
+        let outcome = run(&plan).await;
+        assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{status}: {outcome:?}");
+        let error = outcome.error.clone().unwrap();
+        assert!(error.starts_with(&format!("the agent answered turn 0 with HTTP {status}")), "{error}");
+        assert!(error.contains("/moved"), "the reason says where it pointed: {error}");
+        assert_eq!(lines(&outcome), vec![("caller", s("Hi, a table"))]);
+        assert!(seen.lock().unwrap().iter().all(|seen| !seen.body.is_null()), "{status}: no GET was made");
+    }
+    let requests = AtomicUsize::new(0);
+    let (base, seen) = serve_http(move |body| match requests.fetch_add(1, Ordering::SeqCst) {
+        0 => Act::Redirect(307, "/moved"),
+        _ => booking_http(body),
+    })
+    .await;
+    let plan = plan(ChannelKind::Http, format!("{base}/http"), scripted(Some("Hi, a table"), &[]));
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.error, None);
+    assert_eq!(lines(&outcome), vec![("caller", s("Hi, a table")), ("agent", s("Sure. For which day?"))]);
+    assert_eq!(seen.lock().unwrap().len(), 3, "the POST, the same POST at its new place, and `end`");
 }
 
 #[tokio::test]
