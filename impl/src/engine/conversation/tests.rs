@@ -1299,6 +1299,50 @@ async fn websocket_binary_frame() {
     );
 }
 
+/// An agent that floods the connection with pings after its turn: what
+/// arrived after a turn is read without a pause before the caller's next
+/// line, and pings are answered by the websocket layer, not counted as the
+/// turn's frames, so the reading never ended (nor let the thread it ran on
+/// do anything else) for as long as the flood came. A turn's control frames
+/// are bounded too: past the limit the agent has failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_a_flood_of_pings_is_an_agent_error_not_a_hang() {
+    use tokio::io::AsyncWriteExt as _;
+    let (url, _, _) = serve_ws(|mut peer| async move {
+        while let Some(received) = peer.recv().await {
+            if received["type"] == "message" {
+                reply_ws(&mut peer, received["content"].as_str()).await;
+                // Unmasked empty pings, as fast as the socket takes them.
+                let pings = [0x89u8, 0x00].repeat(32 << 10);
+                while peer.ws.get_mut().write_all(&pings).await.is_ok() {}
+                return;
+            }
+        }
+    })
+    .await;
+    let mut plan = plan(ChannelKind::Websocket, url, scripted(Some("Hi, a table"), &["Tuesday please"]));
+    // Far below the wait below: a call ends by its own limit at the latest.
+    plan.max_duration = Duration::from_secs(10);
+    // On a thread of its own: a conversation that never yields would hold
+    // up the runtime that should time it out.
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _ = done.send(runtime.block_on(async { run(&plan).await }));
+    });
+    let outcome = tokio::task::spawn_blocking(move || outcome.recv_timeout(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .expect("the conversation never ended");
+    assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{outcome:?}");
+    let error = outcome.error.clone().unwrap();
+    // After its turn, or, should the reading have caught up with the flood
+    // for a moment, during the next.
+    assert!(error.starts_with("the agent sent more than 10000 ping or pong frames "), "{error}");
+    assert!(error.ends_with("after turn 0") || error.ends_with("during turn 1"), "{error}");
+    assert_eq!(lines(&outcome)[..2], [("caller", s("Hi, a table")), ("agent", s("Sure. For which day?"))]);
+}
+
 // ---------------------------------------------------------------------------
 // Simulated callers
 

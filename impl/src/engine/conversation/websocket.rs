@@ -43,7 +43,16 @@ struct Ended {
     first_at: Option<Instant>,
     /// The size of its text frames so far.
     size: usize,
+    /// Its control frames so far (see [`MAX_CONTROL_FRAMES`]).
+    controls: usize,
 }
+
+/// The most pings and pongs an agent may send in one turn (the frames after
+/// it included). A keepalive is a frame every few seconds; a flood is an
+/// agent error. Without a bound, the frames after a turn, which are read
+/// without a pause, would be read for as long as a flood came (the
+/// websocket layer answers pings itself, and they are no part of a turn).
+const MAX_CONTROL_FRAMES: usize = 10_000;
 
 /// One frame from the agent.
 enum Frame {
@@ -192,7 +201,7 @@ impl WsAgent {
     /// is already there; stops at `end_call`.
     pub(super) async fn late(&mut self) -> Result<Option<Reply>, TurnFailure> {
         let Some(ended) = &self.ended else { return Ok(None) };
-        let (turn, mut size) = (ended.turn, ended.size);
+        let (turn, mut size, mut controls) = (ended.turn, ended.size, ended.controls);
         let mut late = Reply::new(ended.sent_at);
         late.first_at = ended.first_at;
         // Lets the runtime take in what reached the socket meanwhile.
@@ -202,12 +211,16 @@ impl WsAgent {
             // Only what is already there; `unconstrained`, so the runtime's
             // budget cannot cut the reading short.
             let Some(next) = tokio::task::unconstrained(self.ws.next()).now_or_never() else { break };
-            let Some(text) = frame_text(turn, &when, next)? else { continue };
+            let Some(text) = frame_text(turn, &when, next)? else {
+                control(&mut controls, &when)?;
+                continue;
+            };
             // A second `turn_end` ends nothing more.
             absorb(&mut late, &mut size, turn, &when, &text, &self.secrets)?;
         }
         if let Some(ended) = &mut self.ended {
             ended.size = size;
+            ended.controls = controls;
         }
         Ok(late.last_at.is_some().then_some(late))
     }
@@ -223,6 +236,7 @@ impl WsAgent {
         let when = format!("during turn {turn}");
         let mut reply = Reply::new(sent_at);
         let mut size = 0usize;
+        let mut controls = 0usize;
         loop {
             let silence_ends = later(reply.last_at.unwrap_or(sent_at), self.turn_timeout);
             let (limit, deadline_binds) =
@@ -230,7 +244,7 @@ impl WsAgent {
             let next = match tokio::time::timeout_at(limit, self.ws.next()).await {
                 Ok(next) => next,
                 Err(_) if deadline_binds => return Err(TurnFailure::Deadline(reply.first_at.map(|_| reply))),
-                Err(_) if reply.first_at.is_some() => return Ok(self.ended(turn, reply, size)),
+                Err(_) if reply.first_at.is_some() => return Ok(self.ended(turn, reply, size, controls)),
                 Err(_) => {
                     return Err(TurnFailure::Agent(format!(
                         "the agent sent nothing for turn {turn} within {} ms",
@@ -238,20 +252,23 @@ impl WsAgent {
                     )))
                 }
             };
-            let Some(text) = frame_text(turn, &when, next)? else { continue };
+            let Some(text) = frame_text(turn, &when, next)? else {
+                control(&mut controls, &when)?;
+                continue;
+            };
             let turn_end = absorb(&mut reply, &mut size, turn, &when, &text, &self.secrets)?;
             if reply.end_call {
                 return Ok(reply);
             }
             if turn_end {
-                return Ok(self.ended(turn, reply, size));
+                return Ok(self.ended(turn, reply, size, controls));
             }
         }
     }
 
     /// `reply` ended the agent's turn `turn` without ending the call.
-    fn ended(&mut self, turn: u32, reply: Reply, size: usize) -> Reply {
-        self.ended = Some(Ended { turn, sent_at: reply.sent_at, first_at: reply.first_at, size });
+    fn ended(&mut self, turn: u32, reply: Reply, size: usize, controls: usize) -> Reply {
+        self.ended = Some(Ended { turn, sent_at: reply.sent_at, first_at: reply.first_at, size, controls });
         reply
     }
 
@@ -332,6 +349,18 @@ fn parse_frame(when: &str, text: &str, secrets: &[String]) -> Result<Frame, Stri
         )),
         None => Err(format!("the agent sent a frame without a string `type` {when}: {}", quoted())),
     }
+}
+
+/// Counts a ping or pong of a turn (`when`: "during turn N" or "after turn
+/// N"); past [`MAX_CONTROL_FRAMES`], the agent has failed.
+fn control(controls: &mut usize, when: &str) -> Result<(), TurnFailure> {
+    *controls += 1;
+    if *controls > MAX_CONTROL_FRAMES {
+        return Err(TurnFailure::Agent(format!(
+            "the agent sent more than {MAX_CONTROL_FRAMES} ping or pong frames {when}"
+        )));
+    }
+    Ok(())
 }
 
 fn too_large(turn: u32) -> String {
