@@ -16,6 +16,7 @@
 //! `sparring serve --allow-private-targets` lifts this for a server whose
 //! agents live on its own network (local development, a private deployment).
 
+use std::cell::Cell;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
@@ -83,8 +84,17 @@ impl Outbound {
     /// for one that took the request and is slow to answer: a time limit
     /// around the whole request cannot say which of the two ran out. A
     /// request sent over a pooled connection opens none.
-    pub async fn connecting_by<F: Future>(&self, by: Instant, requests: F) -> F::Output {
-        CONNECT_BY.scope(by, requests).await
+    ///
+    /// Also gives when the last connection they opened and were sent over
+    /// was made (`None` when they opened none): a request is sent only once
+    /// its connection is, and what came before (resolving, connecting, TLS)
+    /// is no part of how long its answer took.
+    pub async fn connecting_by<F: Future>(&self, by: Instant, requests: F) -> (F::Output, Option<Instant>) {
+        let limit = ConnectLimit { by, made: Cell::new(None) };
+        let mut scoped = std::pin::pin!(CONNECT_BY.scope(limit, requests));
+        let output = scoped.as_mut().await;
+        let made = scoped.as_mut().take_value().and_then(|limit| limit.made.get());
+        (output, made)
     }
 
     /// Runs `requests` (made with this client) so that a connection one of
@@ -143,10 +153,16 @@ fn redirects() -> reqwest::redirect::Policy {
 /// is made: nothing (`Ok`), or why it must carry no request.
 pub type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
+/// The time limit of [`Outbound::connecting_by`] for the connections of the
+/// requests it runs, and when the last of them was made.
+struct ConnectLimit {
+    by: Instant,
+    made: Cell<Option<Instant>>,
+}
+
 tokio::task_local! {
-    /// The time limit of [`Outbound::connecting_by`] for the connections
-    /// of the requests it runs.
-    static CONNECT_BY: Instant;
+    /// See [`ConnectLimit`].
+    static CONNECT_BY: ConnectLimit;
     /// The check of [`Outbound::checking_when_connected`] for the
     /// connections of the requests it runs.
     static ON_CONNECTED: Check;
@@ -227,7 +243,7 @@ where
     }
 
     fn call(&mut self, destination: R) -> Self::Future {
-        let by = CONNECT_BY.try_with(|by| *by).ok();
+        let by = CONNECT_BY.try_with(|limit| limit.by).ok();
         let still = ON_CONNECTED.try_with(Arc::clone).ok();
         let connecting = self.0.call(destination);
         Box::pin(async move {
@@ -242,6 +258,12 @@ where
                 // request was written to it.
                 still().map_err(|why| Box::new(NotSent(why)) as BoxError)?;
             }
+            // When it was made, for the requests of `connecting_by` that it
+            // carries: only where their own task completes it. One the pool
+            // completes in the background (an idle connection came first,
+            // and the request went over that) carries none of theirs, and
+            // is out of their scope there.
+            let _ = CONNECT_BY.try_with(|limit| limit.made.set(Some(Instant::now())));
             Ok(connection)
         })
     }

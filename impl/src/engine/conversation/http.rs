@@ -92,16 +92,16 @@ impl<'a> HttpAgent<'a> {
         // request and is slow to answer.
         let connect_by = limit.checked_sub(connect_margin(limit.saturating_duration_since(sent_at))).unwrap_or(limit);
         let posting = self.http.connecting_by(connect_by, self.post(turn, &body));
-        let text = match tokio::time::timeout_at(limit, posting).await {
-            Ok(Ok(text)) => text,
-            Ok(Err(Failed::Turn(failure))) => return Err(failure),
-            Ok(Err(Failed::ConnectTooLate)) if deadline_binds => {
+        let (text, connected) = match tokio::time::timeout_at(limit, posting).await {
+            Ok((Ok(text), connected)) => (text, connected),
+            Ok((Err(Failed::Turn(failure)), _)) => return Err(failure),
+            Ok((Err(Failed::ConnectTooLate), _)) if deadline_binds => {
                 // The call lasts until its `max_duration`, as it would have
                 // had the connection been made.
                 tokio::time::sleep_until(limit).await;
                 return Err(TurnFailure::DeadlineUnreached);
             }
-            Ok(Err(Failed::ConnectTooLate)) => {
+            Ok((Err(Failed::ConnectTooLate), _)) => {
                 return Err(TurnFailure::Unreached(format!(
                     "could not connect to the agent at {} for turn {turn} within {} ms",
                     self.target,
@@ -116,7 +116,9 @@ impl<'a> HttpAgent<'a> {
                 )))
             }
         };
-        let mut reply = Reply::new(sent_at);
+        // The request was sent once its connection was made: the time it
+        // took to make one (DNS, TCP, TLS) is not the agent's latency.
+        let mut reply = Reply::new(connected.map_or(sent_at, |made| made.max(sent_at)));
         let at = Instant::now();
         reply.arrived(at);
         let wire = parse_reply(turn, &text, &self.secrets).map_err(TurnFailure::Agent)?;

@@ -703,6 +703,55 @@ async fn http_connection_never_made_is_unreached() {
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 }
 
+/// The latency of an http turn runs from when its request was sent: a
+/// connection the request had to make first (DNS, TCP, TLS; here a
+/// connect that takes a second, its first SYN dropped by a full accept
+/// queue) is no part of how long the agent took to answer.
+#[tokio::test]
+async fn http_latency_leaves_out_making_the_connection() {
+    // A listener whose accept queue is full, so that a new connection's
+    // first SYN is dropped and the connect waits for its retransmission.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let address = listener.local_addr().unwrap();
+    let mut queued = Vec::new();
+    loop {
+        let connecting = tokio::net::TcpStream::connect(address);
+        match tokio::time::timeout(Duration::from_millis(200), connecting).await {
+            Ok(stream) => queued.push(stream.unwrap()),
+            Err(_) => break,
+        }
+        assert!(queued.len() < 16, "the accept queue of a backlog of 0 never filled");
+    }
+    tokio::spawn(async move {
+        // Room again once the call's first SYN was dropped.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(queued);
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = service_fn(|request: hyper::Request<Incoming>| async move {
+                let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let reply = match booking_http(&body) {
+                    Act::Json(value) => value.to_string(),
+                    _ => unreachable!(),
+                };
+                Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(reply))))
+            });
+            tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), service));
+        }
+    });
+    let plan = plan(ChannelKind::Http, format!("http://{address}/http"), scripted(Some("Hi, a table"), &[]));
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.error, None, "{outcome:?}");
+    let (caller, agent) = (&outcome.transcript[0], &outcome.transcript[1]);
+    let waited = agent.start_ms - caller.start_ms;
+    assert!(waited >= 900, "the connection took its second: {outcome:?}");
+    let latency = agent.latency_ms.unwrap();
+    assert!(latency * 2 < waited, "the latency {latency} ms holds the connect of the {waited} ms waited");
+    assert_consistent(&outcome);
+}
+
 #[tokio::test]
 async fn http_reply_that_is_not_json() {
     let (outcome, _) = http_failure(|_| Act::Raw(200, "<html>oops</html>".into()), Duration::from_secs(10)).await;
