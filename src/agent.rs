@@ -96,8 +96,11 @@ pub enum Fault {
     Disconnect,
 }
 
-/// A call's HTTP calls count as ended after this long without a request.
-const IDLE: Duration = Duration::from_secs(30);
+/// A call over HTTP counts as ended (the caller went away without `end`)
+/// after this long without a request since the agent's last reply. Longer
+/// than any pause Sparring leaves within a call: the agent's own turn is
+/// timed from its reply, and a simulated caller's LLM has 60 s to answer.
+const IDLE: Duration = Duration::from_secs(300);
 const DAYS: [&str; 5] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday"];
 
 #[derive(Default)]
@@ -120,6 +123,8 @@ pub struct Agent {
     config: AgentConfig,
     calls: Mutex<HashMap<String, Call>>,
     counters: Mutex<Counters>,
+    /// [`IDLE`], shorter in tests.
+    idle: Duration,
 }
 
 /// What the agent says in one turn.
@@ -162,7 +167,7 @@ fn time_of(text: &str) -> Option<String> {
 
 impl Agent {
     pub fn new(config: AgentConfig) -> Agent {
-        Agent { config, calls: Mutex::new(HashMap::new()), counters: Mutex::new(Counters::default()) }
+        Agent { config, calls: Mutex::new(HashMap::new()), counters: Mutex::new(Counters::default()), idle: IDLE }
     }
 
     /// The agent's turn: what it says to `line` (`None`: the call just
@@ -279,7 +284,7 @@ impl Agent {
         let now = Instant::now();
         let mut calls = self.calls.lock().expect("not poisoned");
         let before = calls.len();
-        calls.retain(|_, c| c.last_seen.is_none_or(|t| now.duration_since(t) < IDLE));
+        calls.retain(|_, c| c.last_seen.is_none_or(|t| now.duration_since(t) < self.idle));
         for _ in calls.len()..before {
             self.call_ended();
         }
@@ -339,6 +344,11 @@ async fn http_turn(
     };
     agent.turn();
     agent.delay(&call_id, turn).await;
+    // The caller's next request comes after this reply: its pause is timed
+    // from here, not from when this request came in.
+    if let Some(call) = agent.calls.lock().expect("not poisoned").get_mut(&call_id) {
+        call.last_seen = Some(Instant::now());
+    }
     if agent.fails(&call_id, turn) {
         return json_response(500, r#"{"error": "internal error (simulated by --error-rate)"}"#);
     }
@@ -497,12 +507,17 @@ async fn ws_conversation(agent: &Agent, ws: &mut Ws) -> dropshot::WebsocketChann
 
 /// Serves the agent until `shutdown` resolves.
 pub async fn serve(config: AgentConfig, log: slog::Logger) -> anyhow::Result<dropshot::HttpServer<Ctx>> {
+    serve_agent(Agent::new(config), log)
+}
+
+/// Serves `agent` at its configured address.
+fn serve_agent(agent: Agent, log: slog::Logger) -> anyhow::Result<dropshot::HttpServer<Ctx>> {
     let mut api = ApiDescription::new();
     api.register(http_turn).map_err(|e| anyhow::anyhow!("{e}"))?;
     api.register(stats).map_err(|e| anyhow::anyhow!("{e}"))?;
     api.register(ws_call).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let bind = config.bind;
-    let agent = Arc::new(Agent::new(config));
+    let bind = agent.config.bind;
+    let agent = Arc::new(agent);
     ServerBuilder::new(api, agent, log)
         .config(ConfigDropshot { bind_address: bind, default_request_body_max_bytes: 256 * 1024, ..Default::default() })
         .start()
@@ -558,6 +573,31 @@ mod tests {
         let silent = agent(Bug::NoConfirmation).respond(&mut call, Some("Book me Tuesday at 3 pm"));
         assert!(!silent.messages[0].contains("confirmed") && !silent.messages[0].contains("Tuesday"));
         assert_eq!(silent.tool_calls[0].0, "book_appointment");
+    }
+
+    /// An http call is forgotten only after its caller has been quiet for
+    /// the idle time since the agent's last reply: a reply that took longer
+    /// than that (`--latency-ms`) did not make the next request find no
+    /// call ("a call begins with a `start` event", a 400 the caller's
+    /// result blamed on the agent).
+    #[tokio::test]
+    async fn a_call_is_idle_from_the_agents_reply_not_from_the_request() {
+        let mut config = agent(Bug::None).config;
+        config.latency_ms = 400;
+        let mut slow = Agent::new(config);
+        slow.idle = Duration::from_millis(300);
+        let server = serve_agent(slow, slog::Logger::root(slog::Discard, slog::o!())).unwrap();
+        let url = format!("http://{}/http", server.local_addr());
+        let http = reqwest::Client::new();
+        let post = |body: Value| http.post(&url).json(&body).send();
+        let start = post(json!({"call_id": "call_1", "turn": 0, "event": "start", "message": null})).await.unwrap();
+        assert_eq!(start.status(), 200);
+        let line = json!({"role": "user", "content": "I'd like to book an appointment."});
+        let next = post(json!({"call_id": "call_1", "turn": 1, "event": "message", "message": line})).await.unwrap();
+        assert_eq!(next.status(), 200, "{}", next.text().await.unwrap());
+        let reply: Value = next.json().await.unwrap();
+        assert!(reply["messages"][0]["content"].as_str().unwrap().contains("Which day"), "{reply}");
+        server.close().await.unwrap();
     }
 
     #[test]
