@@ -835,6 +835,20 @@ async fn header_values_never_show_in_errors() {
     assert!(!format!("{outcome:?}").contains("top-secret"));
 }
 
+/// A plan holds the channel's header values opened; printed (a log line, a
+/// panic message, a test's failure), it shows their names only, as an LLM
+/// endpoint shows no key.
+#[test]
+fn header_values_never_show_in_a_plans_debug() {
+    let mut plan = simulated_plan("http://127.0.0.1:9/http".into(), Some("http://127.0.0.1:9/v1"), None);
+    plan.agent.headers.push(("authorization".into(), "Bearer sk-agent-0815".into()));
+    let printed = format!("{plan:?}");
+    for secret in ["secret-value", "sk-agent-0815", "sk-test"] {
+        assert!(!printed.contains(secret), "{secret} in {printed}");
+    }
+    assert!(printed.contains("x-api-key") && printed.contains("authorization"), "{printed}");
+}
+
 // ---------------------------------------------------------------------------
 // Scripted calls over websocket
 
