@@ -3,6 +3,7 @@
 //! answered with `{"messages": [...], "end_call", "tool_calls"}`.
 
 use crate::engine::outbound::{connect_too_late, Outbound};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, LOCATION};
@@ -91,7 +92,10 @@ impl<'a> HttpAgent<'a> {
         // reached it). So when the limit itself passes, the agent has the
         // request and is slow to answer.
         let connect_by = limit.checked_sub(connect_margin(limit.saturating_duration_since(sent_at))).unwrap_or(limit);
-        let posting = self.http.connecting_by(connect_by, self.post(turn, &body));
+        // When the answer's head came: a turn timed out after it is a reply
+        // begun and not finished, not one never given.
+        let answered = OnceLock::new();
+        let posting = self.http.connecting_by(connect_by, self.post(turn, &body, &answered));
         let (text, connected) = match tokio::time::timeout_at(limit, posting).await {
             Ok((Ok(text), connected)) => (text, connected),
             Ok((Err(Failed::Turn(failure)), _)) => return Err(failure),
@@ -110,10 +114,15 @@ impl<'a> HttpAgent<'a> {
             }
             Err(_) if deadline_binds => return Err(TurnFailure::Deadline(None)),
             Err(_) => {
-                return Err(TurnFailure::Agent(format!(
-                    "the agent did not answer turn {turn} within {} ms",
-                    self.turn_timeout.as_millis()
-                )))
+                return Err(TurnFailure::Agent(match answered.get() {
+                    None => format!("the agent did not answer turn {turn} within {} ms", self.turn_timeout.as_millis()),
+                    Some(at) => format!(
+                        "the agent's reply to turn {turn} began after {} ms but was not complete within {} ms \
+                         (a reply is read whole: send its body at once)",
+                        at.saturating_duration_since(sent_at).as_millis(),
+                        self.turn_timeout.as_millis()
+                    ),
+                }))
             }
         };
         // The request was sent once its connection was made: the time it
@@ -138,11 +147,12 @@ impl<'a> HttpAgent<'a> {
     /// The caller hangs up: `end`, best effort, its reply ignored.
     pub(super) async fn end(&self, turn: u32) {
         let body = json!({"call_id": self.call_id, "turn": turn, "event": "end", "message": null});
-        let _ = tokio::time::timeout(self.turn_timeout, self.post(turn, &body)).await;
+        let _ = tokio::time::timeout(self.turn_timeout, self.post(turn, &body, &OnceLock::new())).await;
     }
 
-    /// One POST; the body of a 2xx answer, or why there is none.
-    async fn post(&self, turn: u32, body: &Value) -> Result<String, Failed> {
+    /// One POST; the body of a 2xx answer, or why there is none. `answered`
+    /// is set when the answer's head comes.
+    async fn post(&self, turn: u32, body: &Value, answered: &OnceLock<Instant>) -> Result<String, Failed> {
         let request = self.http.post(self.target).map_err(|refused| {
             TurnFailure::Unreached(format!("the agent at {} was not called for turn {turn}: {refused}", self.target))
         })?;
@@ -164,6 +174,7 @@ impl<'a> HttpAgent<'a> {
                 )))
             }
         })?;
+        let _ = answered.set(Instant::now());
         let status = response.status();
         // A redirect the client did not follow (see `Outbound`): where it
         // pointed, for the reason.

@@ -676,6 +676,47 @@ async fn http_hanging_agent_times_out() {
     assert!(outcome.reached_agent, "it took the request: the call costs");
 }
 
+/// An agent that begins its reply (status and headers, part of the body)
+/// and does not finish it within the turn timeout (a reply streamed slowly)
+/// is told so: "did not answer" would send its engineer looking for a
+/// request that never came.
+#[tokio::test]
+async fn http_reply_begun_and_not_finished_says_so() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 4096];
+                while !String::from_utf8_lossy(&request).contains("\"event\"") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n";
+                let _ = stream.write_all(format!("{head}{{\"messages\": [").as_bytes()).await;
+                // The rest never comes.
+                let _ = stream.read(&mut buffer).await;
+            });
+        }
+    });
+    let mut plan = plan(ChannelKind::Http, format!("http://{address}/http"), scripted(Some("Hi"), &[]));
+    plan.agent.turn_timeout = Duration::from_millis(300);
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{outcome:?}");
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with("the agent's reply to turn 0 began after "), "{error}");
+    assert!(
+        error.ends_with(" ms but was not complete within 300 ms (a reply is read whole: send its body at once)"),
+        "{error}"
+    );
+    assert!(outcome.reached_agent);
+    assert_consistent(&outcome);
+}
+
 /// A connection the agent never takes (its address does not answer) is
 /// not an agent slow to answer: nothing reached it, so the call costs
 /// nothing, whether the turn timeout or the call's `max_duration` ends it.
