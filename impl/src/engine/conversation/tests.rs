@@ -1277,6 +1277,23 @@ async fn websocket_upgrade_refused() {
     assert!(outcome.reached_agent, "it answered, with a refusal");
 }
 
+/// A websocket upgrade answered with a redirect (an agent moved to `wss://`,
+/// or behind a new path) is not followed, and the reason says where it
+/// pointed: the target to give the channel instead.
+#[tokio::test]
+async fn websocket_upgrade_redirected_names_where() {
+    let (base, _) = serve_http(|_| Act::Redirect(301, "wss://agent.example.com/v2/ws")).await;
+    let url = format!("{}/ws", base.replace("http://", "ws://"));
+    let outcome = run(&plan(ChannelKind::Websocket, url.clone(), scripted(Some("Hi"), &[]))).await;
+    assert_eq!(
+        outcome.error,
+        Some(format!(
+            "the agent at {url} refused the websocket connection for turn 0 with HTTP 301, a redirect to \
+             wss://agent.example.com/v2/ws that is not followed (give the channel that target)"
+        ))
+    );
+}
+
 #[tokio::test]
 async fn websocket_silent_agent_times_out() {
     let outcome = ws_failure(|mut peer| async move { peer.drain().await }, Duration::from_millis(300)).await;
