@@ -481,7 +481,12 @@ async fn ws_conversation(agent: &Agent, ws: &mut Ws) -> dropshot::WebsocketChann
                     ws.send(Message::Text("{\"type\": \"message\", \"content\": ".into())).await?;
                     continue;
                 }
-                Fault::Hang => std::future::pending::<()>().await,
+                Fault::Hang => {
+                    // Never answers, but lets the caller hang up: the call
+                    // (and its socket) ends when the caller closes.
+                    while next_frame(ws, None).await?.is_some() {}
+                    return Ok(());
+                }
                 Fault::Disconnect => return Ok(()),
             }
         }
@@ -597,6 +602,45 @@ mod tests {
         assert_eq!(next.status(), 200, "{}", next.text().await.unwrap());
         let reply: Value = next.json().await.unwrap();
         assert!(reply["messages"][0]["content"].as_str().unwrap().contains("Which day"), "{reply}");
+        server.close().await.unwrap();
+    }
+
+    /// `--fault hang` over a websocket never answers, and the call still
+    /// ends when its caller hangs up: it was held forever, counted in
+    /// `active_calls` and its socket kept, one more per call.
+    #[tokio::test]
+    async fn a_hanging_websocket_call_ends_when_its_caller_closes() {
+        let mut config = agent(Bug::None).config;
+        config.fault = Fault::Hang;
+        let server = serve_agent(Agent::new(config), slog::Logger::root(slog::Discard, slog::o!())).unwrap();
+        let address = server.local_addr();
+        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{address}/ws")).await.unwrap();
+        let send = |frame: Value| Message::text(frame.to_string());
+        ws.send(send(json!({"type": "start", "call_id": "call_1"}))).await.unwrap();
+        ws.send(send(json!({"type": "message", "role": "user", "content": "Book an appointment"}))).await.unwrap();
+        while let Some(Ok(frame)) = ws.next().await {
+            if frame.to_text().unwrap_or_default().contains("turn_end") {
+                break;
+            }
+        }
+        ws.send(send(json!({"type": "message", "role": "user", "content": "Tuesday"}))).await.unwrap();
+        let silent = tokio::time::timeout(Duration::from_millis(300), ws.next()).await;
+        assert!(silent.is_err(), "it hangs: {silent:?}");
+        let active_calls = || async {
+            let url = format!("http://{address}/stats");
+            reqwest::get(&url).await.unwrap().json::<Value>().await.unwrap()
+        };
+        assert_eq!(active_calls().await["active_calls"], 1);
+        ws.close(None).await.unwrap();
+        let mut active = active_calls().await["active_calls"].clone();
+        for _ in 0..100 {
+            if active == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            active = active_calls().await["active_calls"].clone();
+        }
+        assert_eq!(active, 0, "the call ended with its connection");
         server.close().await.unwrap();
     }
 
