@@ -1403,6 +1403,39 @@ async fn websocket_close_mid_turn() {
     assert_eq!(outcome.error.as_deref(), Some("the agent closed the connection during turn 0"));
 }
 
+/// An agent that closes the connection with a code and a reason has the
+/// result say them (its secrets taken out): "closed the connection" alone
+/// leaves its engineer guessing why.
+#[tokio::test]
+async fn websocket_close_code_and_reason_are_said() {
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+    let outcome = ws_failure(
+        |mut peer| async move {
+            let mut lines = 0;
+            while let Some(received) = peer.recv().await {
+                if received["type"] == "message" {
+                    lines += 1;
+                    if lines == 1 {
+                        reply_ws(&mut peer, received["content"].as_str()).await;
+                    } else {
+                        let reason = "database unavailable (key secret-value)";
+                        let _ = peer.ws.close(Some(CloseFrame { code: CloseCode::Error, reason: reason.into() })).await;
+                        peer.drain().await;
+                        return;
+                    }
+                }
+            }
+        },
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some("the agent closed the connection during turn 1 (close code 1011: database unavailable (key [redacted]))")
+    );
+}
+
 #[tokio::test]
 async fn websocket_binary_frame() {
     let outcome = ws_failure(

@@ -211,7 +211,7 @@ impl WsAgent {
             // Only what is already there; `unconstrained`, so the runtime's
             // budget cannot cut the reading short.
             let Some(next) = tokio::task::unconstrained(self.ws.next()).now_or_never() else { break };
-            let Some(text) = frame_text(turn, &when, next)? else {
+            let Some(text) = frame_text(turn, &when, next, &self.secrets)? else {
                 control(&mut controls, &when)?;
                 continue;
             };
@@ -252,7 +252,7 @@ impl WsAgent {
                     )))
                 }
             };
-            let Some(text) = frame_text(turn, &when, next)? else {
+            let Some(text) = frame_text(turn, &when, next, &self.secrets)? else {
                 control(&mut controls, &when)?;
                 continue;
             };
@@ -292,14 +292,25 @@ impl WsAgent {
 
 /// The text of a frame the agent sent for turn `turn` (`when`: "during
 /// turn N" or "after turn N", for errors); `None` for a control frame, which tungstenite
-/// answers itself.
+/// answers itself. A close says its code and reason (`secrets` taken out):
+/// often the one thing that says why the agent went away.
 fn frame_text(
     turn: u32,
     when: &str,
     next: Option<Result<Message, tungstenite::Error>>,
+    secrets: &[String],
 ) -> Result<Option<String>, TurnFailure> {
     match next {
-        None | Some(Ok(Message::Close(_))) => Err(TurnFailure::Agent(closed(when))),
+        None | Some(Ok(Message::Close(None))) => Err(TurnFailure::Agent(closed(when))),
+        Some(Ok(Message::Close(Some(frame)))) => {
+            let reason = match frame.reason.trim() {
+                "" => String::new(),
+                reason => {
+                    format!(": {}", excerpt(reason, 200, &secrets.iter().map(String::as_str).collect::<Vec<_>>()))
+                }
+            };
+            Err(TurnFailure::Agent(format!("{} (close code {}{reason})", closed(when), u16::from(frame.code))))
+        }
         Some(Err(tungstenite::Error::Capacity(CapacityError::MessageTooLong { .. }))) => {
             Err(TurnFailure::Agent(too_large(turn)))
         }
