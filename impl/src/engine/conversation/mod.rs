@@ -126,6 +126,9 @@ impl Reply {
 enum TurnFailure {
     /// The agent failed; the reason names the turn.
     Agent(String),
+    /// The agent failed partway through its turn (websocket), after it had
+    /// sent what the reply holds: kept, as a turn cut by the time limit is.
+    AgentAfter(String, Box<Reply>),
     /// Nothing reached the agent: its address was refused by the outbound
     /// rule, or no connection to it could be made (also one that was not
     /// made within the turn timeout). Ends the call as an agent error, but
@@ -267,7 +270,7 @@ async fn drive(http: &Outbound, plan: &CallPlan, cancel: &CancellationToken, rec
     }
     let channel = match open(http, plan, deadline).await {
         Ok(channel) => channel,
-        Err(TurnFailure::Agent(reason)) => {
+        Err(TurnFailure::Agent(reason) | TurnFailure::AgentAfter(reason, _)) => {
             // A websocket that got as far as its handshake was reached.
             rec.reached();
             return Ending::agent_error(reason);
@@ -398,7 +401,9 @@ impl Call<'_, '_> {
                 }
                 Ok(())
             }
-            Err(TurnFailure::Agent(reason) | TurnFailure::Unreached(reason)) => Err(Ending::agent_error(reason)),
+            Err(TurnFailure::Agent(reason) | TurnFailure::AgentAfter(reason, _) | TurnFailure::Unreached(reason)) => {
+                Err(Ending::agent_error(reason))
+            }
             Err(TurnFailure::Deadline(_) | TurnFailure::DeadlineUnreached) => {
                 Err(Ending::now(EndedReason::MaxDuration))
             }
@@ -433,6 +438,8 @@ impl Call<'_, '_> {
             Err(TurnFailure::Agent(reason) | TurnFailure::Unreached(reason)) => {
                 (None, Some(Ending::agent_error(reason)))
             }
+            // What the agent had said of its turn before it failed is kept.
+            Err(TurnFailure::AgentAfter(reason, partial)) => (Some(*partial), Some(Ending::agent_error(reason))),
             // What the agent had said when the time ran out is kept.
             Err(TurnFailure::Deadline(partial)) => (partial, Some(Ending::now(EndedReason::MaxDuration))),
             Err(TurnFailure::DeadlineUnreached) => (None, Some(Ending::now(EndedReason::MaxDuration))),

@@ -1436,6 +1436,63 @@ async fn websocket_close_code_and_reason_are_said() {
     );
 }
 
+/// What the agent said of a turn before it failed in it (closed the
+/// connection, sent a frame that is not the protocol's) is kept in the
+/// transcript, with its latency, as the words of a turn the call's time
+/// limit cut are: the last thing the agent said is what its engineer needs
+/// to see. A turn larger than a reply may be is not kept.
+#[tokio::test]
+async fn websocket_words_said_before_a_failure_are_kept() {
+    for last in [None, Some("{\"type\": \"thinking\"}")] {
+        let outcome = ws_failure(
+            move |mut peer| async move {
+                let mut lines = 0;
+                while let Some(received) = peer.recv().await {
+                    if received["type"] == "message" {
+                        lines += 1;
+                        if lines == 1 {
+                            reply_ws(&mut peer, received["content"].as_str()).await;
+                            continue;
+                        }
+                        peer.send(json!({"type": "tool_call", "name": "lookup", "arguments": {"day": "tuesday"}}))
+                            .await;
+                        peer.send(json!({"type": "message", "role": "assistant", "content": "Let me check"})).await;
+                        match last {
+                            Some(frame) => peer.send_text(frame).await,
+                            None => {
+                                let _ = peer.ws.close(None).await;
+                            }
+                        }
+                        peer.drain().await;
+                        return;
+                    }
+                }
+            },
+            Duration::from_secs(10),
+        )
+        .await;
+        let error = outcome.error.clone().unwrap();
+        match last {
+            None => assert_eq!(error, "the agent closed the connection during turn 1"),
+            Some(_) => {
+                assert!(error.starts_with("the agent sent a frame of unknown type `thinking` during turn 1"), "{error}")
+            }
+        }
+        assert_eq!(
+            lines(&outcome),
+            vec![
+                ("caller", s("Hi, a table")),
+                ("agent", s("Sure. For which day?")),
+                ("caller", s("Tuesday please")),
+                ("agent", s("Let me check")),
+            ]
+        );
+        assert!(outcome.transcript[3].latency_ms.is_some());
+        assert_eq!(tool_calls(&outcome), vec![(s("lookup"), json!({"day": "tuesday"}), 3)]);
+        assert_eq!(outcome.step_replies, vec![vec![3]]);
+    }
+}
+
 #[tokio::test]
 async fn websocket_binary_frame() {
     let outcome = ws_failure(

@@ -252,11 +252,18 @@ impl WsAgent {
                     )))
                 }
             };
-            let Some(text) = frame_text(turn, &when, next, &self.secrets)? else {
-                control(&mut controls, &when)?;
-                continue;
+            let text = match frame_text(turn, &when, next, &self.secrets) {
+                Ok(Some(text)) => text,
+                Ok(None) => match control(&mut controls, &when) {
+                    Ok(()) => continue,
+                    Err(failure) => return Err(after(failure, reply, size)),
+                },
+                Err(failure) => return Err(after(failure, reply, size)),
             };
-            let turn_end = absorb(&mut reply, &mut size, turn, &when, &text, &self.secrets)?;
+            let turn_end = match absorb(&mut reply, &mut size, turn, &when, &text, &self.secrets) {
+                Ok(turn_end) => turn_end,
+                Err(failure) => return Err(after(failure, reply, size)),
+            };
             if reply.end_call {
                 return Ok(reply);
             }
@@ -359,6 +366,18 @@ fn parse_frame(when: &str, text: &str, secrets: &[String]) -> Result<Frame, Stri
             hidden(other, 40)
         )),
         None => Err(format!("the agent sent a frame without a string `type` {when}: {}", quoted())),
+    }
+}
+
+/// `failure` of the agent partway through its turn, with what it had sent
+/// of it (`reply`, whose text frames came to `size` bytes), to be kept; not
+/// a turn larger than a reply may be.
+fn after(failure: TurnFailure, reply: Reply, size: usize) -> TurnFailure {
+    match failure {
+        TurnFailure::Agent(reason) if reply.first_at.is_some() && size <= MAX_REPLY_BYTES => {
+            TurnFailure::AgentAfter(reason, Box::new(reply))
+        }
+        other => other,
     }
 }
 
