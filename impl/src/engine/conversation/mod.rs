@@ -401,9 +401,15 @@ impl Call<'_, '_> {
                 }
                 Ok(())
             }
-            Err(TurnFailure::Agent(reason) | TurnFailure::AgentAfter(reason, _) | TurnFailure::Unreached(reason)) => {
+            // What the agent had sent after its turn before it failed is
+            // that turn's, and kept.
+            Err(TurnFailure::AgentAfter(reason, late)) => {
+                if let (Some(index), Some(step)) = (self.rec.late(*late), self.step) {
+                    self.rec.step_reply(step, index);
+                }
                 Err(Ending::agent_error(reason))
             }
+            Err(TurnFailure::Agent(reason) | TurnFailure::Unreached(reason)) => Err(Ending::agent_error(reason)),
             Err(TurnFailure::Deadline(_) | TurnFailure::DeadlineUnreached) => {
                 Err(Ending::now(EndedReason::MaxDuration))
             }

@@ -1366,6 +1366,34 @@ async fn websocket_bad_frame_after_turn_end() {
     assert_eq!(lines(&outcome), vec![("caller", s("Hi, a table")), ("agent", s("Hello."))]);
 }
 
+/// Words the agent sent after its `turn_end` and before it failed (closed
+/// the connection, here) are kept in the turn they belong to, as words
+/// before a failure within a turn are.
+#[tokio::test]
+async fn websocket_late_words_before_a_failure_are_kept() {
+    let outcome = ws_failure(
+        |mut peer| async move {
+            peer.recv().await;
+            peer.recv().await;
+            let said = |content: &str| {
+                Message::text(json!({"type": "message", "role": "assistant", "content": content}).to_string())
+            };
+            for frame in
+                [said("Hello."), Message::text(json!({"type": "turn_end"}).to_string()), said("One more thing.")]
+            {
+                peer.ws.feed(frame).await.unwrap();
+            }
+            peer.ws.feed(Message::Close(None)).await.unwrap();
+            peer.ws.flush().await.unwrap();
+            peer.drain().await;
+        },
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(outcome.error.as_deref(), Some("the agent closed the connection after turn 0"));
+    assert_eq!(lines(&outcome), vec![("caller", s("Hi, a table")), ("agent", s("Hello. One more thing."))]);
+}
+
 #[tokio::test]
 async fn websocket_close_mid_turn() {
     let outcome = ws_failure(

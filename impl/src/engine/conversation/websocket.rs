@@ -211,12 +211,18 @@ impl WsAgent {
             // Only what is already there; `unconstrained`, so the runtime's
             // budget cannot cut the reading short.
             let Some(next) = tokio::task::unconstrained(self.ws.next()).now_or_never() else { break };
-            let Some(text) = frame_text(turn, &when, next, &self.secrets)? else {
-                control(&mut controls, &when)?;
-                continue;
+            let text = match frame_text(turn, &when, next, &self.secrets) {
+                Ok(Some(text)) => text,
+                Ok(None) => match control(&mut controls, &when) {
+                    Ok(()) => continue,
+                    Err(failure) => return Err(after(failure, late, size)),
+                },
+                Err(failure) => return Err(after(failure, late, size)),
             };
             // A second `turn_end` ends nothing more.
-            absorb(&mut late, &mut size, turn, &when, &text, &self.secrets)?;
+            if let Err(failure) = absorb(&mut late, &mut size, turn, &when, &text, &self.secrets) {
+                return Err(after(failure, late, size));
+            }
         }
         if let Some(ended) = &mut self.ended {
             ended.size = size;
@@ -369,12 +375,13 @@ fn parse_frame(when: &str, text: &str, secrets: &[String]) -> Result<Frame, Stri
     }
 }
 
-/// `failure` of the agent partway through its turn, with what it had sent
-/// of it (`reply`, whose text frames came to `size` bytes), to be kept; not
-/// a turn larger than a reply may be.
+/// `failure` of the agent partway through its turn (or after it, in frames
+/// that still belong to it), with what it had sent of it (`reply`, whose
+/// text frames came to `size` bytes), to be kept; not a turn larger than a
+/// reply may be.
 fn after(failure: TurnFailure, reply: Reply, size: usize) -> TurnFailure {
     match failure {
-        TurnFailure::Agent(reason) if reply.first_at.is_some() && size <= MAX_REPLY_BYTES => {
+        TurnFailure::Agent(reason) if reply.last_at.is_some() && size <= MAX_REPLY_BYTES => {
             TurnFailure::AgentAfter(reason, Box::new(reply))
         }
         other => other,
