@@ -47,8 +47,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use dropshot::{
-    channel, endpoint, ApiDescription, ConfigDropshot, HttpError, HttpResponseOk, RequestContext, ServerBuilder,
-    TypedBody, WebsocketConnection,
+    channel, endpoint, ApiDescription, ConfigDropshot, HandlerTaskMode, HttpError, HttpResponseOk, RequestContext,
+    ServerBuilder, TypedBody, WebsocketConnection,
 };
 use futures::{SinkExt as _, StreamExt as _};
 use serde_json::{json, Value};
@@ -524,7 +524,16 @@ fn serve_agent(agent: Agent, log: slog::Logger) -> anyhow::Result<dropshot::Http
     let bind = agent.config.bind;
     let agent = Arc::new(agent);
     ServerBuilder::new(api, agent, log)
-        .config(ConfigDropshot { bind_address: bind, default_request_body_max_bytes: 256 * 1024, ..Default::default() })
+        .config(ConfigDropshot {
+            bind_address: bind,
+            default_request_body_max_bytes: 256 * 1024,
+            // A turn whose caller went away (it timed out, the call ended)
+            // is dropped, not awaited: under `--fault hang` it never ends.
+            // Cancel-safe: each change a turn makes to its call is whole,
+            // under one lock, and a websocket call runs after its upgrade.
+            default_handler_task_mode: HandlerTaskMode::CancelOnDisconnect,
+            ..Default::default()
+        })
         .start()
         .map_err(|e| {
             // As `serve` does: dropshot's message ("failed to bind to ADDR")
@@ -641,6 +650,34 @@ mod tests {
             active = active_calls().await["active_calls"].clone();
         }
         assert_eq!(active, 0, "the call ended with its connection");
+        server.close().await.unwrap();
+    }
+
+    /// `--fault hang` over http never answers, and a request its caller gave
+    /// up on is dropped with its connection: it was awaited forever, one
+    /// more task (and its hold on the agent) for every call of a run.
+    #[tokio::test]
+    async fn a_hanging_http_reply_ends_when_its_caller_goes() {
+        let mut config = agent(Bug::None).config;
+        config.fault = Fault::Hang;
+        let server = serve_agent(Agent::new(config), slog::Logger::root(slog::Discard, slog::o!())).unwrap();
+        let url = format!("http://{}/http", server.local_addr());
+        let held = || Arc::strong_count(server.app_private());
+        let idle = held();
+        let post = |body: Value| reqwest::Client::new().post(&url).json(&body).send();
+        post(json!({"call_id": "call_1", "turn": 0, "event": "start", "message": null})).await.unwrap();
+        let line = json!({"role": "user", "content": "Book an appointment"});
+        let hanging = post(json!({"call_id": "call_1", "turn": 1, "event": "message", "message": line}));
+        assert!(tokio::time::timeout(Duration::from_millis(300), hanging).await.is_err(), "it hangs");
+        let mut now = held();
+        for _ in 0..100 {
+            if now == idle {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            now = held();
+        }
+        assert_eq!(now, idle, "the request the caller gave up on is still held");
         server.close().await.unwrap();
     }
 
