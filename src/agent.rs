@@ -47,8 +47,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use dropshot::{
-    channel, endpoint, ApiDescription, ConfigDropshot, HttpError, HttpResponseOk, RequestContext, ServerBuilder,
-    TypedBody, WebsocketConnection,
+    channel, endpoint, ApiDescription, ConfigDropshot, HandlerTaskMode, HttpError, HttpResponseOk, RequestContext,
+    ServerBuilder, TypedBody, WebsocketConnection,
 };
 use futures::{SinkExt as _, StreamExt as _};
 use serde_json::{json, Value};
@@ -96,8 +96,11 @@ pub enum Fault {
     Disconnect,
 }
 
-/// A call's HTTP calls count as ended after this long without a request.
-const IDLE: Duration = Duration::from_secs(30);
+/// A call over HTTP counts as ended (the caller went away without `end`)
+/// after this long without a request since the agent's last reply. Longer
+/// than any pause Sparring leaves within a call: the agent's own turn is
+/// timed from its reply, and a simulated caller's LLM has 60 s to answer.
+const IDLE: Duration = Duration::from_secs(300);
 const DAYS: [&str; 5] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday"];
 
 #[derive(Default)]
@@ -120,6 +123,8 @@ pub struct Agent {
     config: AgentConfig,
     calls: Mutex<HashMap<String, Call>>,
     counters: Mutex<Counters>,
+    /// [`IDLE`], shorter in tests.
+    idle: Duration,
 }
 
 /// What the agent says in one turn.
@@ -162,7 +167,7 @@ fn time_of(text: &str) -> Option<String> {
 
 impl Agent {
     pub fn new(config: AgentConfig) -> Agent {
-        Agent { config, calls: Mutex::new(HashMap::new()), counters: Mutex::new(Counters::default()) }
+        Agent { config, calls: Mutex::new(HashMap::new()), counters: Mutex::new(Counters::default()), idle: IDLE }
     }
 
     /// The agent's turn: what it says to `line` (`None`: the call just
@@ -279,7 +284,7 @@ impl Agent {
         let now = Instant::now();
         let mut calls = self.calls.lock().expect("not poisoned");
         let before = calls.len();
-        calls.retain(|_, c| c.last_seen.is_none_or(|t| now.duration_since(t) < IDLE));
+        calls.retain(|_, c| c.last_seen.is_none_or(|t| now.duration_since(t) < self.idle));
         for _ in calls.len()..before {
             self.call_ended();
         }
@@ -339,6 +344,11 @@ async fn http_turn(
     };
     agent.turn();
     agent.delay(&call_id, turn).await;
+    // The caller's next request comes after this reply: its pause is timed
+    // from here, not from when this request came in.
+    if let Some(call) = agent.calls.lock().expect("not poisoned").get_mut(&call_id) {
+        call.last_seen = Some(Instant::now());
+    }
     if agent.fails(&call_id, turn) {
         return json_response(500, r#"{"error": "internal error (simulated by --error-rate)"}"#);
     }
@@ -471,7 +481,12 @@ async fn ws_conversation(agent: &Agent, ws: &mut Ws) -> dropshot::WebsocketChann
                     ws.send(Message::Text("{\"type\": \"message\", \"content\": ".into())).await?;
                     continue;
                 }
-                Fault::Hang => std::future::pending::<()>().await,
+                Fault::Hang => {
+                    // Never answers, but lets the caller hang up: the call
+                    // (and its socket) ends when the caller closes.
+                    while next_frame(ws, None).await?.is_some() {}
+                    return Ok(());
+                }
                 Fault::Disconnect => return Ok(()),
             }
         }
@@ -497,14 +512,28 @@ async fn ws_conversation(agent: &Agent, ws: &mut Ws) -> dropshot::WebsocketChann
 
 /// Serves the agent until `shutdown` resolves.
 pub async fn serve(config: AgentConfig, log: slog::Logger) -> anyhow::Result<dropshot::HttpServer<Ctx>> {
+    serve_agent(Agent::new(config), log)
+}
+
+/// Serves `agent` at its configured address.
+fn serve_agent(agent: Agent, log: slog::Logger) -> anyhow::Result<dropshot::HttpServer<Ctx>> {
     let mut api = ApiDescription::new();
     api.register(http_turn).map_err(|e| anyhow::anyhow!("{e}"))?;
     api.register(stats).map_err(|e| anyhow::anyhow!("{e}"))?;
     api.register(ws_call).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let bind = config.bind;
-    let agent = Arc::new(Agent::new(config));
+    let bind = agent.config.bind;
+    let agent = Arc::new(agent);
     ServerBuilder::new(api, agent, log)
-        .config(ConfigDropshot { bind_address: bind, default_request_body_max_bytes: 256 * 1024, ..Default::default() })
+        .config(ConfigDropshot {
+            bind_address: bind,
+            default_request_body_max_bytes: 256 * 1024,
+            // A turn whose caller went away (it timed out, the call ended)
+            // is dropped, not awaited: under `--fault hang` it never ends.
+            // Cancel-safe: each change a turn makes to its call is whole,
+            // under one lock, and a websocket call runs after its upgrade.
+            default_handler_task_mode: HandlerTaskMode::CancelOnDisconnect,
+            ..Default::default()
+        })
         .start()
         .map_err(|e| {
             // As `serve` does: dropshot's message ("failed to bind to ADDR")
@@ -558,6 +587,98 @@ mod tests {
         let silent = agent(Bug::NoConfirmation).respond(&mut call, Some("Book me Tuesday at 3 pm"));
         assert!(!silent.messages[0].contains("confirmed") && !silent.messages[0].contains("Tuesday"));
         assert_eq!(silent.tool_calls[0].0, "book_appointment");
+    }
+
+    /// An http call is forgotten only after its caller has been quiet for
+    /// the idle time since the agent's last reply: a reply that took longer
+    /// than that (`--latency-ms`) did not make the next request find no
+    /// call ("a call begins with a `start` event", a 400 the caller's
+    /// result blamed on the agent).
+    #[tokio::test]
+    async fn a_call_is_idle_from_the_agents_reply_not_from_the_request() {
+        let mut config = agent(Bug::None).config;
+        config.latency_ms = 400;
+        let mut slow = Agent::new(config);
+        slow.idle = Duration::from_millis(300);
+        let server = serve_agent(slow, slog::Logger::root(slog::Discard, slog::o!())).unwrap();
+        let url = format!("http://{}/http", server.local_addr());
+        let http = reqwest::Client::new();
+        let post = |body: Value| http.post(&url).json(&body).send();
+        let start = post(json!({"call_id": "call_1", "turn": 0, "event": "start", "message": null})).await.unwrap();
+        assert_eq!(start.status(), 200);
+        let line = json!({"role": "user", "content": "I'd like to book an appointment."});
+        let next = post(json!({"call_id": "call_1", "turn": 1, "event": "message", "message": line})).await.unwrap();
+        assert_eq!(next.status(), 200, "{}", next.text().await.unwrap());
+        let reply: Value = next.json().await.unwrap();
+        assert!(reply["messages"][0]["content"].as_str().unwrap().contains("Which day"), "{reply}");
+        server.close().await.unwrap();
+    }
+
+    /// `--fault hang` over a websocket never answers, and the call still
+    /// ends when its caller hangs up: it was held forever, counted in
+    /// `active_calls` and its socket kept, one more per call.
+    #[tokio::test]
+    async fn a_hanging_websocket_call_ends_when_its_caller_closes() {
+        let mut config = agent(Bug::None).config;
+        config.fault = Fault::Hang;
+        let server = serve_agent(Agent::new(config), slog::Logger::root(slog::Discard, slog::o!())).unwrap();
+        let address = server.local_addr();
+        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{address}/ws")).await.unwrap();
+        let send = |frame: Value| Message::text(frame.to_string());
+        ws.send(send(json!({"type": "start", "call_id": "call_1"}))).await.unwrap();
+        ws.send(send(json!({"type": "message", "role": "user", "content": "Book an appointment"}))).await.unwrap();
+        while let Some(Ok(frame)) = ws.next().await {
+            if frame.to_text().unwrap_or_default().contains("turn_end") {
+                break;
+            }
+        }
+        ws.send(send(json!({"type": "message", "role": "user", "content": "Tuesday"}))).await.unwrap();
+        let silent = tokio::time::timeout(Duration::from_millis(300), ws.next()).await;
+        assert!(silent.is_err(), "it hangs: {silent:?}");
+        let active_calls = || async {
+            let url = format!("http://{address}/stats");
+            reqwest::get(&url).await.unwrap().json::<Value>().await.unwrap()
+        };
+        assert_eq!(active_calls().await["active_calls"], 1);
+        ws.close(None).await.unwrap();
+        let mut active = active_calls().await["active_calls"].clone();
+        for _ in 0..100 {
+            if active == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            active = active_calls().await["active_calls"].clone();
+        }
+        assert_eq!(active, 0, "the call ended with its connection");
+        server.close().await.unwrap();
+    }
+
+    /// `--fault hang` over http never answers, and a request its caller gave
+    /// up on is dropped with its connection: it was awaited forever, one
+    /// more task (and its hold on the agent) for every call of a run.
+    #[tokio::test]
+    async fn a_hanging_http_reply_ends_when_its_caller_goes() {
+        let mut config = agent(Bug::None).config;
+        config.fault = Fault::Hang;
+        let server = serve_agent(Agent::new(config), slog::Logger::root(slog::Discard, slog::o!())).unwrap();
+        let url = format!("http://{}/http", server.local_addr());
+        let held = || Arc::strong_count(server.app_private());
+        let idle = held();
+        let post = |body: Value| reqwest::Client::new().post(&url).json(&body).send();
+        post(json!({"call_id": "call_1", "turn": 0, "event": "start", "message": null})).await.unwrap();
+        let line = json!({"role": "user", "content": "Book an appointment"});
+        let hanging = post(json!({"call_id": "call_1", "turn": 1, "event": "message", "message": line}));
+        assert!(tokio::time::timeout(Duration::from_millis(300), hanging).await.is_err(), "it hangs");
+        let mut now = held();
+        for _ in 0..100 {
+            if now == idle {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            now = held();
+        }
+        assert_eq!(now, idle, "the request the caller gave up on is still held");
+        server.close().await.unwrap();
     }
 
     #[test]

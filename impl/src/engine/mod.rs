@@ -181,7 +181,7 @@ pub(crate) async fn body_at_most(response: &mut reqwest::Response, max: usize) -
 
 /// How the agent under test is reached: a channel with its header values
 /// opened (they never leave the engine).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct AgentEndpoint {
     pub kind: types::ChannelKind,
     /// `http(s)://` for `http`, `ws(s)://` for `websocket`.
@@ -190,6 +190,20 @@ pub struct AgentEndpoint {
     pub headers: Vec<(String, String)>,
     /// How long to wait for the agent's reply to a caller line.
     pub turn_timeout: Duration,
+}
+
+impl std::fmt::Debug for AgentEndpoint {
+    // The header values are secrets: never in a log line or a panic message
+    // (as an `LlmEndpoint` shows no key).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<(&str, &str)> = self.headers.iter().map(|(name, _)| (name.as_str(), "<set>")).collect();
+        f.debug_struct("AgentEndpoint")
+            .field("kind", &self.kind)
+            .field("target", &self.target)
+            .field("headers", &headers)
+            .field("turn_timeout", &self.turn_timeout)
+            .finish()
+    }
 }
 
 /// Everything one conversation needs, resolved from the database before it

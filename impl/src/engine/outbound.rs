@@ -11,11 +11,13 @@
 //! connection, and a host name is resolved by [`PublicOnly`], which keeps
 //! only public addresses (so a name that resolves, or is later made to
 //! resolve, to a private address is refused too). Redirects are followed only
-//! to the same origin (below), so they cannot leave the checked address, and
-//! by webhooks not at all ([`Outbound::for_webhooks`]).
+//! to the same origin, and only those that keep the POST and its body (307,
+//! 308; below), so they cannot leave the checked address; by webhooks not at
+//! all ([`Outbound::for_webhooks`]).
 //! `sparring serve --allow-private-targets` lifts this for a server whose
 //! agents live on its own network (local development, a private deployment).
 
+use std::cell::Cell;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
@@ -39,21 +41,7 @@ impl Outbound {
     /// `allow_private`: whether private and local addresses may be called;
     /// `idle_per_host`: connections kept open to one host.
     pub fn new(allow_private: bool, idle_per_host: usize) -> Outbound {
-        // A channel's header values (and an LLM's key) go only where they
-        // were set, and only to an address checked here: a redirect to
-        // another origin is not followed (the agent's 3xx answer is the
-        // turn's error).
-        let same_origin = reqwest::redirect::Policy::custom(|attempt| {
-            let from = attempt.previous()[0].origin();
-            if attempt.previous().len() > 5 {
-                attempt.error("more than 5 redirects")
-            } else if attempt.url().origin() == from {
-                attempt.follow()
-            } else {
-                attempt.stop()
-            }
-        });
-        Outbound::with_redirects(allow_private, idle_per_host, same_origin)
+        Outbound::with_redirects(allow_private, idle_per_host, redirects())
     }
 
     /// The client of webhook deliveries: as [`Outbound::new`], but a
@@ -94,11 +82,12 @@ impl Outbound {
     }
 
     /// The client `builder` makes, with the time limit of
-    /// [`Outbound::connecting_by`], any address allowed: for tests of the
+    /// [`Outbound::connecting_by`] and the redirects followed as
+    /// [`Outbound::new`]'s, any address allowed: for tests of the
     /// engine's parts that need a client of their own.
     #[cfg(test)]
     pub fn of(builder: reqwest::ClientBuilder) -> Outbound {
-        let client = builder.connector_layer(tower_layer::layer_fn(ConnectBy)).build().unwrap();
+        let client = builder.connector_layer(tower_layer::layer_fn(ConnectBy)).redirect(redirects()).build().unwrap();
         Outbound { client, allow_private: true }
     }
 
@@ -110,8 +99,17 @@ impl Outbound {
     /// for one that took the request and is slow to answer: a time limit
     /// around the whole request cannot say which of the two ran out. A
     /// request sent over a pooled connection opens none.
-    pub async fn connecting_by<F: Future>(&self, by: Instant, requests: F) -> F::Output {
-        CONNECT_BY.scope(by, requests).await
+    ///
+    /// Also gives when the last connection they opened and were sent over
+    /// was made (`None` when they opened none): a request is sent only once
+    /// its connection is, and what came before (resolving, connecting, TLS)
+    /// is no part of how long its answer took.
+    pub async fn connecting_by<F: Future>(&self, by: Instant, requests: F) -> (F::Output, Option<Instant>) {
+        let limit = ConnectLimit { by, made: Cell::new(None) };
+        let mut scoped = std::pin::pin!(CONNECT_BY.scope(limit, requests));
+        let output = scoped.as_mut().await;
+        let made = scoped.as_mut().take_value().and_then(|limit| limit.made.get());
+        (output, made)
     }
 
     /// Runs `requests` (made with this client) so that a connection one of
@@ -144,14 +142,42 @@ impl Outbound {
     }
 }
 
+/// The redirects the engine follows. A channel's header values (and an
+/// LLM's key) go only where they were set, and only to an address checked
+/// here: a redirect to another origin is not followed (the agent's 3xx
+/// answer is the turn's error). Every request here is a POST whose body is
+/// the point of it (a caller's line, a prompt, an event): a 301, 302 or 303
+/// would be followed as a GET without that body, and its answer taken for
+/// the answer to the POST, so only a 307 or 308, which keep both, is
+/// followed.
+fn redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let from = attempt.previous()[0].origin();
+        let keeps_request = matches!(attempt.status().as_u16(), 307 | 308);
+        if attempt.previous().len() > 5 {
+            attempt.error("more than 5 redirects")
+        } else if keeps_request && attempt.url().origin() == from {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    })
+}
+
 /// What [`Outbound::checking_when_connected`] asks of a connection once it
 /// is made: nothing (`Ok`), or why it must carry no request.
 pub type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
+/// The time limit of [`Outbound::connecting_by`] for the connections of the
+/// requests it runs, and when the last of them was made.
+struct ConnectLimit {
+    by: Instant,
+    made: Cell<Option<Instant>>,
+}
+
 tokio::task_local! {
-    /// The time limit of [`Outbound::connecting_by`] for the connections
-    /// of the requests it runs.
-    static CONNECT_BY: Instant;
+    /// See [`ConnectLimit`].
+    static CONNECT_BY: ConnectLimit;
     /// The check of [`Outbound::checking_when_connected`] for the
     /// connections of the requests it runs.
     static ON_CONNECTED: Check;
@@ -232,7 +258,7 @@ where
     }
 
     fn call(&mut self, destination: R) -> Self::Future {
-        let by = CONNECT_BY.try_with(|by| *by).ok();
+        let by = CONNECT_BY.try_with(|limit| limit.by).ok();
         let still = ON_CONNECTED.try_with(Arc::clone).ok();
         let connecting = self.0.call(destination);
         Box::pin(async move {
@@ -247,6 +273,12 @@ where
                 // request was written to it.
                 still().map_err(|why| Box::new(NotSent(why)) as BoxError)?;
             }
+            // When it was made, for the requests of `connecting_by` that it
+            // carries: only where their own task completes it. One the pool
+            // completes in the background (an idle connection came first,
+            // and the request went over that) carries none of theirs, and
+            // is out of their scope there.
+            let _ = CONNECT_BY.try_with(|limit| limit.made.set(Some(Instant::now())));
             Ok(connection)
         })
     }

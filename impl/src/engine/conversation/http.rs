@@ -3,9 +3,10 @@
 //! answered with `{"messages": [...], "end_call", "tool_calls"}`.
 
 use crate::engine::outbound::{connect_too_late, Outbound};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, LOCATION};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
@@ -91,17 +92,20 @@ impl<'a> HttpAgent<'a> {
         // reached it). So when the limit itself passes, the agent has the
         // request and is slow to answer.
         let connect_by = limit.checked_sub(connect_margin(limit.saturating_duration_since(sent_at))).unwrap_or(limit);
-        let posting = self.http.connecting_by(connect_by, self.post(turn, &body));
-        let text = match tokio::time::timeout_at(limit, posting).await {
-            Ok(Ok(text)) => text,
-            Ok(Err(Failed::Turn(failure))) => return Err(failure),
-            Ok(Err(Failed::ConnectTooLate)) if deadline_binds => {
+        // When the answer's head came: a turn timed out after it is a reply
+        // begun and not finished, not one never given.
+        let answered = OnceLock::new();
+        let posting = self.http.connecting_by(connect_by, self.post(turn, &body, &answered));
+        let (text, connected) = match tokio::time::timeout_at(limit, posting).await {
+            Ok((Ok(text), connected)) => (text, connected),
+            Ok((Err(Failed::Turn(failure)), _)) => return Err(failure),
+            Ok((Err(Failed::ConnectTooLate), _)) if deadline_binds => {
                 // The call lasts until its `max_duration`, as it would have
                 // had the connection been made.
                 tokio::time::sleep_until(limit).await;
                 return Err(TurnFailure::DeadlineUnreached);
             }
-            Ok(Err(Failed::ConnectTooLate)) => {
+            Ok((Err(Failed::ConnectTooLate), _)) => {
                 return Err(TurnFailure::Unreached(format!(
                     "could not connect to the agent at {} for turn {turn} within {} ms",
                     self.target,
@@ -110,13 +114,20 @@ impl<'a> HttpAgent<'a> {
             }
             Err(_) if deadline_binds => return Err(TurnFailure::Deadline(None)),
             Err(_) => {
-                return Err(TurnFailure::Agent(format!(
-                    "the agent did not answer turn {turn} within {} ms",
-                    self.turn_timeout.as_millis()
-                )))
+                return Err(TurnFailure::Agent(match answered.get() {
+                    None => format!("the agent did not answer turn {turn} within {} ms", self.turn_timeout.as_millis()),
+                    Some(at) => format!(
+                        "the agent's reply to turn {turn} began after {} ms but was not complete within {} ms \
+                         (a reply is read whole: send its body at once)",
+                        at.saturating_duration_since(sent_at).as_millis(),
+                        self.turn_timeout.as_millis()
+                    ),
+                }))
             }
         };
-        let mut reply = Reply::new(sent_at);
+        // The request was sent once its connection was made: the time it
+        // took to make one (DNS, TCP, TLS) is not the agent's latency.
+        let mut reply = Reply::new(connected.map_or(sent_at, |made| made.max(sent_at)));
         let at = Instant::now();
         reply.arrived(at);
         let wire = parse_reply(turn, &text, &self.secrets).map_err(TurnFailure::Agent)?;
@@ -136,11 +147,12 @@ impl<'a> HttpAgent<'a> {
     /// The caller hangs up: `end`, best effort, its reply ignored.
     pub(super) async fn end(&self, turn: u32) {
         let body = json!({"call_id": self.call_id, "turn": turn, "event": "end", "message": null});
-        let _ = tokio::time::timeout(self.turn_timeout, self.post(turn, &body)).await;
+        let _ = tokio::time::timeout(self.turn_timeout, self.post(turn, &body, &OnceLock::new())).await;
     }
 
-    /// One POST; the body of a 2xx answer, or why there is none.
-    async fn post(&self, turn: u32, body: &Value) -> Result<String, Failed> {
+    /// One POST; the body of a 2xx answer, or why there is none. `answered`
+    /// is set when the answer's head comes.
+    async fn post(&self, turn: u32, body: &Value, answered: &OnceLock<Instant>) -> Result<String, Failed> {
         let request = self.http.post(self.target).map_err(|refused| {
             TurnFailure::Unreached(format!("the agent at {} was not called for turn {turn}: {refused}", self.target))
         })?;
@@ -162,7 +174,15 @@ impl<'a> HttpAgent<'a> {
                 )))
             }
         })?;
+        let _ = answered.set(Instant::now());
         let status = response.status();
+        // A redirect the client did not follow (see `Outbound`): where it
+        // pointed, for the reason.
+        let location = response
+            .headers()
+            .get(LOCATION)
+            .filter(|_| status.is_redirection())
+            .map(|location| String::from_utf8_lossy(location.as_bytes()).into_owned());
         let bytes = crate::engine::body_at_most(&mut response, MAX_REPLY_BYTES)
             .await
             .map_err(|e| TurnFailure::Agent(format!("the agent's reply to turn {turn} broke off: {}", innermost(&e))))?
@@ -170,6 +190,17 @@ impl<'a> HttpAgent<'a> {
                 TurnFailure::Agent(format!("the agent's reply to turn {turn} is larger than {MAX_REPLY_BYTES} bytes"))
             })?;
         let text = String::from_utf8_lossy(&bytes).into_owned();
+        if let Some(location) = location {
+            let body = excerpt(&text, 300, &self.secrets);
+            return Err(TurnFailure::Agent(format!(
+                "the agent answered turn {turn} with HTTP {}, a redirect to {} that is not followed (only a 307 or \
+                 308 within the target's origin is: it keeps the request and its body){}{body}",
+                status.as_u16(),
+                excerpt(&location, 300, &self.secrets),
+                if body.is_empty() { "" } else { ": " },
+            ))
+            .into());
+        }
         if !status.is_success() {
             return Err(TurnFailure::Agent(format!(
                 "the agent answered turn {turn} with HTTP {}: {}",

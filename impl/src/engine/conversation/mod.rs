@@ -17,8 +17,9 @@
 //!   reply to the caller's last words);
 //! - the caller has nothing more to say (`caller_done`: steps ran out, or
 //!   the simulated caller said `done`);
-//! - the token is cancelled (`cancelled`, checked before each caller line; a
-//!   running turn finishes);
+//! - the token is cancelled (`cancelled`, checked before each caller line,
+//!   also while a simulated caller's LLM writes it; a running turn
+//!   finishes);
 //! - `max_duration` passes (`max_duration`, at any await);
 //! - the next caller line and the agent's reply would not fit in
 //!   `max_turns` transcript turns (`max_turns`): a line is said only when its
@@ -125,6 +126,9 @@ impl Reply {
 enum TurnFailure {
     /// The agent failed; the reason names the turn.
     Agent(String),
+    /// The agent failed partway through its turn (websocket), after it had
+    /// sent what the reply holds: kept, as a turn cut by the time limit is.
+    AgentAfter(String, Box<Reply>),
     /// Nothing reached the agent: its address was refused by the outbound
     /// rule, or no connection to it could be made (also one that was not
     /// made within the turn timeout). Ends the call as an agent error, but
@@ -266,7 +270,7 @@ async fn drive(http: &Outbound, plan: &CallPlan, cancel: &CancellationToken, rec
     }
     let channel = match open(http, plan, deadline).await {
         Ok(channel) => channel,
-        Err(TurnFailure::Agent(reason)) => {
+        Err(TurnFailure::Agent(reason) | TurnFailure::AgentAfter(reason, _)) => {
             // A websocket that got as far as its handshake was reached.
             rec.reached();
             return Ending::agent_error(reason);
@@ -349,7 +353,18 @@ impl Call<'_, '_> {
             if !self.rec.has_room(self.max_turns, 2) {
                 return Ending::now(EndedReason::MaxTurns);
             }
-            match caller.next(self.rec.transcript(), self.deadline).await {
+            // A cancel while the caller makes its line (a simulated
+            // caller's LLM may take a while) stops the call before the line
+            // is said: the agent is sent no other turn.
+            let next = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Ending::now(EndedReason::Cancelled),
+                next = caller.next(self.rec.transcript(), self.deadline) => next,
+            };
+            if cancel.is_cancelled() {
+                return Ending::now(EndedReason::Cancelled);
+            }
+            match next {
                 Next::Say { line, step } => {
                     if let Err(ending) = self.exchange(Some(&line), step).await {
                         return ending;
@@ -386,6 +401,14 @@ impl Call<'_, '_> {
                 }
                 Ok(())
             }
+            // What the agent had sent after its turn before it failed is
+            // that turn's, and kept.
+            Err(TurnFailure::AgentAfter(reason, late)) => {
+                if let (Some(index), Some(step)) = (self.rec.late(*late), self.step) {
+                    self.rec.step_reply(step, index);
+                }
+                Err(Ending::agent_error(reason))
+            }
             Err(TurnFailure::Agent(reason) | TurnFailure::Unreached(reason)) => Err(Ending::agent_error(reason)),
             Err(TurnFailure::Deadline(_) | TurnFailure::DeadlineUnreached) => {
                 Err(Ending::now(EndedReason::MaxDuration))
@@ -421,6 +444,8 @@ impl Call<'_, '_> {
             Err(TurnFailure::Agent(reason) | TurnFailure::Unreached(reason)) => {
                 (None, Some(Ending::agent_error(reason)))
             }
+            // What the agent had said of its turn before it failed is kept.
+            Err(TurnFailure::AgentAfter(reason, partial)) => (Some(*partial), Some(Ending::agent_error(reason))),
             // What the agent had said when the time ran out is kept.
             Err(TurnFailure::Deadline(partial)) => (partial, Some(Ending::now(EndedReason::MaxDuration))),
             Err(TurnFailure::DeadlineUnreached) => (None, Some(Ending::now(EndedReason::MaxDuration))),

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::Next;
 use crate::engine::llm::{self, excerpt, ChatMessage, LlmEndpoint};
-use crate::engine::CallPlan;
+use crate::engine::{CallPlan, Redaction};
 
 /// How long one answer of the caller's LLM may take. Long enough for slow
 /// models; a caller that thinks longer has failed.
@@ -27,6 +27,9 @@ pub(super) struct SimulatedCaller<'a> {
     http: &'a Outbound,
     llm: &'a LlmEndpoint,
     system: String,
+    /// The channel's header values: they go only to the agent, so an agent
+    /// that echoes one does not have it passed on to the LLM.
+    agent_secrets: Redaction,
 }
 
 impl<'a> SimulatedCaller<'a> {
@@ -37,12 +40,21 @@ impl<'a> SimulatedCaller<'a> {
              (it needs an openai_compatible integration)"
                 .to_string()
         })?;
-        Ok(SimulatedCaller { http, llm, system: system_prompt(&plan.scenario, plan.persona.as_ref()) })
+        let headers: Vec<&str> = plan.agent.headers.iter().map(|(_, value)| value.as_str()).collect();
+        Ok(SimulatedCaller {
+            http,
+            llm,
+            system: system_prompt(&plan.scenario, plan.persona.as_ref()),
+            agent_secrets: Redaction::of(&headers),
+        })
     }
 
     /// The caller's next move after `transcript`.
     pub(super) async fn next(&self, transcript: &[types::TranscriptTurn], deadline: Instant) -> Next {
-        let messages = chat(&self.system, transcript);
+        let mut messages = chat(&self.system, transcript);
+        for message in &mut messages {
+            message.content = self.agent_secrets.apply(std::mem::take(&mut message.content));
+        }
         let answer = tokio::time::timeout_at(deadline, llm::complete(self.http, self.llm, &messages, LLM_TIMEOUT));
         match answer.await {
             Err(_) => Next::Deadline,

@@ -36,6 +36,8 @@ use crate::engine::{AgentEndpoint, LlmEndpoint};
 enum Act {
     Json(Value),
     Raw(u16, String),
+    /// A redirect: the status and its `Location`.
+    Redirect(u16, &'static str),
     /// Never answers.
     Hang,
 }
@@ -72,14 +74,17 @@ where
                     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
                     let act = handler(&body);
                     log.lock().unwrap().push(Seen { headers: parts.headers, body });
-                    let (status, text) = match act {
-                        Act::Json(value) => (200, value.to_string()),
-                        Act::Raw(status, text) => (status, text),
+                    let (status, text, location) = match act {
+                        Act::Json(value) => (200, value.to_string(), None),
+                        Act::Raw(status, text) => (status, text, None),
+                        Act::Redirect(status, location) => (status, String::new(), Some(location)),
                         Act::Hang => std::future::pending().await,
                     };
-                    Ok::<_, Infallible>(
-                        hyper::Response::builder().status(status).body(Full::new(Bytes::from(text))).unwrap(),
-                    )
+                    let mut response = hyper::Response::builder().status(status);
+                    if let Some(location) = location {
+                        response = response.header("location", location);
+                    }
+                    Ok::<_, Infallible>(response.body(Full::new(Bytes::from(text))).unwrap())
                 }
             });
             tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), service));
@@ -671,6 +676,47 @@ async fn http_hanging_agent_times_out() {
     assert!(outcome.reached_agent, "it took the request: the call costs");
 }
 
+/// An agent that begins its reply (status and headers, part of the body)
+/// and does not finish it within the turn timeout (a reply streamed slowly)
+/// is told so: "did not answer" would send its engineer looking for a
+/// request that never came.
+#[tokio::test]
+async fn http_reply_begun_and_not_finished_says_so() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 4096];
+                while !String::from_utf8_lossy(&request).contains("\"event\"") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n";
+                let _ = stream.write_all(format!("{head}{{\"messages\": [").as_bytes()).await;
+                // The rest never comes.
+                let _ = stream.read(&mut buffer).await;
+            });
+        }
+    });
+    let mut plan = plan(ChannelKind::Http, format!("http://{address}/http"), scripted(Some("Hi"), &[]));
+    plan.agent.turn_timeout = Duration::from_millis(300);
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{outcome:?}");
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with("the agent's reply to turn 0 began after "), "{error}");
+    assert!(
+        error.ends_with(" ms but was not complete within 300 ms (a reply is read whole: send its body at once)"),
+        "{error}"
+    );
+    assert!(outcome.reached_agent);
+    assert_consistent(&outcome);
+}
+
 /// A connection the agent never takes (its address does not answer) is
 /// not an agent slow to answer: nothing reached it, so the call costs
 /// nothing, whether the turn timeout or the call's `max_duration` ends it.
@@ -698,6 +744,55 @@ async fn http_connection_never_made_is_unreached() {
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 }
 
+/// The latency of an http turn runs from when its request was sent: a
+/// connection the request had to make first (DNS, TCP, TLS; here a
+/// connect that takes a second, its first SYN dropped by a full accept
+/// queue) is no part of how long the agent took to answer.
+#[tokio::test]
+async fn http_latency_leaves_out_making_the_connection() {
+    // A listener whose accept queue is full, so that a new connection's
+    // first SYN is dropped and the connect waits for its retransmission.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let address = listener.local_addr().unwrap();
+    let mut queued = Vec::new();
+    loop {
+        let connecting = tokio::net::TcpStream::connect(address);
+        match tokio::time::timeout(Duration::from_millis(200), connecting).await {
+            Ok(stream) => queued.push(stream.unwrap()),
+            Err(_) => break,
+        }
+        assert!(queued.len() < 16, "the accept queue of a backlog of 0 never filled");
+    }
+    tokio::spawn(async move {
+        // Room again once the call's first SYN was dropped.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(queued);
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = service_fn(|request: hyper::Request<Incoming>| async move {
+                let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let reply = match booking_http(&body) {
+                    Act::Json(value) => value.to_string(),
+                    _ => unreachable!(),
+                };
+                Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(reply))))
+            });
+            tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), service));
+        }
+    });
+    let plan = plan(ChannelKind::Http, format!("http://{address}/http"), scripted(Some("Hi, a table"), &[]));
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.error, None, "{outcome:?}");
+    let (caller, agent) = (&outcome.transcript[0], &outcome.transcript[1]);
+    let waited = agent.start_ms - caller.start_ms;
+    assert!(waited >= 900, "the connection took its second: {outcome:?}");
+    let latency = agent.latency_ms.unwrap();
+    assert!(latency * 2 < waited, "the latency {latency} ms holds the connect of the {waited} ms waited");
+    assert_consistent(&outcome);
+}
+
 #[tokio::test]
 async fn http_reply_that_is_not_json() {
     let (outcome, _) = http_failure(|_| Act::Raw(200, "<html>oops</html>".into()), Duration::from_secs(10)).await;
@@ -722,6 +817,45 @@ async fn http_reply_of_the_wrong_shape() {
     assert!(outcome.error.unwrap().starts_with("the agent's reply to turn 0 is not of the protocol's shape"));
 }
 
+/// An agent that answers a turn's POST with a 301, 302 or 303 would have it
+/// followed as a GET without its body (as every HTTP client does): the
+/// caller's line would never reach the agent, and whatever the GET answered
+/// would be taken as the reply to it. Such a redirect is the turn's error,
+/// naming where it pointed; a 307 or 308 (which keep the POST and its body)
+/// within the origin is still followed.
+#[tokio::test]
+async fn http_redirect_that_would_drop_the_callers_line_is_not_followed() {
+    for status in [301, 302, 303] {
+        let (base, seen) = serve_http(move |body| {
+            if body.is_null() {
+                // The GET a followed redirect makes: no event, no line.
+                return Act::Json(json!({"messages": [{"role": "assistant", "content": "Anything else?"}]}));
+            }
+            Act::Redirect(status, "/moved")
+        })
+        .await;
+        let plan = plan(ChannelKind::Http, format!("{base}/http"), scripted(Some("Hi, a table"), &[]));
+        let outcome = run(&plan).await;
+        assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{status}: {outcome:?}");
+        let error = outcome.error.clone().unwrap();
+        assert!(error.starts_with(&format!("the agent answered turn 0 with HTTP {status}")), "{error}");
+        assert!(error.contains("/moved"), "the reason says where it pointed: {error}");
+        assert_eq!(lines(&outcome), vec![("caller", s("Hi, a table"))]);
+        assert!(seen.lock().unwrap().iter().all(|seen| !seen.body.is_null()), "{status}: no GET was made");
+    }
+    let requests = AtomicUsize::new(0);
+    let (base, seen) = serve_http(move |body| match requests.fetch_add(1, Ordering::SeqCst) {
+        0 => Act::Redirect(307, "/moved"),
+        _ => booking_http(body),
+    })
+    .await;
+    let plan = plan(ChannelKind::Http, format!("{base}/http"), scripted(Some("Hi, a table"), &[]));
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.error, None);
+    assert_eq!(lines(&outcome), vec![("caller", s("Hi, a table")), ("agent", s("Sure. For which day?"))]);
+    assert_eq!(seen.lock().unwrap().len(), 3, "the POST, the same POST at its new place, and `end`");
+}
+
 #[tokio::test]
 async fn unsupported_channel_kinds() {
     for (kind, name) in [(ChannelKind::Phone, "phone"), (ChannelKind::Sip, "sip")] {
@@ -740,6 +874,20 @@ async fn header_values_never_show_in_errors() {
     let error = outcome.error.clone().unwrap();
     assert_eq!(error, "the value of the channel header `authorization` is not a valid HTTP header value");
     assert!(!format!("{outcome:?}").contains("top-secret"));
+}
+
+/// A plan holds the channel's header values opened; printed (a log line, a
+/// panic message, a test's failure), it shows their names only, as an LLM
+/// endpoint shows no key.
+#[test]
+fn header_values_never_show_in_a_plans_debug() {
+    let mut plan = simulated_plan("http://127.0.0.1:9/http".into(), Some("http://127.0.0.1:9/v1"), None);
+    plan.agent.headers.push(("authorization".into(), "Bearer sk-agent-0815".into()));
+    let printed = format!("{plan:?}");
+    for secret in ["secret-value", "sk-agent-0815", "sk-test"] {
+        assert!(!printed.contains(secret), "{secret} in {printed}");
+    }
+    assert!(printed.contains("x-api-key") && printed.contains("authorization"), "{printed}");
 }
 
 // ---------------------------------------------------------------------------
@@ -1129,6 +1277,23 @@ async fn websocket_upgrade_refused() {
     assert!(outcome.reached_agent, "it answered, with a refusal");
 }
 
+/// A websocket upgrade answered with a redirect (an agent moved to `wss://`,
+/// or behind a new path) is not followed, and the reason says where it
+/// pointed: the target to give the channel instead.
+#[tokio::test]
+async fn websocket_upgrade_redirected_names_where() {
+    let (base, _) = serve_http(|_| Act::Redirect(301, "wss://agent.example.com/v2/ws")).await;
+    let url = format!("{}/ws", base.replace("http://", "ws://"));
+    let outcome = run(&plan(ChannelKind::Websocket, url.clone(), scripted(Some("Hi"), &[]))).await;
+    assert_eq!(
+        outcome.error,
+        Some(format!(
+            "the agent at {url} refused the websocket connection for turn 0 with HTTP 301, a redirect to \
+             wss://agent.example.com/v2/ws that is not followed (give the channel that target)"
+        ))
+    );
+}
+
 #[tokio::test]
 async fn websocket_silent_agent_times_out() {
     let outcome = ws_failure(|mut peer| async move { peer.drain().await }, Duration::from_millis(300)).await;
@@ -1201,6 +1366,34 @@ async fn websocket_bad_frame_after_turn_end() {
     assert_eq!(lines(&outcome), vec![("caller", s("Hi, a table")), ("agent", s("Hello."))]);
 }
 
+/// Words the agent sent after its `turn_end` and before it failed (closed
+/// the connection, here) are kept in the turn they belong to, as words
+/// before a failure within a turn are.
+#[tokio::test]
+async fn websocket_late_words_before_a_failure_are_kept() {
+    let outcome = ws_failure(
+        |mut peer| async move {
+            peer.recv().await;
+            peer.recv().await;
+            let said = |content: &str| {
+                Message::text(json!({"type": "message", "role": "assistant", "content": content}).to_string())
+            };
+            for frame in
+                [said("Hello."), Message::text(json!({"type": "turn_end"}).to_string()), said("One more thing.")]
+            {
+                peer.ws.feed(frame).await.unwrap();
+            }
+            peer.ws.feed(Message::Close(None)).await.unwrap();
+            peer.ws.flush().await.unwrap();
+            peer.drain().await;
+        },
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(outcome.error.as_deref(), Some("the agent closed the connection after turn 0"));
+    assert_eq!(lines(&outcome), vec![("caller", s("Hi, a table")), ("agent", s("Hello. One more thing."))]);
+}
+
 #[tokio::test]
 async fn websocket_close_mid_turn() {
     let outcome = ws_failure(
@@ -1238,6 +1431,96 @@ async fn websocket_close_mid_turn() {
     assert_eq!(outcome.error.as_deref(), Some("the agent closed the connection during turn 0"));
 }
 
+/// An agent that closes the connection with a code and a reason has the
+/// result say them (its secrets taken out): "closed the connection" alone
+/// leaves its engineer guessing why.
+#[tokio::test]
+async fn websocket_close_code_and_reason_are_said() {
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+    let outcome = ws_failure(
+        |mut peer| async move {
+            let mut lines = 0;
+            while let Some(received) = peer.recv().await {
+                if received["type"] == "message" {
+                    lines += 1;
+                    if lines == 1 {
+                        reply_ws(&mut peer, received["content"].as_str()).await;
+                    } else {
+                        let reason = "database unavailable (key secret-value)";
+                        let _ = peer.ws.close(Some(CloseFrame { code: CloseCode::Error, reason: reason.into() })).await;
+                        peer.drain().await;
+                        return;
+                    }
+                }
+            }
+        },
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some("the agent closed the connection during turn 1 (close code 1011: database unavailable (key [redacted]))")
+    );
+}
+
+/// What the agent said of a turn before it failed in it (closed the
+/// connection, sent a frame that is not the protocol's) is kept in the
+/// transcript, with its latency, as the words of a turn the call's time
+/// limit cut are: the last thing the agent said is what its engineer needs
+/// to see. A turn larger than a reply may be is not kept.
+#[tokio::test]
+async fn websocket_words_said_before_a_failure_are_kept() {
+    for last in [None, Some("{\"type\": \"thinking\"}")] {
+        let outcome = ws_failure(
+            move |mut peer| async move {
+                let mut lines = 0;
+                while let Some(received) = peer.recv().await {
+                    if received["type"] == "message" {
+                        lines += 1;
+                        if lines == 1 {
+                            reply_ws(&mut peer, received["content"].as_str()).await;
+                            continue;
+                        }
+                        peer.send(json!({"type": "tool_call", "name": "lookup", "arguments": {"day": "tuesday"}}))
+                            .await;
+                        peer.send(json!({"type": "message", "role": "assistant", "content": "Let me check"})).await;
+                        match last {
+                            Some(frame) => peer.send_text(frame).await,
+                            None => {
+                                let _ = peer.ws.close(None).await;
+                            }
+                        }
+                        peer.drain().await;
+                        return;
+                    }
+                }
+            },
+            Duration::from_secs(10),
+        )
+        .await;
+        let error = outcome.error.clone().unwrap();
+        match last {
+            None => assert_eq!(error, "the agent closed the connection during turn 1"),
+            Some(_) => {
+                assert!(error.starts_with("the agent sent a frame of unknown type `thinking` during turn 1"), "{error}")
+            }
+        }
+        assert_eq!(
+            lines(&outcome),
+            vec![
+                ("caller", s("Hi, a table")),
+                ("agent", s("Sure. For which day?")),
+                ("caller", s("Tuesday please")),
+                ("agent", s("Let me check")),
+            ]
+        );
+        assert!(outcome.transcript[3].latency_ms.is_some());
+        assert_eq!(tool_calls(&outcome), vec![(s("lookup"), json!({"day": "tuesday"}), 3)]);
+        assert_eq!(outcome.step_replies, vec![vec![3]]);
+    }
+}
+
 #[tokio::test]
 async fn websocket_binary_frame() {
     let outcome = ws_failure(
@@ -1253,6 +1536,50 @@ async fn websocket_binary_frame() {
         outcome.error.as_deref(),
         Some("the agent sent a binary frame during turn 0; the protocol's frames are JSON text")
     );
+}
+
+/// An agent that floods the connection with pings after its turn: what
+/// arrived after a turn is read without a pause before the caller's next
+/// line, and pings are answered by the websocket layer, not counted as the
+/// turn's frames, so the reading never ended (nor let the thread it ran on
+/// do anything else) for as long as the flood came. A turn's control frames
+/// are bounded too: past the limit the agent has failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_a_flood_of_pings_is_an_agent_error_not_a_hang() {
+    use tokio::io::AsyncWriteExt as _;
+    let (url, _, _) = serve_ws(|mut peer| async move {
+        while let Some(received) = peer.recv().await {
+            if received["type"] == "message" {
+                reply_ws(&mut peer, received["content"].as_str()).await;
+                // Unmasked empty pings, as fast as the socket takes them.
+                let pings = [0x89u8, 0x00].repeat(32 << 10);
+                while peer.ws.get_mut().write_all(&pings).await.is_ok() {}
+                return;
+            }
+        }
+    })
+    .await;
+    let mut plan = plan(ChannelKind::Websocket, url, scripted(Some("Hi, a table"), &["Tuesday please"]));
+    // Far below the wait below: a call ends by its own limit at the latest.
+    plan.max_duration = Duration::from_secs(10);
+    // On a thread of its own: a conversation that never yields would hold
+    // up the runtime that should time it out.
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _ = done.send(runtime.block_on(async { run(&plan).await }));
+    });
+    let outcome = tokio::task::spawn_blocking(move || outcome.recv_timeout(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .expect("the conversation never ended");
+    assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{outcome:?}");
+    let error = outcome.error.clone().unwrap();
+    // After its turn, or, should the reading have caught up with the flood
+    // for a moment, during the next.
+    assert!(error.starts_with("the agent sent more than 10000 ping or pong frames "), "{error}");
+    assert!(error.ends_with("after turn 0") || error.ends_with("during turn 1"), "{error}");
+    assert_eq!(lines(&outcome)[..2], [("caller", s("Hi, a table")), ("agent", s("Sure. For which day?"))]);
 }
 
 // ---------------------------------------------------------------------------
@@ -1432,6 +1759,54 @@ async fn a_key_echoed_in_the_caller_llms_answer_goes_nowhere() {
     for (_, _, line) in events(&seen) {
         assert!(hidden(line.as_deref().unwrap_or("")), "the agent was told {line:?}");
     }
+}
+
+/// A channel's header values go only to the agent they were set for: an
+/// agent that echoes one (in a greeting, a debug line) does not have it
+/// passed on to the simulated caller's LLM, another service.
+#[tokio::test]
+async fn a_header_value_echoed_by_the_agent_is_not_told_to_the_callers_llm() {
+    let (agent, _) = serve_http(|body| {
+        if body["event"] == "end" {
+            return Act::Json(json!({"messages": []}));
+        }
+        Act::Json(json!({"messages": [{"role": "assistant", "content": "Your key is secret-value, right?"}]}))
+    })
+    .await;
+    let (llm, asked) = serve_llm(vec![(200, "{\"say\": \"Tuesday please\", \"done\": false}")]).await;
+    let plan = simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"));
+    assert_eq!(plan.agent.headers, [(s("x-api-key"), s("secret-value"))]);
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{:?}", outcome.error);
+    let asked = asked.lock().unwrap();
+    assert_eq!(asked.len(), 2);
+    for request in asked.iter() {
+        let messages = request.body["messages"].as_array().unwrap();
+        let heard: Vec<&str> =
+            messages.iter().filter(|m| m["role"] == "user").filter_map(|m| m["content"].as_str()).collect();
+        assert!(heard.contains(&"Your key is [redacted], right?"), "{heard:?}");
+        assert!(!request.body.to_string().contains("secret-value"), "{}", request.body);
+    }
+}
+
+/// A cancel that comes while the simulated caller's LLM is writing its next
+/// line stops the call there: the line is not said, and the agent is sent
+/// no other turn.
+#[tokio::test]
+async fn cancel_while_the_simulated_caller_thinks_says_no_more_lines() {
+    let cancel = CancellationToken::new();
+    let token = cancel.clone();
+    let (agent, seen) = serve_http(booking_http).await;
+    let (llm, _) = serve_http(move |_| {
+        token.cancel();
+        Act::Json(json!({"choices": [{"message": {"role": "assistant", "content": "{\"say\": \"Tuesday please\"}"}}]}))
+    })
+    .await;
+    let plan = simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"));
+    let outcome = run_with(&plan, &cancel).await;
+    assert_eq!(outcome.ended_reason, EndedReason::Cancelled, "{outcome:?}");
+    assert_eq!(lines(&outcome), vec![("caller", s("Hello")), ("agent", s("Hi! How can I help?"))]);
+    assert_eq!(events(&seen).iter().map(|e| (e.0.as_str(), e.1)).collect::<Vec<_>>(), vec![("start", 0), ("end", 1)]);
 }
 
 #[tokio::test]

@@ -43,7 +43,16 @@ struct Ended {
     first_at: Option<Instant>,
     /// The size of its text frames so far.
     size: usize,
+    /// Its control frames so far (see [`MAX_CONTROL_FRAMES`]).
+    controls: usize,
 }
+
+/// The most pings and pongs an agent may send in one turn (the frames after
+/// it included). A keepalive is a frame every few seconds; a flood is an
+/// agent error. Without a bound, the frames after a turn, which are read
+/// without a pause, would be read for as long as a flood came (the
+/// websocket layer answers pings itself, and they are no part of a turn).
+const MAX_CONTROL_FRAMES: usize = 10_000;
 
 /// One frame from the agent.
 enum Frame {
@@ -192,7 +201,7 @@ impl WsAgent {
     /// is already there; stops at `end_call`.
     pub(super) async fn late(&mut self) -> Result<Option<Reply>, TurnFailure> {
         let Some(ended) = &self.ended else { return Ok(None) };
-        let (turn, mut size) = (ended.turn, ended.size);
+        let (turn, mut size, mut controls) = (ended.turn, ended.size, ended.controls);
         let mut late = Reply::new(ended.sent_at);
         late.first_at = ended.first_at;
         // Lets the runtime take in what reached the socket meanwhile.
@@ -202,12 +211,22 @@ impl WsAgent {
             // Only what is already there; `unconstrained`, so the runtime's
             // budget cannot cut the reading short.
             let Some(next) = tokio::task::unconstrained(self.ws.next()).now_or_never() else { break };
-            let Some(text) = frame_text(turn, &when, next)? else { continue };
+            let text = match frame_text(turn, &when, next, &self.secrets) {
+                Ok(Some(text)) => text,
+                Ok(None) => match control(&mut controls, &when) {
+                    Ok(()) => continue,
+                    Err(failure) => return Err(after(failure, late, size)),
+                },
+                Err(failure) => return Err(after(failure, late, size)),
+            };
             // A second `turn_end` ends nothing more.
-            absorb(&mut late, &mut size, turn, &when, &text, &self.secrets)?;
+            if let Err(failure) = absorb(&mut late, &mut size, turn, &when, &text, &self.secrets) {
+                return Err(after(failure, late, size));
+            }
         }
         if let Some(ended) = &mut self.ended {
             ended.size = size;
+            ended.controls = controls;
         }
         Ok(late.last_at.is_some().then_some(late))
     }
@@ -223,6 +242,7 @@ impl WsAgent {
         let when = format!("during turn {turn}");
         let mut reply = Reply::new(sent_at);
         let mut size = 0usize;
+        let mut controls = 0usize;
         loop {
             let silence_ends = later(reply.last_at.unwrap_or(sent_at), self.turn_timeout);
             let (limit, deadline_binds) =
@@ -230,7 +250,7 @@ impl WsAgent {
             let next = match tokio::time::timeout_at(limit, self.ws.next()).await {
                 Ok(next) => next,
                 Err(_) if deadline_binds => return Err(TurnFailure::Deadline(reply.first_at.map(|_| reply))),
-                Err(_) if reply.first_at.is_some() => return Ok(self.ended(turn, reply, size)),
+                Err(_) if reply.first_at.is_some() => return Ok(self.ended(turn, reply, size, controls)),
                 Err(_) => {
                     return Err(TurnFailure::Agent(format!(
                         "the agent sent nothing for turn {turn} within {} ms",
@@ -238,20 +258,30 @@ impl WsAgent {
                     )))
                 }
             };
-            let Some(text) = frame_text(turn, &when, next)? else { continue };
-            let turn_end = absorb(&mut reply, &mut size, turn, &when, &text, &self.secrets)?;
+            let text = match frame_text(turn, &when, next, &self.secrets) {
+                Ok(Some(text)) => text,
+                Ok(None) => match control(&mut controls, &when) {
+                    Ok(()) => continue,
+                    Err(failure) => return Err(after(failure, reply, size)),
+                },
+                Err(failure) => return Err(after(failure, reply, size)),
+            };
+            let turn_end = match absorb(&mut reply, &mut size, turn, &when, &text, &self.secrets) {
+                Ok(turn_end) => turn_end,
+                Err(failure) => return Err(after(failure, reply, size)),
+            };
             if reply.end_call {
                 return Ok(reply);
             }
             if turn_end {
-                return Ok(self.ended(turn, reply, size));
+                return Ok(self.ended(turn, reply, size, controls));
             }
         }
     }
 
     /// `reply` ended the agent's turn `turn` without ending the call.
-    fn ended(&mut self, turn: u32, reply: Reply, size: usize) -> Reply {
-        self.ended = Some(Ended { turn, sent_at: reply.sent_at, first_at: reply.first_at, size });
+    fn ended(&mut self, turn: u32, reply: Reply, size: usize, controls: usize) -> Reply {
+        self.ended = Some(Ended { turn, sent_at: reply.sent_at, first_at: reply.first_at, size, controls });
         reply
     }
 
@@ -275,14 +305,25 @@ impl WsAgent {
 
 /// The text of a frame the agent sent for turn `turn` (`when`: "during
 /// turn N" or "after turn N", for errors); `None` for a control frame, which tungstenite
-/// answers itself.
+/// answers itself. A close says its code and reason (`secrets` taken out):
+/// often the one thing that says why the agent went away.
 fn frame_text(
     turn: u32,
     when: &str,
     next: Option<Result<Message, tungstenite::Error>>,
+    secrets: &[String],
 ) -> Result<Option<String>, TurnFailure> {
     match next {
-        None | Some(Ok(Message::Close(_))) => Err(TurnFailure::Agent(closed(when))),
+        None | Some(Ok(Message::Close(None))) => Err(TurnFailure::Agent(closed(when))),
+        Some(Ok(Message::Close(Some(frame)))) => {
+            let reason = match frame.reason.trim() {
+                "" => String::new(),
+                reason => {
+                    format!(": {}", excerpt(reason, 200, &secrets.iter().map(String::as_str).collect::<Vec<_>>()))
+                }
+            };
+            Err(TurnFailure::Agent(format!("{} (close code {}{reason})", closed(when), u16::from(frame.code))))
+        }
         Some(Err(tungstenite::Error::Capacity(CapacityError::MessageTooLong { .. }))) => {
             Err(TurnFailure::Agent(too_large(turn)))
         }
@@ -334,6 +375,31 @@ fn parse_frame(when: &str, text: &str, secrets: &[String]) -> Result<Frame, Stri
     }
 }
 
+/// `failure` of the agent partway through its turn (or after it, in frames
+/// that still belong to it), with what it had sent of it (`reply`, whose
+/// text frames came to `size` bytes), to be kept; not a turn larger than a
+/// reply may be.
+fn after(failure: TurnFailure, reply: Reply, size: usize) -> TurnFailure {
+    match failure {
+        TurnFailure::Agent(reason) if reply.last_at.is_some() && size <= MAX_REPLY_BYTES => {
+            TurnFailure::AgentAfter(reason, Box::new(reply))
+        }
+        other => other,
+    }
+}
+
+/// Counts a ping or pong of a turn (`when`: "during turn N" or "after turn
+/// N"); past [`MAX_CONTROL_FRAMES`], the agent has failed.
+fn control(controls: &mut usize, when: &str) -> Result<(), TurnFailure> {
+    *controls += 1;
+    if *controls > MAX_CONTROL_FRAMES {
+        return Err(TurnFailure::Agent(format!(
+            "the agent sent more than {MAX_CONTROL_FRAMES} ping or pong frames {when}"
+        )));
+    }
+    Ok(())
+}
+
 fn too_large(turn: u32) -> String {
     format!("the agent's reply to turn {turn} is larger than {MAX_REPLY_BYTES} bytes")
 }
@@ -363,8 +429,18 @@ fn connect_error(target: &str, e: tungstenite::Error, secrets: &[&str]) -> Strin
         tungstenite::Error::Http(response) => {
             let body = response.body().as_deref().map(String::from_utf8_lossy).unwrap_or_default();
             let status = response.status().as_u16();
-            let refused =
+            let mut refused =
                 format!("the agent at {target} refused the websocket connection for turn 0 with HTTP {status}");
+            // A redirect is not followed (the channel's headers go only to
+            // its target): where it pointed is the target to give instead.
+            let location =
+                response.headers().get(reqwest::header::LOCATION).filter(|_| response.status().is_redirection());
+            if let Some(location) = location {
+                let location = excerpt(&String::from_utf8_lossy(location.as_bytes()), 300, secrets);
+                refused.push_str(&format!(
+                    ", a redirect to {location} that is not followed (give the channel that target)"
+                ));
+            }
             match body.trim() {
                 "" => refused,
                 body => format!("{refused}: {}", excerpt(body, 300, secrets)),
