@@ -15,6 +15,15 @@
 //! refusing writes) leaves the delivery due, and is made again on that
 //! schedule too, not at the next tick (see `InFlight::held`).
 //!
+//! An attempt counts from the moment its request is about to be sent: its
+//! connection made, the delivery's `attempts` is raised, durably, before a
+//! byte of the request goes (see [`count`]). So a server stopped or killed
+//! during an attempt has spent that attempt, and a server killed again and
+//! again sends the event no more than the attempts there are; the last one
+//! cut off, the delivery ends `failed` ([`LAST_CUT_OFF`]). An attempt that
+//! sent nothing (the webhook changed or went while its connection was
+//! being made) is not counted.
+//!
 //! Each attempt goes to the project's webhook as it is at that moment: to
 //! its current URL (recorded as the delivery's `url`) and signed with its
 //! current secret. Once the URL is removed, no attempt is made: the write
@@ -243,7 +252,50 @@ fn webhook_of(tx: &rusqlite::Connection, delivery: &str) -> rusqlite::Result<Opt
     .optional()
 }
 
+/// The `last_error` of a delivery while an attempt at it is under way:
+/// counted, its outcome not yet recorded. It stays if the server stopped
+/// (or was killed) during the attempt, or could not record its outcome,
+/// until the next attempt.
+pub const UNDER_WAY: &str =
+    "no outcome recorded: the attempt is under way, or the server stopped (or could not write) before recording one";
+
+/// The `last_error` of a delivery ended `failed` because its last attempt
+/// was counted and never got its outcome recorded (the server stopped or
+/// was killed during it, or could not write): no attempt is left.
+pub const LAST_CUT_OFF: &str =
+    "the last attempt's outcome was never recorded (the server stopped, or could not write, during it); \
+     no other follows";
+
+/// Counts the attempt at `delivery` whose request is about to be sent, if
+/// the delivery is still pending with `made` attempts and its project's
+/// webhook is still `read`: it then reads [`UNDER_WAY`], and is due again
+/// after the retry schedule's delay for this attempt (at once after the
+/// last, to be ended [`LAST_CUT_OFF`]), which the attempt's outcome, once
+/// recorded, replaces. In the same transaction as the check, so a webhook
+/// changed meanwhile gets no request and no count. Whether it counted.
+fn count(tx: &rusqlite::Connection, delivery: &str, read: &Webhook, made: u32) -> rusqlite::Result<bool> {
+    if webhook_of(tx, delivery)?.as_ref() != Some(read) {
+        return Ok(false);
+    }
+    let now = ids::now();
+    let next_ms = now.timestamp_millis() + RETRY_DELAYS_MS.get(made as usize).copied().unwrap_or(0);
+    let next_text = chrono::DateTime::from_timestamp_millis(next_ms).map(|t| ids::format_time(&t));
+    let counted = tx
+        .prepare_cached(
+            "UPDATE webhook_deliveries SET attempts = ?2, last_response_status = NULL, last_error = ?3,
+                                           next_attempt_at = ?4, next_attempt_ms = ?5, updated_at = ?6, url = ?7
+             WHERE id = ?1 AND status = 'pending' AND attempts = ?8",
+        )?
+        .execute(params![delivery, made + 1, UNDER_WAY, next_text, next_ms, ids::format_time(&now), read.0, made])?;
+    Ok(counted == 1)
+}
+
 async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
+    if due.attempts as usize > RETRY_DELAYS_MS.len() {
+        // Its last attempt was counted and cut off before its outcome was
+        // recorded: none is left.
+        return abandon(state, due.id, LAST_CUT_OFF).await;
+    }
     let delivery = due.id.clone();
     // Read at every attempt: a retry follows the project's webhook as it
     // is now, not as it was when the event was queued.
@@ -284,17 +336,25 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
     }
     // The webhook read above may have been changed or removed (or its
     // project deleted) since, and making the connection can take seconds:
-    // once it is made, the request goes on it only if the delivery is
-    // still pending and the webhook as it was read. A request on a pooled
-    // connection goes at once. What is left is the time between this
-    // check and the request's bytes (and, for the pooled, since the read
-    // above): an attempt made in it is recorded as made (`record_attempt`).
+    // once it is made (every attempt makes its own: no connection is
+    // pooled), the request goes on it only if the delivery is still
+    // pending and the webhook as it was read, and the attempt is counted
+    // first, durably (`count`): cut off from here on, by a crash too, it
+    // has been spent. What is left is the time between this check and the
+    // request's bytes: a removal made in it finds the attempt counted, and
+    // it is recorded as made (`record_attempt`).
     let still: super::outbound::Check = {
         let (store, delivery, read) = (state.store.clone(), due.id.clone(), (Some(url.clone()), sealed.clone()));
-        Arc::new(move || match store.read_blocking(|tx| Ok::<_, Failure>(webhook_of(tx, &delivery)?)) {
-            Ok(Some(now)) if now == read => Ok(()),
-            Ok(_) => Err("the delivery's webhook changed while its connection was being made".into()),
-            Err(e) => Err(format!("the delivery's webhook could not be read again: {e}")),
+        let made = due.attempts;
+        Arc::new(move || {
+            let (store, delivery, read) = (store.clone(), delivery.clone(), read.clone());
+            Box::pin(async move {
+                match store.write(move |tx| Ok::<_, Failure>(count(tx, &delivery, &read, made)?)).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err("the delivery's webhook changed while its connection was being made".into()),
+                    Err(e) => Err(format!("the attempt could not be counted: {e}")),
+                }
+            })
         })
     };
     let (status, error, sent) = match http.checking_when_connected(still, request.send()).await {
@@ -389,7 +449,9 @@ fn end_pending(tx: &rusqlite::Connection, column: &str, value: &str, why: &str) 
 }
 
 /// Records one attempt at `due`, made to `url`: delivered, or retried
-/// later, or failed for good after the last retry.
+/// later, or failed for good after the last retry. One whose request was
+/// sent was counted before it went ([`count`]); one that sent nothing
+/// (refused, not signed, no connection made) is counted here.
 ///
 /// The URL may have been removed while the attempt was under way: the
 /// write that removed it ended the delivery `failed`, saying it was not
@@ -480,7 +542,8 @@ pub const STOP_WAIT: Duration = Duration::from_secs(5);
 /// end, for up to [`STOP_WAIT`], then returns: an attempt whose receiver
 /// answers meanwhile is recorded, rather than cut off unrecorded and made
 /// again by the next start (to a receiver that already has the event).
-/// One still waiting then is stopped, and made again after the restart.
+/// One still waiting then is stopped; it was counted when its request was
+/// sent, and the next is made after the restart if attempts are left.
 /// Aborting its task stops the attempts under way at once.
 pub async fn run(state: Arc<AppState>, http: Outbound, every: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(every);
