@@ -12,8 +12,9 @@
 //! included: none is followed) is retried after
 //! 1 s, 5 s, 30 s, 2 min and 10 min, then the delivery is `failed`. An
 //! attempt whose outcome cannot be recorded (the disk full, the storage
-//! refusing writes) leaves the delivery due, and is made again on that
-//! schedule too, not at the next tick (see `InFlight::held`).
+//! refusing writes), or that cannot be counted once its connection is made
+//! (then nothing is sent), leaves the delivery due, and is made again on
+//! that schedule too, not at the next tick (see `InFlight::held`).
 //!
 //! An attempt counts from the moment its request is about to be sent: its
 //! connection made, the delivery's `attempts` is raised, durably, before a
@@ -128,12 +129,13 @@ struct InFlight {
     tasks: tokio::task::JoinSet<bool>,
     /// Delivery and project of each task (at most [`MAX_IN_FLIGHT`]).
     of_task: HashMap<tokio::task::Id, (String, String)>,
-    /// Deliveries whose last attempt could not be recorded (the storage
-    /// failing): still due in the database, but not tried again before
-    /// `until`, the retry schedule's delay for the `unrecorded`-th such
-    /// attempt in a row. The attempt may well have reached its receiver; made
-    /// again at every tick, it would reach it twice a second for as long as
-    /// the disk stays full.
+    /// Deliveries whose last attempt could not be recorded, or counted as
+    /// its connection was made (the storage failing): still due in the
+    /// database, but not tried again before `until`, the retry schedule's
+    /// delay for the `unrecorded`-th such attempt in a row. The attempt may
+    /// well have reached its receiver; made again at every tick, it would
+    /// reach it twice a second for as long as the disk stays full (and one
+    /// not counted would connect to it as often, uncounted).
     held: HashMap<String, Held>,
 }
 
@@ -223,9 +225,9 @@ async fn start_due(state: &Arc<AppState>, http: &Outbound, in_flight: &mut InFli
             match attempt(&state, &http, due).await {
                 Ok(()) => true,
                 Err(e) => {
-                    // Not recorded: still due, tried again after the
-                    // retry schedule's delay (see `InFlight::held`).
-                    slog::warn!(state.log, "a webhook attempt could not be recorded; will retry";
+                    // Not counted, or not recorded: still due, tried again
+                    // after the retry schedule's delay (see `InFlight::held`).
+                    slog::warn!(state.log, "a webhook attempt could not be counted or recorded; will retry";
                                 "delivery" => id, "error" => %e);
                     false
                 }
@@ -343,16 +345,23 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
     // has been spent. What is left is the time between this check and the
     // request's bytes: a removal made in it finds the attempt counted, and
     // it is recorded as made (`record_attempt`).
+    // The storage failing in that check (the webhook not read, the count
+    // not written) is kept here: see below.
+    let unstored: Arc<std::sync::Mutex<Option<Failure>>> = Arc::default();
     let still: super::outbound::Check = {
         let (store, delivery, read) = (state.store.clone(), due.id.clone(), (Some(url.clone()), sealed.clone()));
-        let made = due.attempts;
+        let (made, unstored) = (due.attempts, unstored.clone());
         Arc::new(move || {
-            let (store, delivery, read) = (store.clone(), delivery.clone(), read.clone());
+            let (store, delivery, read, unstored) = (store.clone(), delivery.clone(), read.clone(), unstored.clone());
             Box::pin(async move {
                 match store.write(move |tx| Ok::<_, Failure>(count(tx, &delivery, &read, made)?)).await {
                     Ok(true) => Ok(()),
                     Ok(false) => Err("the delivery's webhook changed while its connection was being made".into()),
-                    Err(e) => Err(format!("the attempt could not be counted: {e}")),
+                    Err(e) => {
+                        let why = format!("the attempt could not be counted: {e}");
+                        *unstored.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        Err(why)
+                    }
                 }
             })
         })
@@ -362,6 +371,15 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
         Ok(response) => (Some(response.status().as_u16()), Some(refused_by(&response)), Sent::Yes),
         Err(e) => {
             if let Some(why) = super::outbound::not_sent(&e) {
+                if let Some(failed) = unstored.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    // Not sent, and not counted: the storage failed. Still
+                    // due, and made again at every tick (a connection to
+                    // the receiver each time) for as long as it fails,
+                    // were it not held back on the retry schedule as an
+                    // attempt whose outcome could not be recorded is
+                    // (see `InFlight::held`).
+                    return Err(failed);
+                }
                 // Not an attempt: the delivery is as the write that
                 // changed its webhook left it (due again, to the new one,
                 // unless it ended or went with its project).
@@ -770,6 +788,93 @@ mod tests {
         let made = received.load(std::sync::atomic::Ordering::SeqCst);
         crate::wal_writes::full_disk::set(&database, false);
         assert!(made <= 2, "made {made} times in 3 s to a receiver that answered 200 at the first");
+        server.shutdown().await.unwrap();
+    }
+
+    /// An attempt whose connection is made just as the storage fails (the
+    /// check that counts it cannot be written, or its webhook read) sends
+    /// nothing, and counts nothing; it is then held back on the retry
+    /// schedule, as an attempt whose outcome could not be recorded is, not
+    /// made again at every tick, a connection to the receiver each half
+    /// second, for as long as the storage fails.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_attempt_whose_check_cannot_be_stored_is_not_made_again_at_every_tick() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::Config {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().to_path_buf(),
+            oidc: Vec::new(),
+            oidc_refetch_interval: crate::oidc::REFETCH_INTERVAL,
+            oidc_keys_max_age: crate::oidc::KEYS_MAX_AGE,
+            secret_key_file: None,
+            engine: crate::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() },
+            starting_credits: 0,
+            body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
+        };
+        // Counts the connections made to it, and the bytes sent on them.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let (connections, bytes) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (made, sent) = (connections.clone(), bytes.clone());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                made.fetch_add(1, Ordering::SeqCst);
+                let sent = sent.clone();
+                tokio::spawn(async move {
+                    use tokio::io::AsyncReadExt as _;
+                    let mut got = Vec::new();
+                    let _ = stream.read_to_end(&mut got).await;
+                    sent.fetch_add(got.len(), Ordering::SeqCst);
+                });
+            }
+        });
+        let server = crate::start(config, slog::Logger::root(slog::Discard, slog::o!())).await.unwrap();
+        let database = dir.path().join(crate::DATABASE_FILE);
+        // Not due yet.
+        server
+            .state
+            .store
+            .write(move |tx| {
+                tx.execute_batch("INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't')")?;
+                tx.execute(
+                    "INSERT INTO projects (id, name, description, webhook_url, max_call_duration_s, default_concurrency,
+                                           created_at, updated_at, billing_user_id)
+                     VALUES ('prj_1', 'p', '', ?1, 600, 10, 't', 't', 'usr_1')",
+                    [&url],
+                )?;
+                tx.execute(
+                    "INSERT INTO webhook_deliveries (id, project_id, event, batch_run_id, url, payload, status,
+                                                     attempts, next_attempt_at, next_attempt_ms, created_at,
+                                                     updated_at)
+                     VALUES ('whd_1', 'prj_1', 'batch_run.completed', 'brn_1', ?1, '{}', 'pending',
+                             0, 't', 9000000000000, 't', 't')",
+                    [&url],
+                )?;
+                Ok::<_, crate::store::StoreError>(())
+            })
+            .await
+            .unwrap();
+        // The server's writes fail from now on; made due by another
+        // connection, whose writes do not go through the server's writer.
+        crate::wal_writes::full_disk::set(&database, true);
+        let other = rusqlite::Connection::open(&database).unwrap();
+        other.execute("UPDATE webhook_deliveries SET next_attempt_ms = 0 WHERE id = 'whd_1'", []).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while connections.load(Ordering::SeqCst) == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "no attempt was begun");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Ticks come every 0.5 s; a retry 1 s after the first, the next 5 s
+        // after that.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let made = connections.load(Ordering::SeqCst);
+        crate::wal_writes::full_disk::set(&database, false);
+        assert!(made <= 2, "{made} connections made in 3 s while the attempt could not be counted");
+        assert_eq!(bytes.load(Ordering::SeqCst), 0, "a request was sent uncounted");
+        let attempts: u32 =
+            other.query_row("SELECT attempts FROM webhook_deliveries WHERE id = 'whd_1'", [], |r| r.get(0)).unwrap();
+        assert_eq!(attempts, 0);
         server.shutdown().await.unwrap();
     }
 
