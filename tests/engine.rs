@@ -1166,6 +1166,9 @@ async fn webhooks_are_signed_and_retried_until_delivered() {
         // event named in a header too.
         assert_eq!(r.header("x-sparring-delivery"), delivery["id"].as_str());
         assert_eq!(r.header("x-sparring-event"), Some("batch_run.completed"));
+        // Who sends it, and which version, as the spec says.
+        let agent = format!("sparring-webhooks/{}", env!("CARGO_PKG_VERSION"));
+        assert_eq!(r.header("user-agent"), Some(agent.as_str()));
         let body: Value = serde_json::from_str(&r.body).unwrap();
         assert_eq!(body["event"], "batch_run.completed");
         assert_eq!(body["batch_run"]["id"], json!(id));

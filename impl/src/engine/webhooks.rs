@@ -62,6 +62,8 @@ pub const EVENT_COMPLETED: &str = "batch_run.completed";
 pub const HEADER_EVENT: &str = "x-sparring-event";
 pub const HEADER_DELIVERY: &str = "x-sparring-delivery";
 pub const HEADER_SIGNATURE: &str = "x-sparring-signature";
+/// The `user-agent` of every attempt: who sends it, and which version.
+pub const USER_AGENT: &str = concat!("sparring-webhooks/", env!("CARGO_PKG_VERSION"));
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Delay before each retry; one attempt more than there are delays.
 pub const RETRY_DELAYS_MS: &[i64] = &[1_000, 5_000, 30_000, 120_000, 600_000];
@@ -330,6 +332,7 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
     let mut request = request
         .timeout(ATTEMPT_TIMEOUT)
         .header("content-type", "application/json")
+        .header(reqwest::header::USER_AGENT, USER_AGENT)
         .header(HEADER_EVENT, EVENT_COMPLETED)
         .header(HEADER_DELIVERY, &due.id)
         .body(due.payload.clone());
@@ -684,6 +687,9 @@ mod tests {
         for header in [HEADER_EVENT, HEADER_DELIVERY, HEADER_SIGNATURE] {
             assert!(text.contains(&format!("`{header}")), "{header}: {text}");
         }
+        let version = USER_AGENT.strip_prefix("sparring-webhooks/").unwrap();
+        assert_eq!(version, env!("CARGO_PKG_VERSION"));
+        assert!(text.contains("`user-agent: sparring-webhooks/<version>`"), "{text}");
         assert!(text.contains(&format!("{{\"event\": \"{EVENT_COMPLETED}\", \"batch_run\": BatchRun}}")), "{text}");
         assert!(text.contains("t=<unix seconds>,v1=<hex>"), "{text}");
         assert!(text.contains(
