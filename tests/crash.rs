@@ -388,3 +388,93 @@ async fn a_webhook_attempt_under_way_at_a_clean_stop_is_recorded_not_sent_again(
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(arrivals.try_recv().is_err(), "sent again after the restart");
 }
+
+/// An attempt counts from when its request is sent, durably: a server
+/// killed (SIGKILL) during each attempt, again and again, sends the event
+/// at most as many times as the spec promises attempts (6), and the
+/// delivery then ends `failed`, not sent once more at every restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_attempt_cut_off_by_a_kill_counts() {
+    // Takes every request and never answers it: each attempt is under way
+    // when the server is killed.
+    let (url, mut arrivals, _never_answered) = held_receiver().await;
+    let closed = common::ClosedPort::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = serve_with(dir.path(), &[]);
+    let api = Api { http: reqwest::Client::new(), base: server.base.clone(), key: first_key(&server.proc.stdout()) };
+    let project = api.create("/v1/projects", json!({"name": "killed", "webhook_url": url})).await;
+    let persona = api.create("/v1/personas", json!({"project_id": project, "name": "Dana"})).await;
+    let scenario = api
+        .create(
+            "/v1/scenarios",
+            json!({"project_id": project, "name": "two lines", "mode": "scripted", "default_persona_id": persona,
+                   "first_message": "Hi.", "steps": [{"say": "Bye.", "expect": []}], "max_duration_s": 60}),
+        )
+        .await;
+    let channel = api
+        .create(
+            "/v1/channels",
+            json!({"project_id": project, "name": "closed", "kind": "http", "target": closed.http_target()}),
+        )
+        .await;
+    let test = api
+        .create(
+            "/v1/tests",
+            json!({"project_id": project, "name": "t", "channel_id": channel, "scenario_id": scenario}),
+        )
+        .await;
+    let run = api.send(reqwest::Method::POST, &format!("/v1/tests/{test}/run"), Some(json!({}))).await;
+    wait_for_end_at(&server.base, &api.key, run["id"].as_str().unwrap()).await;
+
+    let deliveries = format!("/v1/projects/{project}/webhook-deliveries");
+    let mut requests = 0;
+    let mut api = api;
+    let ended = 'rounds: {
+        for round in 0..10 {
+            // A request arrives, or the delivery ends without one.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if arrivals.try_recv().is_ok() {
+                    requests += 1;
+                    break;
+                }
+                let d = api.all(&deliveries, "webhook_deliveries").await.remove(0);
+                if d["status"] != "pending" {
+                    break 'rounds d;
+                }
+                assert!(Instant::now() < deadline, "round {round}: neither sent nor ended: {d:#}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert!(requests <= 6, "round {round}: sent {requests} times; the spec promises 6 attempts in all");
+            // The attempt under way is counted already: a kill now costs it.
+            let d = api.all(&deliveries, "webhook_deliveries").await.remove(0);
+            assert_eq!((&d["status"], &d["attempts"]), (&json!("pending"), &json!(requests)), "round {round}: {d:#}");
+            assert!(Command::new("kill")
+                .args(["-KILL", &server.proc.child.id().to_string()])
+                .status()
+                .unwrap()
+                .success());
+            server.proc.wait_exit();
+            drop(server);
+            // The retry's delay has passed (10 min at the longest).
+            let store = sparring_impl::open_store(dir.path()).unwrap();
+            store
+                .write::<_, sparring_impl::store::StoreError, _>(|tx| {
+                    tx.execute("UPDATE webhook_deliveries SET next_attempt_ms = 0 WHERE status = 'pending'", [])?;
+                    Ok(())
+                })
+                .await
+                .unwrap();
+            drop(store);
+            server = serve_with(dir.path(), &[]);
+            api = Api { base: server.base.clone(), ..api };
+        }
+        panic!("still pending after 10 kills, sent {requests} times");
+    };
+    assert_eq!(requests, 6, "{ended:#}");
+    assert_eq!((&ended["status"], &ended["attempts"]), (&json!("failed"), &json!(6)), "{ended:#}");
+    assert_eq!(ended["last_error"], json!(sparring_impl::engine::webhooks::LAST_CUT_OFF), "{ended:#}");
+    // A delivery still due would be sent within a poll (0.5 s).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(arrivals.try_recv().is_err(), "sent after the delivery ended");
+}

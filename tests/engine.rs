@@ -15,6 +15,7 @@ use common::engine::{
 use common::{error_body, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
+use sparring_impl::engine::webhooks::{REMOVED, UNDER_WAY};
 
 /// Books Tuesday at 3 pm with the reference agent: passes against the real
 /// agent, fails against `--bug wrong-day` (step 1's "right day") and
@@ -1165,6 +1166,9 @@ async fn webhooks_are_signed_and_retried_until_delivered() {
         // event named in a header too.
         assert_eq!(r.header("x-sparring-delivery"), delivery["id"].as_str());
         assert_eq!(r.header("x-sparring-event"), Some("batch_run.completed"));
+        // Who sends it, and which version, as the spec says.
+        let agent = format!("sparring-webhooks/{}", env!("CARGO_PKG_VERSION"));
+        assert_eq!(r.header("user-agent"), Some(agent.as_str()));
         let body: Value = serde_json::from_str(&r.body).unwrap();
         assert_eq!(body["event"], "batch_run.completed");
         assert_eq!(body["batch_run"]["id"], json!(id));
@@ -1554,6 +1558,12 @@ async fn run_to_end(s: &TestServer, t: &common::Team, test: &str) -> String {
     id
 }
 
+/// Whether the delivery's last attempt ended (its outcome recorded), rather
+/// than being counted and under way.
+fn ended(d: &Value) -> bool {
+    d["last_error"] != json!(UNDER_WAY)
+}
+
 /// The project's (only) webhook delivery once `settled` says so.
 async fn delivery_when(s: &TestServer, t: &common::Team, what: &str, settled: impl Fn(&Value) -> bool) -> Value {
     let p = &t.project_id;
@@ -1598,9 +1608,11 @@ async fn a_receiver_that_never_answers_holds_up_no_other_project() {
     let b_delivery = delivery_when(&s, &b, "B's webhook not delivered", |d| d["status"] != "pending").await;
     assert_eq!(b_delivery["status"], "delivered", "{b_delivery:#}");
     assert_eq!(b_delivery["batch_run_id"], json!(b_run));
-    // B's delivery did not wait for A's attempt, which is still under way.
+    // B's delivery did not wait for A's attempt, which is still under way:
+    // counted since its request was sent, with no outcome yet.
     let a_delivery = delivery_when(&s, &a, "A's delivery", |_| true).await;
-    assert_eq!((&a_delivery["status"], &a_delivery["attempts"]), (&json!("pending"), &json!(0)), "{a_delivery:#}");
+    assert_eq!((&a_delivery["status"], &a_delivery["attempts"]), (&json!("pending"), &json!(1)), "{a_delivery:#}");
+    assert_eq!(a_delivery["last_error"], json!(UNDER_WAY), "{a_delivery:#}");
     assert_eq!(answering.received().len(), 1);
     holder.abort();
 }
@@ -1621,7 +1633,7 @@ async fn retries_follow_the_project_s_webhook_url() {
     run_to_end(&s, &removed, &removed_test).await;
     // After the second failed attempt, the next one is 5 s away: time to
     // change the webhooks in between.
-    let twice = |d: &Value| d["attempts"].as_i64().unwrap_or(0) >= 2;
+    let twice = |d: &Value| d["attempts"].as_i64().unwrap_or(0) >= 2 && ended(d);
     delivery_when(&s, &moved, "moved: two attempts", twice).await;
     delivery_when(&s, &removed, "removed: two attempts", twice).await;
     let new_url = format!("{}/elsewhere", new.base);
@@ -1676,7 +1688,7 @@ async fn a_webhook_receiver_s_redirect_is_a_failed_attempt() {
         let url = format!("{}/hook{status}", receiver.base);
         let (t, test) = hooked_project(&s, &closed, &format!("redirects {status}"), &url).await;
         run_to_end(&s, &t, &test).await;
-        let d = delivery_when(&s, &t, "never attempted", |d| d["attempts"] != 0).await;
+        let d = delivery_when(&s, &t, "never attempted", |d| d["attempts"] != 0 && ended(d)).await;
         assert_eq!((&d["status"], &d["last_response_status"]), (&json!("pending"), &json!(status)), "{d:#}");
         let error = d["last_error"].as_str().unwrap_or_default();
         assert!(error.contains(&format!("HTTP {status}")) && error.contains("/landing"), "{status}: {d:#}");
@@ -1718,7 +1730,7 @@ async fn an_attempt_under_way_as_the_url_is_removed_is_recorded_as_made() {
         assert_eq!(d["last_error"], json!(sparring_impl::engine::webhooks::REMOVED), "{d:#}");
         answers.send(answer).unwrap();
 
-        let d = delivery_when(&s, &t, "the attempt recorded", |d| d["attempts"] != 0).await;
+        let d = delivery_when(&s, &t, "the attempt recorded", |d| d["last_error"] != json!(REMOVED)).await;
         assert_eq!((&d["status"], &d["attempts"]), (&json!(status), &json!(1)), "{d:#}");
         assert_eq!((&d["last_response_status"], &d["last_error"]), (&json!(answer), &error), "{d:#}");
         assert_eq!((&d["url"], &d["next_attempt_at"]), (&json!(url), &Value::Null), "{d:#}");

@@ -50,8 +50,13 @@ impl Outbound {
     /// whose `2xx` would read as the event delivered; a `307` or `308`
     /// would send it to another URL than the project's. The receiver's 3xx
     /// answer is the attempt's, a failed one.
-    pub fn for_webhooks(allow_private: bool, idle_per_host: usize) -> Outbound {
-        Outbound::with_redirects(allow_private, idle_per_host, reqwest::redirect::Policy::none())
+    ///
+    /// Nor is a connection kept for another request: each attempt makes its
+    /// own, so the check of [`Outbound::checking_when_connected`] runs
+    /// before every request (it counts the attempt, durably, before a byte
+    /// of it is sent). Attempts are few, one per event and retry.
+    pub fn for_webhooks(allow_private: bool) -> Outbound {
+        Outbound::with_redirects(allow_private, 0, reqwest::redirect::Policy::none())
     }
 
     fn with_redirects(allow_private: bool, idle_per_host: usize, redirects: reqwest::redirect::Policy) -> Outbound {
@@ -119,7 +124,8 @@ impl Outbound {
     /// an error that [`not_sent`] tells apart. For a request that must not
     /// go where it was meant to go if that changed while its connection was
     /// being made, which can take seconds; a request sent over a pooled
-    /// connection opens none, and goes at once.
+    /// connection opens none, and goes at once (the webhooks' client pools
+    /// none: [`Outbound::for_webhooks`]).
     pub async fn checking_when_connected<F: Future>(&self, still: Check, requests: F) -> F::Output {
         ON_CONNECTED.scope(still, requests).await
     }
@@ -165,8 +171,9 @@ fn redirects() -> reqwest::redirect::Policy {
 }
 
 /// What [`Outbound::checking_when_connected`] asks of a connection once it
-/// is made: nothing (`Ok`), or why it must carry no request.
-pub type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// is made: nothing (`Ok`), or why it must carry no request. It may wait
+/// (for a write, say) before it answers.
+pub type Check = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
 /// The time limit of [`Outbound::connecting_by`] for the connections of the
 /// requests it runs, and when the last of them was made.
@@ -247,6 +254,7 @@ struct ConnectBy<S>(S);
 impl<S, R> tower_service::Service<R> for ConnectBy<S>
 where
     S: tower_service::Service<R, Error = BoxError>,
+    S::Response: Send,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -271,7 +279,7 @@ where
             if let Some(still) = still {
                 // Dropped, the connection is closed before a byte of the
                 // request was written to it.
-                still().map_err(|why| Box::new(NotSent(why)) as BoxError)?;
+                still().await.map_err(|why| Box::new(NotSent(why)) as BoxError)?;
             }
             // When it was made, for the requests of `connecting_by` that it
             // carries: only where their own task completes it. One the pool

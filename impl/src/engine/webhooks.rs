@@ -12,8 +12,18 @@
 //! included: none is followed) is retried after
 //! 1 s, 5 s, 30 s, 2 min and 10 min, then the delivery is `failed`. An
 //! attempt whose outcome cannot be recorded (the disk full, the storage
-//! refusing writes) leaves the delivery due, and is made again on that
-//! schedule too, not at the next tick (see `InFlight::held`).
+//! refusing writes), or that cannot be counted once its connection is made
+//! (then nothing is sent), leaves the delivery due, and is made again on
+//! that schedule too, not at the next tick (see `InFlight::held`).
+//!
+//! An attempt counts from the moment its request is about to be sent: its
+//! connection made, the delivery's `attempts` is raised, durably, before a
+//! byte of the request goes (see [`count`]). So a server stopped or killed
+//! during an attempt has spent that attempt, and a server killed again and
+//! again sends the event no more than the attempts there are; the last one
+//! cut off, the delivery ends `failed` ([`LAST_CUT_OFF`]). An attempt that
+//! sent nothing (the webhook changed or went while its connection was
+//! being made) is not counted.
 //!
 //! Each attempt goes to the project's webhook as it is at that moment: to
 //! its current URL (recorded as the delivery's `url`) and signed with its
@@ -52,6 +62,8 @@ pub const EVENT_COMPLETED: &str = "batch_run.completed";
 pub const HEADER_EVENT: &str = "x-sparring-event";
 pub const HEADER_DELIVERY: &str = "x-sparring-delivery";
 pub const HEADER_SIGNATURE: &str = "x-sparring-signature";
+/// The `user-agent` of every attempt: who sends it, and which version.
+pub const USER_AGENT: &str = concat!("sparring-webhooks/", env!("CARGO_PKG_VERSION"));
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Delay before each retry; one attempt more than there are delays.
 pub const RETRY_DELAYS_MS: &[i64] = &[1_000, 5_000, 30_000, 120_000, 600_000];
@@ -119,12 +131,13 @@ struct InFlight {
     tasks: tokio::task::JoinSet<bool>,
     /// Delivery and project of each task (at most [`MAX_IN_FLIGHT`]).
     of_task: HashMap<tokio::task::Id, (String, String)>,
-    /// Deliveries whose last attempt could not be recorded (the storage
-    /// failing): still due in the database, but not tried again before
-    /// `until`, the retry schedule's delay for the `unrecorded`-th such
-    /// attempt in a row. The attempt may well have reached its receiver; made
-    /// again at every tick, it would reach it twice a second for as long as
-    /// the disk stays full.
+    /// Deliveries whose last attempt could not be recorded, or counted as
+    /// its connection was made (the storage failing): still due in the
+    /// database, but not tried again before `until`, the retry schedule's
+    /// delay for the `unrecorded`-th such attempt in a row. The attempt may
+    /// well have reached its receiver; made again at every tick, it would
+    /// reach it twice a second for as long as the disk stays full (and one
+    /// not counted would connect to it as often, uncounted).
     held: HashMap<String, Held>,
 }
 
@@ -214,9 +227,9 @@ async fn start_due(state: &Arc<AppState>, http: &Outbound, in_flight: &mut InFli
             match attempt(&state, &http, due).await {
                 Ok(()) => true,
                 Err(e) => {
-                    // Not recorded: still due, tried again after the
-                    // retry schedule's delay (see `InFlight::held`).
-                    slog::warn!(state.log, "a webhook attempt could not be recorded; will retry";
+                    // Not counted, or not recorded: still due, tried again
+                    // after the retry schedule's delay (see `InFlight::held`).
+                    slog::warn!(state.log, "a webhook attempt could not be counted or recorded; will retry";
                                 "delivery" => id, "error" => %e);
                     false
                 }
@@ -243,7 +256,50 @@ fn webhook_of(tx: &rusqlite::Connection, delivery: &str) -> rusqlite::Result<Opt
     .optional()
 }
 
+/// The `last_error` of a delivery while an attempt at it is under way:
+/// counted, its outcome not yet recorded. It stays if the server stopped
+/// (or was killed) during the attempt, or could not record its outcome,
+/// until the next attempt.
+pub const UNDER_WAY: &str =
+    "no outcome recorded: the attempt is under way, or the server stopped (or could not write) before recording one";
+
+/// The `last_error` of a delivery ended `failed` because its last attempt
+/// was counted and never got its outcome recorded (the server stopped or
+/// was killed during it, or could not write): no attempt is left.
+pub const LAST_CUT_OFF: &str =
+    "the last attempt's outcome was never recorded (the server stopped, or could not write, during it); \
+     no other follows";
+
+/// Counts the attempt at `delivery` whose request is about to be sent, if
+/// the delivery is still pending with `made` attempts and its project's
+/// webhook is still `read`: it then reads [`UNDER_WAY`], and is due again
+/// after the retry schedule's delay for this attempt (at once after the
+/// last, to be ended [`LAST_CUT_OFF`]), which the attempt's outcome, once
+/// recorded, replaces. In the same transaction as the check, so a webhook
+/// changed meanwhile gets no request and no count. Whether it counted.
+fn count(tx: &rusqlite::Connection, delivery: &str, read: &Webhook, made: u32) -> rusqlite::Result<bool> {
+    if webhook_of(tx, delivery)?.as_ref() != Some(read) {
+        return Ok(false);
+    }
+    let now = ids::now();
+    let next_ms = now.timestamp_millis() + RETRY_DELAYS_MS.get(made as usize).copied().unwrap_or(0);
+    let next_text = chrono::DateTime::from_timestamp_millis(next_ms).map(|t| ids::format_time(&t));
+    let counted = tx
+        .prepare_cached(
+            "UPDATE webhook_deliveries SET attempts = ?2, last_response_status = NULL, last_error = ?3,
+                                           next_attempt_at = ?4, next_attempt_ms = ?5, updated_at = ?6, url = ?7
+             WHERE id = ?1 AND status = 'pending' AND attempts = ?8",
+        )?
+        .execute(params![delivery, made + 1, UNDER_WAY, next_text, next_ms, ids::format_time(&now), read.0, made])?;
+    Ok(counted == 1)
+}
+
 async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
+    if due.attempts as usize > RETRY_DELAYS_MS.len() {
+        // Its last attempt was counted and cut off before its outcome was
+        // recorded: none is left.
+        return abandon(state, due.id, LAST_CUT_OFF).await;
+    }
     let delivery = due.id.clone();
     // Read at every attempt: a retry follows the project's webhook as it
     // is now, not as it was when the event was queued.
@@ -276,6 +332,7 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
     let mut request = request
         .timeout(ATTEMPT_TIMEOUT)
         .header("content-type", "application/json")
+        .header(reqwest::header::USER_AGENT, USER_AGENT)
         .header(HEADER_EVENT, EVENT_COMPLETED)
         .header(HEADER_DELIVERY, &due.id)
         .body(due.payload.clone());
@@ -284,17 +341,32 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
     }
     // The webhook read above may have been changed or removed (or its
     // project deleted) since, and making the connection can take seconds:
-    // once it is made, the request goes on it only if the delivery is
-    // still pending and the webhook as it was read. A request on a pooled
-    // connection goes at once. What is left is the time between this
-    // check and the request's bytes (and, for the pooled, since the read
-    // above): an attempt made in it is recorded as made (`record_attempt`).
+    // once it is made (every attempt makes its own: no connection is
+    // pooled), the request goes on it only if the delivery is still
+    // pending and the webhook as it was read, and the attempt is counted
+    // first, durably (`count`): cut off from here on, by a crash too, it
+    // has been spent. What is left is the time between this check and the
+    // request's bytes: a removal made in it finds the attempt counted, and
+    // it is recorded as made (`record_attempt`).
+    // The storage failing in that check (the webhook not read, the count
+    // not written) is kept here: see below.
+    let unstored: Arc<std::sync::Mutex<Option<Failure>>> = Arc::default();
     let still: super::outbound::Check = {
         let (store, delivery, read) = (state.store.clone(), due.id.clone(), (Some(url.clone()), sealed.clone()));
-        Arc::new(move || match store.read_blocking(|tx| Ok::<_, Failure>(webhook_of(tx, &delivery)?)) {
-            Ok(Some(now)) if now == read => Ok(()),
-            Ok(_) => Err("the delivery's webhook changed while its connection was being made".into()),
-            Err(e) => Err(format!("the delivery's webhook could not be read again: {e}")),
+        let (made, unstored) = (due.attempts, unstored.clone());
+        Arc::new(move || {
+            let (store, delivery, read, unstored) = (store.clone(), delivery.clone(), read.clone(), unstored.clone());
+            Box::pin(async move {
+                match store.write(move |tx| Ok::<_, Failure>(count(tx, &delivery, &read, made)?)).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err("the delivery's webhook changed while its connection was being made".into()),
+                    Err(e) => {
+                        let why = format!("the attempt could not be counted: {e}");
+                        *unstored.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        Err(why)
+                    }
+                }
+            })
         })
     };
     let (status, error, sent) = match http.checking_when_connected(still, request.send()).await {
@@ -302,6 +374,15 @@ async fn attempt(state: &AppState, http: &Outbound, due: Due) -> Result<()> {
         Ok(response) => (Some(response.status().as_u16()), Some(refused_by(&response)), Sent::Yes),
         Err(e) => {
             if let Some(why) = super::outbound::not_sent(&e) {
+                if let Some(failed) = unstored.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    // Not sent, and not counted: the storage failed. Still
+                    // due, and made again at every tick (a connection to
+                    // the receiver each time) for as long as it fails,
+                    // were it not held back on the retry schedule as an
+                    // attempt whose outcome could not be recorded is
+                    // (see `InFlight::held`).
+                    return Err(failed);
+                }
                 // Not an attempt: the delivery is as the write that
                 // changed its webhook left it (due again, to the new one,
                 // unless it ended or went with its project).
@@ -389,7 +470,9 @@ fn end_pending(tx: &rusqlite::Connection, column: &str, value: &str, why: &str) 
 }
 
 /// Records one attempt at `due`, made to `url`: delivered, or retried
-/// later, or failed for good after the last retry.
+/// later, or failed for good after the last retry. One whose request was
+/// sent was counted before it went ([`count`]); one that sent nothing
+/// (refused, not signed, no connection made) is counted here.
 ///
 /// The URL may have been removed while the attempt was under way: the
 /// write that removed it ended the delivery `failed`, saying it was not
@@ -480,7 +563,8 @@ pub const STOP_WAIT: Duration = Duration::from_secs(5);
 /// end, for up to [`STOP_WAIT`], then returns: an attempt whose receiver
 /// answers meanwhile is recorded, rather than cut off unrecorded and made
 /// again by the next start (to a receiver that already has the event).
-/// One still waiting then is stopped, and made again after the restart.
+/// One still waiting then is stopped; it was counted when its request was
+/// sent, and the next is made after the restart if attempts are left.
 /// Aborting its task stops the attempts under way at once.
 pub async fn run(state: Arc<AppState>, http: Outbound, every: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(every);
@@ -603,6 +687,9 @@ mod tests {
         for header in [HEADER_EVENT, HEADER_DELIVERY, HEADER_SIGNATURE] {
             assert!(text.contains(&format!("`{header}")), "{header}: {text}");
         }
+        let version = USER_AGENT.strip_prefix("sparring-webhooks/").unwrap();
+        assert_eq!(version, env!("CARGO_PKG_VERSION"));
+        assert!(text.contains("`user-agent: sparring-webhooks/<version>`"), "{text}");
         assert!(text.contains(&format!("{{\"event\": \"{EVENT_COMPLETED}\", \"batch_run\": BatchRun}}")), "{text}");
         assert!(text.contains("t=<unix seconds>,v1=<hex>"), "{text}");
         assert!(text.contains(
@@ -707,6 +794,93 @@ mod tests {
         let made = received.load(std::sync::atomic::Ordering::SeqCst);
         crate::wal_writes::full_disk::set(&database, false);
         assert!(made <= 2, "made {made} times in 3 s to a receiver that answered 200 at the first");
+        server.shutdown().await.unwrap();
+    }
+
+    /// An attempt whose connection is made just as the storage fails (the
+    /// check that counts it cannot be written, or its webhook read) sends
+    /// nothing, and counts nothing; it is then held back on the retry
+    /// schedule, as an attempt whose outcome could not be recorded is, not
+    /// made again at every tick, a connection to the receiver each half
+    /// second, for as long as the storage fails.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_attempt_whose_check_cannot_be_stored_is_not_made_again_at_every_tick() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::Config {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().to_path_buf(),
+            oidc: Vec::new(),
+            oidc_refetch_interval: crate::oidc::REFETCH_INTERVAL,
+            oidc_keys_max_age: crate::oidc::KEYS_MAX_AGE,
+            secret_key_file: None,
+            engine: crate::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() },
+            starting_credits: 0,
+            body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
+        };
+        // Counts the connections made to it, and the bytes sent on them.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let (connections, bytes) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (made, sent) = (connections.clone(), bytes.clone());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                made.fetch_add(1, Ordering::SeqCst);
+                let sent = sent.clone();
+                tokio::spawn(async move {
+                    use tokio::io::AsyncReadExt as _;
+                    let mut got = Vec::new();
+                    let _ = stream.read_to_end(&mut got).await;
+                    sent.fetch_add(got.len(), Ordering::SeqCst);
+                });
+            }
+        });
+        let server = crate::start(config, slog::Logger::root(slog::Discard, slog::o!())).await.unwrap();
+        let database = dir.path().join(crate::DATABASE_FILE);
+        // Not due yet.
+        server
+            .state
+            .store
+            .write(move |tx| {
+                tx.execute_batch("INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't')")?;
+                tx.execute(
+                    "INSERT INTO projects (id, name, description, webhook_url, max_call_duration_s, default_concurrency,
+                                           created_at, updated_at, billing_user_id)
+                     VALUES ('prj_1', 'p', '', ?1, 600, 10, 't', 't', 'usr_1')",
+                    [&url],
+                )?;
+                tx.execute(
+                    "INSERT INTO webhook_deliveries (id, project_id, event, batch_run_id, url, payload, status,
+                                                     attempts, next_attempt_at, next_attempt_ms, created_at,
+                                                     updated_at)
+                     VALUES ('whd_1', 'prj_1', 'batch_run.completed', 'brn_1', ?1, '{}', 'pending',
+                             0, 't', 9000000000000, 't', 't')",
+                    [&url],
+                )?;
+                Ok::<_, crate::store::StoreError>(())
+            })
+            .await
+            .unwrap();
+        // The server's writes fail from now on; made due by another
+        // connection, whose writes do not go through the server's writer.
+        crate::wal_writes::full_disk::set(&database, true);
+        let other = rusqlite::Connection::open(&database).unwrap();
+        other.execute("UPDATE webhook_deliveries SET next_attempt_ms = 0 WHERE id = 'whd_1'", []).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while connections.load(Ordering::SeqCst) == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "no attempt was begun");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Ticks come every 0.5 s; a retry 1 s after the first, the next 5 s
+        // after that.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let made = connections.load(Ordering::SeqCst);
+        crate::wal_writes::full_disk::set(&database, false);
+        assert!(made <= 2, "{made} connections made in 3 s while the attempt could not be counted");
+        assert_eq!(bytes.load(Ordering::SeqCst), 0, "a request was sent uncounted");
+        let attempts: u32 =
+            other.query_row("SELECT attempts FROM webhook_deliveries WHERE id = 'whd_1'", [], |r| r.get(0)).unwrap();
+        assert_eq!(attempts, 0);
         server.shutdown().await.unwrap();
     }
 

@@ -85,7 +85,7 @@ pub struct Engine {
 impl Engine {
     pub fn new(config: EngineConfig) -> Engine {
         let http = Outbound::new(config.allow_private_targets, usize::try_from(config.workers).unwrap_or(256));
-        let webhook_http = Outbound::for_webhooks(config.allow_private_targets, 8);
+        let webhook_http = Outbound::for_webhooks(config.allow_private_targets);
         Engine {
             config,
             owner: ids::new_id("wrk"),
