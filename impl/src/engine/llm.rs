@@ -175,15 +175,53 @@ pub fn clip(s: &str, max: usize) -> String {
 }
 
 /// The first JSON object in a model's answer: models wrap JSON in prose or
-/// code fences.
+/// code fences. The answer is read once, left to right: from a `{`, as a
+/// JSON value; where that fails, the search goes on from the byte it failed
+/// at, so a `{` inside a stretch that failed (`{"a": {"say": "hi"}` broken
+/// later, or a `"{"` quoted in prose before the object) is not tried again.
+/// Trying every `{` afresh read an answer of many unclosed `{"a":` (up to
+/// [`MAX_ANSWER_BYTES`]) some 10^8 times over.
 pub fn first_json_object(text: &str) -> Option<Map<String, Value>> {
-    for (start, _) in text.match_indices('{') {
-        let mut stream = serde_json::Deserializer::from_str(&text[start..]).into_iter::<Value>();
-        if let Some(Ok(Value::Object(m))) = stream.next() {
-            return Some(m);
+    first_json_object_examining(text, &mut 0)
+}
+
+/// [`first_json_object`], adding to `examined` the bytes it went through
+/// (searched for a `{`, or read as JSON): at most twice the answer's length.
+fn first_json_object_examining(text: &str, examined: &mut usize) -> Option<Map<String, Value>> {
+    let mut from = 0;
+    while let Some(found) = text[from..].find('{') {
+        *examined += found;
+        let start = from + found;
+        let rest = &text[start..];
+        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        match stream.next() {
+            Some(Ok(Value::Object(m))) => {
+                *examined += stream.byte_offset();
+                return Some(m);
+            }
+            Some(Err(e)) => {
+                // Never before the byte after `{`: the search moves on.
+                let mut failed = failed_at(rest, &e).max(1);
+                while !rest.is_char_boundary(failed) {
+                    failed -= 1;
+                }
+                *examined += failed;
+                from = start + failed;
+            }
+            _ => return None,
         }
     }
+    *examined += text.len() - from;
     None
+}
+
+/// The byte of `text` where parsing it failed with `e` (or one before).
+fn failed_at(text: &str, e: &serde_json::Error) -> usize {
+    let line_start = match e.line() {
+        0 | 1 => 0,
+        line => text.match_indices('\n').nth(line - 2).map_or(text.len(), |(i, _)| i + 1),
+    };
+    (line_start + e.column().saturating_sub(1)).min(text.len())
 }
 
 /// The JSON object that is a model's whole answer, where the answer must be
@@ -233,6 +271,33 @@ mod tests {
         assert_eq!(m["reason"], "ok {fine}");
         assert!(first_json_object("no json here").is_none());
         assert!(first_json_object("{broken").is_none());
+        // Past what failed to parse, the search goes on.
+        for answer in [
+            "I use {curly} braces é {\"say\": \"x\"}",
+            "{\"say\": \"no\", oops}\n{\"say\": \"x\"}",
+            "{\"say\": \"no\"\n{\"say\": \"x\"}",
+            "{\"é\": 1é{\"say\": \"x\"}",
+            "{\"say\": \"a line\nbroken\"} {\"say\": \"x\"}",
+        ] {
+            assert_eq!(first_json_object(answer).map(|m| m["say"].clone()), Some(json!("x")), "{answer}");
+        }
+    }
+
+    #[test]
+    fn finding_json_goes_through_an_answer_once() {
+        // Each `{` opens an object that never closes: read from every one of
+        // them in turn, such an answer of 1 MiB is some 10^8 bytes of parsing.
+        for unit in ["{\"a\":", "{\"{\":", "{\"\":[", "{", "{\n\"a\":\n"] {
+            let answer = unit.repeat(MAX_ANSWER_BYTES / unit.len());
+            let mut examined = 0;
+            assert!(first_json_object_examining(&answer, &mut examined).is_none());
+            assert!(examined <= 2 * answer.len(), "{unit:?}: {examined} bytes examined for {}", answer.len());
+        }
+        let mut answer = "{\"a\":".repeat(100_000);
+        answer.push_str("oops\n{\"say\": \"hi\"}");
+        let mut examined = 0;
+        assert_eq!(first_json_object_examining(&answer, &mut examined).unwrap()["say"], "hi");
+        assert!(examined <= 2 * answer.len(), "{examined} bytes examined for {}", answer.len());
     }
 
     #[test]
