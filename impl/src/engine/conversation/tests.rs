@@ -640,10 +640,32 @@ async fn a_call_whose_record_grows_past_its_limit_is_ended() {
     assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{outcome:?}");
     let error = outcome.error.clone().unwrap();
     assert!(error.starts_with("the call's transcript and tool calls passed 2 MiB after turn 3"), "{error}");
+    assert!(error.contains("mostly the agent's replies and tool calls (2.3 MiB)"), "{error}");
+    assert!(!outcome.caller_error);
     // Four replies of 600 KiB: the fourth passed 2 MiB, and no line followed.
     assert_eq!(outcome.transcript.iter().filter(|t| t.role == TurnRole::Agent).count(), 4);
     assert_eq!(events(&seen).iter().filter(|e| e.0 == "message").count(), 3);
     assert!(outcome.reached_agent);
+    assert_consistent(&outcome);
+}
+
+/// The simulated caller's LLM writes the long lines: the record passing its
+/// limit is the caller's doing, not the agent's, and the verdict is `error`.
+#[tokio::test]
+async fn a_record_grown_by_the_callers_lines_is_a_caller_error() {
+    let (agent, seen) = serve_http(booking_http).await;
+    let line: &'static str =
+        Box::leak(json!({"say": "w".repeat(600 << 10), "done": false}).to_string().into_boxed_str());
+    let (llm, _) = serve_llm(vec![(200, line); 20]).await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{:?}", outcome.error);
+    assert!(outcome.caller_error);
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with("the call's transcript and tool calls passed 2 MiB after turn 4"), "{error}");
+    assert!(error.contains("mostly the caller's lines (2.3 MiB)"), "{error}");
+    // Four lines of 600 KiB, each answered: the caller hung up.
+    assert_eq!(outcome.transcript.iter().filter(|t| t.role == TurnRole::Caller).count(), 5);
+    assert_eq!(events(&seen).last().unwrap().0, "end");
     assert_consistent(&outcome);
 }
 
