@@ -76,6 +76,20 @@ pub enum LlmError {
     Malformed(String),
     #[error("the LLM endpoint's answer is larger than {MAX_ANSWER_BYTES} bytes")]
     TooLarge,
+    #[error("{error} ({attempts} attempts)")]
+    Retried { error: Box<LlmError>, attempts: u32 },
+}
+
+/// How many times a busy endpoint is asked, in all.
+const ATTEMPTS: u32 = 3;
+/// The longest pause before asking a busy endpoint again, whatever its
+/// `Retry-After` says.
+const MAX_PAUSE: Duration = Duration::from_secs(10);
+
+/// An endpoint busy for now (a rate limit, a gateway, the model
+/// overloaded), asked again a little later.
+fn busy(status: u16) -> bool {
+    matches!(status, 429 | 502 | 503 | 504)
 }
 
 /// Answers larger than this are refused (a caller's line or a verdict is a
@@ -98,47 +112,99 @@ struct AnswerMessage {
     content: Option<String>,
 }
 
-/// Asks for one completion and returns the first choice's text.
+/// Asks for one completion and returns the first choice's text, within
+/// `timeout` in all. An endpoint that answers it is busy (429, 502, 503,
+/// 504: many simulated callers at once meet rate limits) is asked again
+/// after its `Retry-After` (at most [`MAX_PAUSE`]) or half a second, then
+/// a second: [`ATTEMPTS`] times in all, while time is left.
 pub async fn complete(
     http: &Outbound,
     llm: &LlmEndpoint,
     messages: &[ChatMessage],
     timeout: Duration,
 ) -> Result<String, LlmError> {
+    let start = tokio::time::Instant::now();
+    let mut attempt = 1;
+    loop {
+        let left = timeout.saturating_sub(start.elapsed());
+        let (error, pause) = match ask(http, llm, messages, left, timeout).await {
+            Ok(text) => return Ok(text),
+            Err(Failure::Busy(error, retry_after)) => {
+                (error, Some(retry_after.unwrap_or(Duration::from_millis(500) * 2u32.pow(attempt - 1)).min(MAX_PAUSE)))
+            }
+            Err(Failure::Final(error)) => (error, None),
+        };
+        match pause {
+            Some(pause) if attempt < ATTEMPTS && start.elapsed() + pause < timeout => {
+                tokio::time::sleep(pause).await;
+                attempt += 1;
+            }
+            _ if attempt == 1 => return Err(error),
+            _ => return Err(LlmError::Retried { error: Box::new(error), attempts: attempt }),
+        }
+    }
+}
+
+/// Why one request of [`complete`] got no completion.
+enum Failure {
+    /// The endpoint is busy (see [`busy`]), with its `Retry-After`.
+    Busy(LlmError, Option<Duration>),
+    Final(LlmError),
+}
+
+/// One request of [`complete`], with `left` of its `timeout`.
+async fn ask(
+    http: &Outbound,
+    llm: &LlmEndpoint,
+    messages: &[ChatMessage],
+    left: Duration,
+    timeout: Duration,
+) -> Result<String, Failure> {
     let url = format!("{}/chat/completions", llm.base_url);
     let mut body = json!({"model": llm.model, "messages": messages});
     if let Some(t) = llm.temperature {
         body["temperature"] = json!(t);
     }
-    let request = http.post(&url).map_err(|refused| LlmError::Unreachable { url: url.clone(), detail: refused })?;
-    let mut request = request.timeout(timeout).json(&body);
+    let request = http
+        .post(&url)
+        .map_err(|refused| Failure::Final(LlmError::Unreachable { url: url.clone(), detail: refused }))?;
+    let mut request = request.timeout(left).json(&body);
     if let Some(key) = &llm.api_key {
         request = request.bearer_auth(key);
     }
     let failed = |e: reqwest::Error| {
-        if e.is_timeout() {
+        Failure::Final(if e.is_timeout() {
             LlmError::Timeout(timeout.as_millis())
         } else {
             LlmError::Unreachable { url: url.clone(), detail: without_url(&e) }
-        }
+        })
     };
     let mut response = request.send().await.map_err(failed)?;
     let status = response.status();
-    let bytes =
-        super::body_at_most(&mut response, MAX_ANSWER_BYTES).await.map_err(failed)?.ok_or(LlmError::TooLarge)?;
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let bytes = super::body_at_most(&mut response, MAX_ANSWER_BYTES)
+        .await
+        .map_err(failed)?
+        .ok_or(Failure::Final(LlmError::TooLarge))?;
     let text = String::from_utf8_lossy(&bytes);
     let key: Vec<&str> = llm.api_key.as_deref().into_iter().collect();
     if !status.is_success() {
-        return Err(LlmError::Status { status: status.as_u16(), body: excerpt(&text, 300, &key) });
+        let error = LlmError::Status { status: status.as_u16(), body: excerpt(&text, 300, &key) };
+        return Err(if busy(status.as_u16()) { Failure::Busy(error, retry_after) } else { Failure::Final(error) });
     }
     let completion: Completion = serde_json::from_str(&text)
-        .map_err(|e| LlmError::Malformed(format!("{e}; body: {}", excerpt(&text, 200, &key))))?;
+        .map_err(|e| Failure::Final(LlmError::Malformed(format!("{e}; body: {}", excerpt(&text, 200, &key)))))?;
     completion
         .choices
         .into_iter()
         .next()
         .and_then(|c| c.message.content)
-        .ok_or_else(|| LlmError::Malformed("no choice with message content".into()))
+        .ok_or_else(|| Failure::Final(LlmError::Malformed("no choice with message content".into())))
 }
 
 /// The innermost cause of a request error, without the URL (already said).

@@ -1738,6 +1738,30 @@ async fn simulated_caller_llm_failure_is_a_caller_error() {
     // The caller hung up properly.
     assert_eq!(events(&seen).iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["start", "end"]);
 
+    // A busy endpoint (429, 502, 503, 504: a rate limit, a gateway) is
+    // asked again, a little later; the call goes on.
+    let (llm, asked) = serve_llm(vec![
+        (429, "rate limited"),
+        (503, "overloaded"),
+        (200, "{\"say\": \"Tuesday please\", \"done\": false}"),
+    ])
+    .await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{:?}", outcome.error);
+    assert!(!outcome.caller_error, "{:?}", outcome.error);
+    assert_eq!(lines(&outcome)[2], ("caller", s("Tuesday please")));
+    assert_eq!(asked.lock().unwrap().len(), 4, "three attempts, then the answer after the agent's reply");
+
+    // One that stays busy: given up after three attempts, and said so.
+    let (llm, asked) = serve_llm(vec![(503, "overloaded"); 5]).await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+    assert!(outcome.caller_error);
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some("the simulated caller's LLM failed: the LLM endpoint answered HTTP 503: overloaded (3 attempts)")
+    );
+    assert_eq!(asked.lock().unwrap().len(), 3);
+
     // An answer with nothing to say is a failure too.
     let (llm, _) = serve_llm(vec![(200, "{\"say\": \"\", \"done\": false}")]).await;
     let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
