@@ -72,6 +72,12 @@ pub enum LlmError {
     Timeout(u128),
     #[error("the LLM endpoint answered HTTP {status}: {body}")]
     Status { status: u16, body: String },
+    #[error(
+        "the LLM endpoint answered HTTP {status}, a redirect to {location} that is not followed (only a 307 or 308 \
+         within the origin of config.base_url is: give config.base_url as it points){}{body}",
+        if body.is_empty() { "" } else { ": " }
+    )]
+    Redirect { status: u16, location: String, body: String },
     #[error("the LLM endpoint's answer is not a chat completion: {0}")]
     Malformed(String),
     #[error("the LLM endpoint's answer is larger than {MAX_ANSWER_BYTES} bytes")]
@@ -181,6 +187,13 @@ async fn ask(
     };
     let mut response = request.send().await.map_err(failed)?;
     let status = response.status();
+    // A redirect the client did not follow (see `Outbound`): where it
+    // pointed, for the reason.
+    let location = response
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .filter(|_| status.is_redirection())
+        .map(|location| String::from_utf8_lossy(location.as_bytes()).into_owned());
     let retry_after = response
         .headers()
         .get(reqwest::header::RETRY_AFTER)
@@ -193,6 +206,10 @@ async fn ask(
         .ok_or(Failure::Final(LlmError::TooLarge))?;
     let text = String::from_utf8_lossy(&bytes);
     let key: Vec<&str> = llm.api_key.as_deref().into_iter().collect();
+    if let Some(location) = location {
+        let (location, body) = (excerpt(&location, 300, &key), excerpt(&text, 300, &key));
+        return Err(Failure::Final(LlmError::Redirect { status: status.as_u16(), location, body }));
+    }
     if !status.is_success() {
         let error = LlmError::Status { status: status.as_u16(), body: excerpt(&text, 300, &key) };
         return Err(if busy(status.as_u16()) { Failure::Busy(error, retry_after) } else { Failure::Final(error) });

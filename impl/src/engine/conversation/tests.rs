@@ -1762,6 +1762,20 @@ async fn simulated_caller_llm_failure_is_a_caller_error() {
     );
     assert_eq!(asked.lock().unwrap().len(), 3);
 
+    // A redirect is not followed out of the endpoint's origin: the reason
+    // says where it pointed (an http base_url moved to https, say).
+    let (llm, _) = serve_http(|_| Act::Redirect(301, "https://llm.example.com/v1/chat/completions?key=sk-test")).await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+    assert!(outcome.caller_error);
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some(
+            "the simulated caller's LLM failed: the LLM endpoint answered HTTP 301, a redirect to \
+             https://llm.example.com/v1/chat/completions?key=[redacted] that is not followed (only a 307 or 308 \
+             within the origin of config.base_url is: give config.base_url as it points)"
+        )
+    );
+
     // An answer with nothing to say is a failure too.
     let (llm, _) = serve_llm(vec![(200, "{\"say\": \"\", \"done\": false}")]).await;
     let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
