@@ -82,6 +82,8 @@ pub enum LlmError {
     Malformed(String),
     #[error("the LLM endpoint's answer is larger than {MAX_ANSWER_BYTES} bytes")]
     TooLarge,
+    #[error("the LLM endpoint answered HTTP {0} with a body larger than {MAX_ANSWER_BYTES} bytes")]
+    StatusTooLarge(u16),
     #[error("{error} ({attempts} attempts)")]
     Retried { error: Box<LlmError>, attempts: u32 },
 }
@@ -200,10 +202,15 @@ async fn ask(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_secs);
-    let bytes = super::body_at_most(&mut response, MAX_ANSWER_BYTES)
-        .await
-        .map_err(failed)?
-        .ok_or(Failure::Final(LlmError::TooLarge))?;
+    let Some(bytes) = super::body_at_most(&mut response, MAX_ANSWER_BYTES).await.map_err(failed)? else {
+        // An error page too large to read still has its status said (and
+        // a busy one is asked again).
+        return Err(match status.as_u16() {
+            _ if status.is_success() => Failure::Final(LlmError::TooLarge),
+            code if busy(code) => Failure::Busy(LlmError::StatusTooLarge(code), retry_after),
+            code => Failure::Final(LlmError::StatusTooLarge(code)),
+        });
+    };
     let text = String::from_utf8_lossy(&bytes);
     let key: Vec<&str> = llm.api_key.as_deref().into_iter().collect();
     if let Some(location) = location {

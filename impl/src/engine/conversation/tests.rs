@@ -1762,6 +1762,18 @@ async fn simulated_caller_llm_failure_is_a_caller_error() {
     );
     assert_eq!(asked.lock().unwrap().len(), 3);
 
+    // An error page too large to read still says the status.
+    let page: &'static str = Box::leak("<p>upstream error</p>".repeat(60_000).into_boxed_str());
+    let (llm, _) = serve_llm(vec![(500, page)]).await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some(
+            "the simulated caller's LLM failed: the LLM endpoint answered HTTP 500 with a body larger than 1048576 \
+             bytes"
+        )
+    );
+
     // A redirect is not followed out of the endpoint's origin: the reason
     // says where it pointed (an http base_url moved to https, say).
     let (llm, _) = serve_http(|_| Act::Redirect(301, "https://llm.example.com/v1/chat/completions?key=sk-test")).await;
