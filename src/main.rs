@@ -377,7 +377,7 @@ async fn admin(command: AdminCommand) -> anyhow::Result<()> {
             // As `create-key` keeps it (the lookup is case aside).
             let user = user.trim().to_string();
             let (store, lock) = sparring_impl::open_store_for_admin(&data_dir)?;
-            let balance = sparring_impl::credits::admin_grant_async(&store, user.clone(), amount, description).await?;
+            let (user, balance) = sparring_impl::credits::admin_grant_async(&store, user, amount, description).await?;
             // Beside a running server, its own checkpoints and stop do it.
             if lock.is_some() {
                 sparring_impl::leave_database_whole(&store).await;

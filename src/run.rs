@@ -327,15 +327,23 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
             let mut last = *last_seen;
             // The cancel and the reads after it, in all.
             let by = Instant::now() + GIVE_UP_WITHIN;
+            // What became of the batch run, said in the log and in the
+            // report alike (the cancel answers `running` while runs in
+            // flight stop: never reported as a batch run running on).
+            let mut why = why;
             if args.keep_running {
-                say!("{why}; batch run {} keeps running", started.id);
+                why = format!("{why}; batch run {} keeps running", started.id);
+                say!("{why}");
             } else {
                 say!("{why}; cancelling batch run {}…", started.id);
                 let cancelled = match cancel_within(&api, &started.id, by, &mut interrupts).await {
                     Ok(cancelled) => cancelled,
                     // Told again to stop: the report as things stand, now.
                     Err(signal) => {
-                        let why = format!("{why}; interrupted again ({signal}) while cancelling it");
+                        let why = format!(
+                            "{why}; interrupted again ({signal}) while cancelling it, batch run {} may still be running",
+                            started.id
+                        );
                         let tests = Err(anyhow::anyhow!("not read: interrupted"));
                         return conclude(&last, &args, Some(&why), Some(tests));
                     }
@@ -355,11 +363,20 @@ async fn run(args: RunArgs) -> anyhow::Result<Verdict> {
                         return finish(&api, &run, &args, None, Some(by), &mut interrupts).await;
                     }
                     Ok(run) => {
-                        say!("{why}; cancelled batch run {}", started.id);
+                        why = match run.status {
+                            types::BatchRunStatus::Cancelled => format!("{why}; cancelled batch run {}", started.id),
+                            _ => format!(
+                                "{why}; cancelled batch run {}: its runs in flight stop at their next turn",
+                                started.id
+                            ),
+                        };
+                        say!("{why}");
                         last = run;
                     }
                     Err(e) => {
-                        say!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id)
+                        why =
+                            format!("{why}; could not cancel batch run {}, it may still be running: {e:#}", started.id);
+                        say!("{why}");
                     }
                 }
             }
@@ -585,7 +602,7 @@ async fn finish(
                 say!("interrupted ({signal}) while reading the tests of batch run {}", ended.id);
                 gave_up = Some(match gave_up {
                     Some(why) => format!("{why}; interrupted again ({signal})"),
-                    None => format!("interrupted ({signal})"),
+                    None => format!("interrupted ({signal}); the batch run is {}", ended.status),
                 });
                 Err(anyhow::anyhow!("not read: interrupted"))
             }

@@ -567,11 +567,16 @@ async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
         assert!(!status.success() && stderr.contains("--description"), "{description:?}: {stderr}");
     }
 
-    // Beside a running server too.
+    // Beside a running server too; the user found with case aside is named
+    // by their stored address, not as typed.
     let mut server = serve(dir.path());
-    let (status, stdout, stderr) = grant("100");
+    let (status, stdout, stderr) =
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "OPS@Example.COM", "--amount", "100"]);
     assert!(status.success(), "{stderr}");
     assert_eq!(stdout.trim(), "ops@example.com now has 1350 credits");
+    let (status, _, stderr) =
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "OPS@Example.COM", "--amount", "-5000"]);
+    assert!(!status.success() && stderr.contains("ops@example.com has 1350 credits"), "{stderr}");
     let resp = http().get(server.url("/v1/transactions")).header("x-api-key", &key).send().await.unwrap();
     let ledger: Value = resp.json().await.unwrap();
     let entries: Vec<(String, i64, i64)> = ledger["transactions"]

@@ -107,17 +107,23 @@ pub fn grant_starting(tx: &rusqlite::Transaction<'_>, user_id: &str) -> rusqlite
 
 /// `sparring admin grant-credits`: a `grant` (positive) or an `adjustment`
 /// (negative, never below zero) for the user with this email.
-pub fn admin_grant(tx: &rusqlite::Transaction<'_>, email: &str, amount: i64, description: &str) -> anyhow::Result<i64> {
+pub fn admin_grant(
+    tx: &rusqlite::Transaction<'_>,
+    email: &str,
+    amount: i64,
+    description: &str,
+) -> anyhow::Result<(String, i64)> {
     if amount == 0 {
         anyhow::bail!("--amount 0 grants nothing: give a positive amount, or a negative one to take credits away");
     }
     // Shown to the user in their ledger: a line of text, as names are.
     crate::validate::check_name("--description", description).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let user_id: String = tx
+    // The user is named by their stored address from here on, not as typed.
+    let (user_id, email): (String, String) = tx
         .query_row(
-            "SELECT id FROM users WHERE email = ?1 COLLATE NOCASE ORDER BY created_at, id",
+            "SELECT id, email FROM users WHERE email = ?1 COLLATE NOCASE ORDER BY created_at, id",
             params![email],
-            |r| r.get(0),
+            |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()?
         .ok_or_else(|| anyhow::anyhow!("no user with email {email}"))?;
@@ -132,16 +138,17 @@ pub fn admin_grant(tx: &rusqlite::Transaction<'_>, email: &str, amount: i64, des
         }
         Some(_) => {}
     }
-    Ok(append(tx, &user_id, kind, amount, description, None)?)
+    Ok((email, append(tx, &user_id, kind, amount, description, None)?))
 }
 
-/// [`admin_grant`] in its own write transaction.
+/// [`admin_grant`] in its own write transaction: the user's stored email
+/// and their new balance.
 pub async fn admin_grant_async(
     store: &crate::store::Store,
     email: String,
     amount: i64,
     description: String,
-) -> anyhow::Result<i64> {
+) -> anyhow::Result<(String, i64)> {
     store
         .write(move |tx| admin_grant(tx, &email, amount, &description).map_err(|e| AdminError(format!("{e:#}"))))
         .await

@@ -35,9 +35,11 @@ pub fn junit(
         suite.add_property(Property::new(format!("metadata.{key}"), value));
     }
 
-    // Why a test has no verdict, when it has none.
+    // Why a test has no verdict, when it has none. A wait given up says
+    // what became of the batch run (cancelled, stopping, left running): its
+    // status as last seen would say `running` of one being cancelled.
     let no_verdict = match (gave_up, &run.status, &run.blinded) {
-        (Some(why), _, _) => format!("no verdict: {why}; the batch run is {}", run.status),
+        (Some(why), _, _) => format!("no verdict: {why}"),
         (None, _, Some(blinded)) => format!("no verdict: {}", blinded.reason),
         (None, status, None) => format!("no verdict: the batch run is {status}"),
     };

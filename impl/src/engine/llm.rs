@@ -72,10 +72,32 @@ pub enum LlmError {
     Timeout(u128),
     #[error("the LLM endpoint answered HTTP {status}: {body}")]
     Status { status: u16, body: String },
+    #[error(
+        "the LLM endpoint answered HTTP {status}, a redirect to {location} that is not followed (only a 307 or 308 \
+         within the origin of config.base_url is: give config.base_url as it points){}{body}",
+        if body.is_empty() { "" } else { ": " }
+    )]
+    Redirect { status: u16, location: String, body: String },
     #[error("the LLM endpoint's answer is not a chat completion: {0}")]
     Malformed(String),
     #[error("the LLM endpoint's answer is larger than {MAX_ANSWER_BYTES} bytes")]
     TooLarge,
+    #[error("the LLM endpoint answered HTTP {0} with a body larger than {MAX_ANSWER_BYTES} bytes")]
+    StatusTooLarge(u16),
+    #[error("{error} ({attempts} attempts)")]
+    Retried { error: Box<LlmError>, attempts: u32 },
+}
+
+/// How many times a busy endpoint is asked, in all.
+const ATTEMPTS: u32 = 3;
+/// The longest pause before asking a busy endpoint again, whatever its
+/// `Retry-After` says.
+const MAX_PAUSE: Duration = Duration::from_secs(10);
+
+/// An endpoint busy for now (a rate limit, a gateway, the model
+/// overloaded), asked again a little later.
+fn busy(status: u16) -> bool {
+    matches!(status, 429 | 502 | 503 | 504)
 }
 
 /// Answers larger than this are refused (a caller's line or a verdict is a
@@ -98,47 +120,115 @@ struct AnswerMessage {
     content: Option<String>,
 }
 
-/// Asks for one completion and returns the first choice's text.
+/// Asks for one completion and returns the first choice's text, within
+/// `timeout` in all. An endpoint that answers it is busy (429, 502, 503,
+/// 504: many simulated callers at once meet rate limits) is asked again
+/// after its `Retry-After` (at most [`MAX_PAUSE`]) or half a second, then
+/// a second: [`ATTEMPTS`] times in all, while time is left.
 pub async fn complete(
     http: &Outbound,
     llm: &LlmEndpoint,
     messages: &[ChatMessage],
     timeout: Duration,
 ) -> Result<String, LlmError> {
+    let start = tokio::time::Instant::now();
+    let mut attempt = 1;
+    loop {
+        let left = timeout.saturating_sub(start.elapsed());
+        let (error, pause) = match ask(http, llm, messages, left, timeout).await {
+            Ok(text) => return Ok(text),
+            Err(Failure::Busy(error, retry_after)) => {
+                (error, Some(retry_after.unwrap_or(Duration::from_millis(500) * 2u32.pow(attempt - 1)).min(MAX_PAUSE)))
+            }
+            Err(Failure::Final(error)) => (error, None),
+        };
+        match pause {
+            Some(pause) if attempt < ATTEMPTS && start.elapsed() + pause < timeout => {
+                tokio::time::sleep(pause).await;
+                attempt += 1;
+            }
+            _ if attempt == 1 => return Err(error),
+            _ => return Err(LlmError::Retried { error: Box::new(error), attempts: attempt }),
+        }
+    }
+}
+
+/// Why one request of [`complete`] got no completion.
+enum Failure {
+    /// The endpoint is busy (see [`busy`]), with its `Retry-After`.
+    Busy(LlmError, Option<Duration>),
+    Final(LlmError),
+}
+
+/// One request of [`complete`], with `left` of its `timeout`.
+async fn ask(
+    http: &Outbound,
+    llm: &LlmEndpoint,
+    messages: &[ChatMessage],
+    left: Duration,
+    timeout: Duration,
+) -> Result<String, Failure> {
     let url = format!("{}/chat/completions", llm.base_url);
     let mut body = json!({"model": llm.model, "messages": messages});
     if let Some(t) = llm.temperature {
         body["temperature"] = json!(t);
     }
-    let request = http.post(&url).map_err(|refused| LlmError::Unreachable { url: url.clone(), detail: refused })?;
-    let mut request = request.timeout(timeout).json(&body);
+    let request = http
+        .post(&url)
+        .map_err(|refused| Failure::Final(LlmError::Unreachable { url: url.clone(), detail: refused }))?;
+    let mut request = request.timeout(left).json(&body);
     if let Some(key) = &llm.api_key {
         request = request.bearer_auth(key);
     }
     let failed = |e: reqwest::Error| {
-        if e.is_timeout() {
+        Failure::Final(if e.is_timeout() {
             LlmError::Timeout(timeout.as_millis())
         } else {
             LlmError::Unreachable { url: url.clone(), detail: without_url(&e) }
-        }
+        })
     };
     let mut response = request.send().await.map_err(failed)?;
     let status = response.status();
-    let bytes =
-        super::body_at_most(&mut response, MAX_ANSWER_BYTES).await.map_err(failed)?.ok_or(LlmError::TooLarge)?;
+    // A redirect the client did not follow (see `Outbound`): where it
+    // pointed, for the reason.
+    let location = response
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .filter(|_| status.is_redirection())
+        .map(|location| String::from_utf8_lossy(location.as_bytes()).into_owned());
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let Some(bytes) = super::body_at_most(&mut response, MAX_ANSWER_BYTES).await.map_err(failed)? else {
+        // An error page too large to read still has its status said (and
+        // a busy one is asked again).
+        return Err(match status.as_u16() {
+            _ if status.is_success() => Failure::Final(LlmError::TooLarge),
+            code if busy(code) => Failure::Busy(LlmError::StatusTooLarge(code), retry_after),
+            code => Failure::Final(LlmError::StatusTooLarge(code)),
+        });
+    };
     let text = String::from_utf8_lossy(&bytes);
     let key: Vec<&str> = llm.api_key.as_deref().into_iter().collect();
+    if let Some(location) = location {
+        let (location, body) = (excerpt(&location, 300, &key), excerpt(&text, 300, &key));
+        return Err(Failure::Final(LlmError::Redirect { status: status.as_u16(), location, body }));
+    }
     if !status.is_success() {
-        return Err(LlmError::Status { status: status.as_u16(), body: excerpt(&text, 300, &key) });
+        let error = LlmError::Status { status: status.as_u16(), body: excerpt(&text, 300, &key) };
+        return Err(if busy(status.as_u16()) { Failure::Busy(error, retry_after) } else { Failure::Final(error) });
     }
     let completion: Completion = serde_json::from_str(&text)
-        .map_err(|e| LlmError::Malformed(format!("{e}; body: {}", excerpt(&text, 200, &key))))?;
+        .map_err(|e| Failure::Final(LlmError::Malformed(format!("{e}; body: {}", excerpt(&text, 200, &key)))))?;
     completion
         .choices
         .into_iter()
         .next()
         .and_then(|c| c.message.content)
-        .ok_or_else(|| LlmError::Malformed("no choice with message content".into()))
+        .ok_or_else(|| Failure::Final(LlmError::Malformed("no choice with message content".into())))
 }
 
 /// The innermost cause of a request error, without the URL (already said).
@@ -175,15 +265,53 @@ pub fn clip(s: &str, max: usize) -> String {
 }
 
 /// The first JSON object in a model's answer: models wrap JSON in prose or
-/// code fences.
+/// code fences. The answer is read once, left to right: from a `{`, as a
+/// JSON value; where that fails, the search goes on from the byte it failed
+/// at, so a `{` inside a stretch that failed (`{"a": {"say": "hi"}` broken
+/// later, or a `"{"` quoted in prose before the object) is not tried again.
+/// Trying every `{` afresh read an answer of many unclosed `{"a":` (up to
+/// [`MAX_ANSWER_BYTES`]) some 10^8 times over.
 pub fn first_json_object(text: &str) -> Option<Map<String, Value>> {
-    for (start, _) in text.match_indices('{') {
-        let mut stream = serde_json::Deserializer::from_str(&text[start..]).into_iter::<Value>();
-        if let Some(Ok(Value::Object(m))) = stream.next() {
-            return Some(m);
+    first_json_object_examining(text, &mut 0)
+}
+
+/// [`first_json_object`], adding to `examined` the bytes it went through
+/// (searched for a `{`, or read as JSON): at most twice the answer's length.
+fn first_json_object_examining(text: &str, examined: &mut usize) -> Option<Map<String, Value>> {
+    let mut from = 0;
+    while let Some(found) = text[from..].find('{') {
+        *examined += found;
+        let start = from + found;
+        let rest = &text[start..];
+        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        match stream.next() {
+            Some(Ok(Value::Object(m))) => {
+                *examined += stream.byte_offset();
+                return Some(m);
+            }
+            Some(Err(e)) => {
+                // Never before the byte after `{`: the search moves on.
+                let mut failed = failed_at(rest, &e).max(1);
+                while !rest.is_char_boundary(failed) {
+                    failed -= 1;
+                }
+                *examined += failed;
+                from = start + failed;
+            }
+            _ => return None,
         }
     }
+    *examined += text.len() - from;
     None
+}
+
+/// The byte of `text` where parsing it failed with `e` (or one before).
+fn failed_at(text: &str, e: &serde_json::Error) -> usize {
+    let line_start = match e.line() {
+        0 | 1 => 0,
+        line => text.match_indices('\n').nth(line - 2).map_or(text.len(), |(i, _)| i + 1),
+    };
+    (line_start + e.column().saturating_sub(1)).min(text.len())
 }
 
 /// The JSON object that is a model's whole answer, where the answer must be
@@ -233,6 +361,33 @@ mod tests {
         assert_eq!(m["reason"], "ok {fine}");
         assert!(first_json_object("no json here").is_none());
         assert!(first_json_object("{broken").is_none());
+        // Past what failed to parse, the search goes on.
+        for answer in [
+            "I use {curly} braces é {\"say\": \"x\"}",
+            "{\"say\": \"no\", oops}\n{\"say\": \"x\"}",
+            "{\"say\": \"no\"\n{\"say\": \"x\"}",
+            "{\"é\": 1é{\"say\": \"x\"}",
+            "{\"say\": \"a line\nbroken\"} {\"say\": \"x\"}",
+        ] {
+            assert_eq!(first_json_object(answer).map(|m| m["say"].clone()), Some(json!("x")), "{answer}");
+        }
+    }
+
+    #[test]
+    fn finding_json_goes_through_an_answer_once() {
+        // Each `{` opens an object that never closes: read from every one of
+        // them in turn, such an answer of 1 MiB is some 10^8 bytes of parsing.
+        for unit in ["{\"a\":", "{\"{\":", "{\"\":[", "{", "{\n\"a\":\n"] {
+            let answer = unit.repeat(MAX_ANSWER_BYTES / unit.len());
+            let mut examined = 0;
+            assert!(first_json_object_examining(&answer, &mut examined).is_none());
+            assert!(examined <= 2 * answer.len(), "{unit:?}: {examined} bytes examined for {}", answer.len());
+        }
+        let mut answer = "{\"a\":".repeat(100_000);
+        answer.push_str("oops\n{\"say\": \"hi\"}");
+        let mut examined = 0;
+        assert_eq!(first_json_object_examining(&answer, &mut examined).unwrap()["say"], "hi");
+        assert!(examined <= 2 * answer.len(), "{examined} bytes examined for {}", answer.len());
     }
 
     #[test]

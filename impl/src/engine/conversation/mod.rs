@@ -29,7 +29,8 @@
 //!
 //! A failure of the simulated caller's own LLM is nobody's fault on the
 //! agent's side: the caller hangs up (`caller_done`) and the outcome carries
-//! `caller_error` so the verdict is `error`, not `failed`.
+//! `caller_error` so the verdict is `error`, not `failed`. So is a record
+//! grown past its bound mostly by the caller's lines.
 //!
 //! Every await is bounded by the channel's turn timeout or by the call's
 //! deadline, so a call never hangs; nothing here panics on what the agent or
@@ -457,17 +458,31 @@ impl Call<'_, '_> {
         self.within_record()
     }
 
-    /// Ends the call once its record has grown past [`MAX_RECORD_BYTES`].
+    /// Ends the call once its record has grown past [`MAX_RECORD_BYTES`],
+    /// as the fault of whichever side wrote most of it: the agent's replies
+    /// and tool calls (`agent_error`), or the caller's lines (a simulated
+    /// caller's LLM writing at length: the caller hangs up, and the verdict
+    /// is `error`, as when that LLM fails).
     fn within_record(&self) -> Result<(), Ending> {
-        if self.rec.bytes() > MAX_RECORD_BYTES {
-            return Err(Ending::agent_error(format!(
-                "the call's transcript and tool calls passed {} MiB after turn {}; a call's record is kept whole, \
-                 so the call was ended",
-                MAX_RECORD_BYTES >> 20,
-                self.turn.saturating_sub(1)
-            )));
+        let (total, caller) = (self.rec.bytes(), self.rec.caller_bytes());
+        if total <= MAX_RECORD_BYTES {
+            return Ok(());
         }
-        Ok(())
+        let agent = total - caller;
+        let (who, bytes) =
+            if caller > agent { ("the caller's lines", caller) } else { ("the agent's replies and tool calls", agent) };
+        let reason = format!(
+            "the call's transcript and tool calls passed {} MiB after turn {}, mostly {who} ({:.1} MiB); a call's \
+             record is kept whole, so the call was ended",
+            MAX_RECORD_BYTES >> 20,
+            self.turn.saturating_sub(1),
+            bytes as f64 / f64::from(1 << 20)
+        );
+        Err(if caller > agent {
+            Ending { error: Some(reason), caller_error: true, ..Ending::now(EndedReason::CallerDone) }
+        } else {
+            Ending::agent_error(reason)
+        })
     }
 }
 

@@ -26,6 +26,8 @@ pub(super) struct Recorder {
     reached: bool,
     /// The bytes of every turn's words and tool calls so far.
     bytes: usize,
+    /// Of `bytes`, the caller's lines.
+    caller_bytes: usize,
 }
 
 impl Recorder {
@@ -45,12 +47,19 @@ impl Recorder {
             first_words_ms: None,
             reached: false,
             bytes: 0,
+            caller_bytes: 0,
         }
     }
 
     /// The bytes of every turn's words and tool calls so far.
     pub(super) fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Of [`Recorder::bytes`], those of the caller's lines (the rest are
+    /// the agent's words and tool calls).
+    pub(super) fn caller_bytes(&self) -> usize {
+        self.caller_bytes
     }
 
     /// Something reached the agent: a connection to it was made.
@@ -89,6 +98,7 @@ impl Recorder {
     pub(super) fn caller(&mut self, line: &str, at: Instant) {
         let ms = self.ms(at);
         self.bytes += line.len();
+        self.caller_bytes += line.len();
         self.transcript.push(types::TranscriptTurn {
             role: TurnRole::Caller,
             text: line.to_string(),

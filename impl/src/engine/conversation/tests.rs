@@ -640,10 +640,32 @@ async fn a_call_whose_record_grows_past_its_limit_is_ended() {
     assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{outcome:?}");
     let error = outcome.error.clone().unwrap();
     assert!(error.starts_with("the call's transcript and tool calls passed 2 MiB after turn 3"), "{error}");
+    assert!(error.contains("mostly the agent's replies and tool calls (2.3 MiB)"), "{error}");
+    assert!(!outcome.caller_error);
     // Four replies of 600 KiB: the fourth passed 2 MiB, and no line followed.
     assert_eq!(outcome.transcript.iter().filter(|t| t.role == TurnRole::Agent).count(), 4);
     assert_eq!(events(&seen).iter().filter(|e| e.0 == "message").count(), 3);
     assert!(outcome.reached_agent);
+    assert_consistent(&outcome);
+}
+
+/// The simulated caller's LLM writes the long lines: the record passing its
+/// limit is the caller's doing, not the agent's, and the verdict is `error`.
+#[tokio::test]
+async fn a_record_grown_by_the_callers_lines_is_a_caller_error() {
+    let (agent, seen) = serve_http(booking_http).await;
+    let line: &'static str =
+        Box::leak(json!({"say": "w".repeat(600 << 10), "done": false}).to_string().into_boxed_str());
+    let (llm, _) = serve_llm(vec![(200, line); 20]).await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{:?}", outcome.error);
+    assert!(outcome.caller_error);
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with("the call's transcript and tool calls passed 2 MiB after turn 4"), "{error}");
+    assert!(error.contains("mostly the caller's lines (2.3 MiB)"), "{error}");
+    // Four lines of 600 KiB, each answered: the caller hung up.
+    assert_eq!(outcome.transcript.iter().filter(|t| t.role == TurnRole::Caller).count(), 5);
+    assert_eq!(events(&seen).last().unwrap().0, "end");
     assert_consistent(&outcome);
 }
 
@@ -1715,6 +1737,56 @@ async fn simulated_caller_llm_failure_is_a_caller_error() {
     assert_eq!(outcome.transcript.len(), 2);
     // The caller hung up properly.
     assert_eq!(events(&seen).iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["start", "end"]);
+
+    // A busy endpoint (429, 502, 503, 504: a rate limit, a gateway) is
+    // asked again, a little later; the call goes on.
+    let (llm, asked) = serve_llm(vec![
+        (429, "rate limited"),
+        (503, "overloaded"),
+        (200, "{\"say\": \"Tuesday please\", \"done\": false}"),
+    ])
+    .await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{:?}", outcome.error);
+    assert!(!outcome.caller_error, "{:?}", outcome.error);
+    assert_eq!(lines(&outcome)[2], ("caller", s("Tuesday please")));
+    assert_eq!(asked.lock().unwrap().len(), 4, "three attempts, then the answer after the agent's reply");
+
+    // One that stays busy: given up after three attempts, and said so.
+    let (llm, asked) = serve_llm(vec![(503, "overloaded"); 5]).await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+    assert!(outcome.caller_error);
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some("the simulated caller's LLM failed: the LLM endpoint answered HTTP 503: overloaded (3 attempts)")
+    );
+    assert_eq!(asked.lock().unwrap().len(), 3);
+
+    // An error page too large to read still says the status.
+    let page: &'static str = Box::leak("<p>upstream error</p>".repeat(60_000).into_boxed_str());
+    let (llm, _) = serve_llm(vec![(500, page)]).await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some(
+            "the simulated caller's LLM failed: the LLM endpoint answered HTTP 500 with a body larger than 1048576 \
+             bytes"
+        )
+    );
+
+    // A redirect is not followed out of the endpoint's origin: the reason
+    // says where it pointed (an http base_url moved to https, say).
+    let (llm, _) = serve_http(|_| Act::Redirect(301, "https://llm.example.com/v1/chat/completions?key=sk-test")).await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+    assert!(outcome.caller_error);
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some(
+            "the simulated caller's LLM failed: the LLM endpoint answered HTTP 301, a redirect to \
+             https://llm.example.com/v1/chat/completions?key=[redacted] that is not followed (only a 307 or 308 \
+             within the origin of config.base_url is: give config.base_url as it points)"
+        )
+    );
 
     // An answer with nothing to say is a failure too.
     let (llm, _) = serve_llm(vec![(200, "{\"say\": \"\", \"done\": false}")]).await;
