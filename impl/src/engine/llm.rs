@@ -265,19 +265,28 @@ pub fn clip(s: &str, max: usize) -> String {
 }
 
 /// The first JSON object in a model's answer: models wrap JSON in prose or
-/// code fences. The answer is read once, left to right: from a `{`, as a
-/// JSON value; where that fails, the search goes on from the byte it failed
-/// at, so a `{` inside a stretch that failed (`{"a": {"say": "hi"}` broken
-/// later, or a `"{"` quoted in prose before the object) is not tried again.
-/// Trying every `{` afresh read an answer of many unclosed `{"a":` (up to
-/// [`MAX_ANSWER_BYTES`]) some 10^8 times over.
+/// code fences. Read left to right: from each `{`, as a JSON value, the next
+/// `{` tried where that fails, so a `{` inside a stretch that failed (`{"a":
+/// {"say": "hi"}` broken later, or a `"{"` quoted in prose before the
+/// object) is tried too. That is bounded: once the attempts have read
+/// [`RETRY_READS`] times the answer, the search goes on from the byte each
+/// failed at instead. Trying every `{` afresh without a bound read an answer
+/// of many unclosed `{"a":` (up to [`MAX_ANSWER_BYTES`]) some 10^8 times
+/// over.
 pub fn first_json_object(text: &str) -> Option<Map<String, Value>> {
     first_json_object_examining(text, &mut 0)
 }
 
+/// How many times over [`first_json_object`] may read an answer while it
+/// tries each `{` (and at least 64 KiB), before it goes on from where each
+/// attempt failed.
+const RETRY_READS: usize = 4;
+
 /// [`first_json_object`], adding to `examined` the bytes it went through
-/// (searched for a `{`, or read as JSON): at most twice the answer's length.
+/// (searched for a `{`, or read as JSON): at most [`RETRY_READS`] + 2 times
+/// the answer's length (or 64 KiB more).
 fn first_json_object_examining(text: &str, examined: &mut usize) -> Option<Map<String, Value>> {
+    let budget = *examined + text.len().saturating_mul(RETRY_READS).max(64 << 10);
     let mut from = 0;
     while let Some(found) = text[from..].find('{') {
         *examined += found;
@@ -296,7 +305,7 @@ fn first_json_object_examining(text: &str, examined: &mut usize) -> Option<Map<S
                     failed -= 1;
                 }
                 *examined += failed;
-                from = start + failed;
+                from = if *examined < budget { start + 1 } else { start + failed };
             }
             _ => return None,
         }
@@ -381,13 +390,25 @@ mod tests {
             let answer = unit.repeat(MAX_ANSWER_BYTES / unit.len());
             let mut examined = 0;
             assert!(first_json_object_examining(&answer, &mut examined).is_none());
-            assert!(examined <= 2 * answer.len(), "{unit:?}: {examined} bytes examined for {}", answer.len());
+            let bound = (RETRY_READS + 2) * answer.len();
+            assert!(examined <= bound, "{unit:?}: {examined} bytes examined for {}", answer.len());
         }
         let mut answer = "{\"a\":".repeat(100_000);
         answer.push_str("oops\n{\"say\": \"hi\"}");
         let mut examined = 0;
         assert_eq!(first_json_object_examining(&answer, &mut examined).unwrap()["say"], "hi");
-        assert!(examined <= 2 * answer.len(), "{examined} bytes examined for {}", answer.len());
+        assert!(examined <= (RETRY_READS + 2) * answer.len(), "{examined} bytes examined for {}", answer.len());
+    }
+
+    #[test]
+    fn a_brace_inside_a_stretch_that_failed_is_tried_too() {
+        // A `{` quoted in prose starts a parse that swallows the object's
+        // own `{` into a key; the object is still found.
+        let found = first_json_object("Use \"{\" to begin: {\"say\": \"hi\"}").unwrap();
+        assert_eq!(found["say"], "hi");
+        // An object left open around a whole one.
+        let found = first_json_object("{\"a\": {\"say\": \"hi\"} and then it stops").unwrap();
+        assert_eq!(found["say"], "hi");
     }
 
     #[test]
