@@ -322,19 +322,11 @@ async fn every_acknowledged_write_survives_a_kill_under_load() {
     }
 }
 
-/// A webhook attempt waiting for its receiver's answer when the server is
-/// stopped (SIGTERM) is let finish, and recorded: the receiver that took
-/// the event and answered `200` during the stop does not get it again
-/// after the restart, and the delivery reads `delivered`, one attempt.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_webhook_attempt_under_way_at_a_clean_stop_is_recorded_not_sent_again() {
-    let (url, mut arrivals, answers) = held_receiver().await;
-    let closed = common::ClosedPort::new();
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = serve_with(dir.path(), &[]);
-    let api = Api { http: reqwest::Client::new(), base: server.base.clone(), key: first_key(&server.proc.stdout()) };
-    let project =
-        api.create("/v1/projects", json!({"name": "hooked", "webhook_url": url, "webhook_secret": "whsec_abc"})).await;
+/// A project made of `project` (its webhook set), with a test run once on
+/// a channel to `closed`: nothing is there, so the run ends at once, in
+/// error, and its batch run's end is a delivery. Gives the project's id.
+async fn ended_with_a_webhook(api: &Api, closed: &common::ClosedPort, project: Value) -> String {
+    let project = api.create("/v1/projects", project).await;
     let persona = api.create("/v1/personas", json!({"project_id": project, "name": "Dana"})).await;
     let scenario = api
         .create(
@@ -343,7 +335,6 @@ async fn a_webhook_attempt_under_way_at_a_clean_stop_is_recorded_not_sent_again(
                    "first_message": "Hi.", "steps": [{"say": "Bye.", "expect": []}], "max_duration_s": 60}),
         )
         .await;
-    // Not there: the run ends at once, in error.
     let channel = api
         .create(
             "/v1/channels",
@@ -357,7 +348,27 @@ async fn a_webhook_attempt_under_way_at_a_clean_stop_is_recorded_not_sent_again(
         )
         .await;
     let run = api.send(reqwest::Method::POST, &format!("/v1/tests/{test}/run"), Some(json!({}))).await;
-    wait_for_end_at(&server.base, &api.key, run["id"].as_str().unwrap()).await;
+    wait_for_end_at(&api.base, &api.key, run["id"].as_str().unwrap()).await;
+    project
+}
+
+/// A webhook attempt waiting for its receiver's answer when the server is
+/// stopped (SIGTERM) is let finish, and recorded: the receiver that took
+/// the event and answered `200` during the stop does not get it again
+/// after the restart, and the delivery reads `delivered`, one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_attempt_under_way_at_a_clean_stop_is_recorded_not_sent_again() {
+    let (url, mut arrivals, answers) = held_receiver().await;
+    let closed = common::ClosedPort::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = serve_with(dir.path(), &[]);
+    let api = Api { http: reqwest::Client::new(), base: server.base.clone(), key: first_key(&server.proc.stdout()) };
+    let project = ended_with_a_webhook(
+        &api,
+        &closed,
+        json!({"name": "hooked", "webhook_url": url, "webhook_secret": "whsec_abc"}),
+    )
+    .await;
     let arrived = tokio::time::timeout(Duration::from_secs(30), arrivals.recv()).await;
     assert_eq!(arrived.expect("the webhook was never sent").as_deref(), Some("/hook"));
 
@@ -402,29 +413,7 @@ async fn a_webhook_attempt_cut_off_by_a_kill_counts() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = serve_with(dir.path(), &[]);
     let api = Api { http: reqwest::Client::new(), base: server.base.clone(), key: first_key(&server.proc.stdout()) };
-    let project = api.create("/v1/projects", json!({"name": "killed", "webhook_url": url})).await;
-    let persona = api.create("/v1/personas", json!({"project_id": project, "name": "Dana"})).await;
-    let scenario = api
-        .create(
-            "/v1/scenarios",
-            json!({"project_id": project, "name": "two lines", "mode": "scripted", "default_persona_id": persona,
-                   "first_message": "Hi.", "steps": [{"say": "Bye.", "expect": []}], "max_duration_s": 60}),
-        )
-        .await;
-    let channel = api
-        .create(
-            "/v1/channels",
-            json!({"project_id": project, "name": "closed", "kind": "http", "target": closed.http_target()}),
-        )
-        .await;
-    let test = api
-        .create(
-            "/v1/tests",
-            json!({"project_id": project, "name": "t", "channel_id": channel, "scenario_id": scenario}),
-        )
-        .await;
-    let run = api.send(reqwest::Method::POST, &format!("/v1/tests/{test}/run"), Some(json!({}))).await;
-    wait_for_end_at(&server.base, &api.key, run["id"].as_str().unwrap()).await;
+    let project = ended_with_a_webhook(&api, &closed, json!({"name": "killed", "webhook_url": url})).await;
 
     let deliveries = format!("/v1/projects/{project}/webhook-deliveries");
     let mut requests = 0;

@@ -664,6 +664,30 @@ pub async fn list(
 mod tests {
     use super::*;
 
+    /// A user, a project whose webhook is `url`, and one delivery to it,
+    /// pending, due at `due_ms`.
+    fn one_delivery(
+        tx: &rusqlite::Transaction<'_>,
+        url: &str,
+        due_ms: i64,
+    ) -> std::result::Result<(), crate::store::StoreError> {
+        tx.execute_batch("INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't')")?;
+        tx.execute(
+            "INSERT INTO projects (id, name, description, webhook_url, max_call_duration_s, default_concurrency,
+                                   created_at, updated_at, billing_user_id)
+             VALUES ('prj_1', 'p', '', ?1, 600, 10, 't', 't', 'usr_1')",
+            [url],
+        )?;
+        tx.execute(
+            "INSERT INTO webhook_deliveries (id, project_id, event, batch_run_id, url, payload, status,
+                                             attempts, next_attempt_at, next_attempt_ms, created_at,
+                                             updated_at)
+             VALUES ('whd_1', 'prj_1', 'batch_run.completed', 'brn_1', ?1, '{}', 'pending', 0, 't', ?2, 't', 't')",
+            rusqlite::params![url, due_ms],
+        )?;
+        Ok(())
+    }
+
     /// "1 s, 5 s, 30 s, 2 min and 10 min": the delays as the spec says them.
     fn said(delays: &[i64]) -> String {
         let each: Vec<String> = delays
@@ -761,29 +785,7 @@ mod tests {
         let (url, received, arrived) = receiver(answer.clone()).await;
         let server = crate::start(config, slog::Logger::root(slog::Discard, slog::o!())).await.unwrap();
         let database = dir.path().join(crate::DATABASE_FILE);
-        server
-            .state
-            .store
-            .write(move |tx| {
-                tx.execute_batch("INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't')")?;
-                tx.execute(
-                    "INSERT INTO projects (id, name, description, webhook_url, max_call_duration_s, default_concurrency,
-                                           created_at, updated_at, billing_user_id)
-                     VALUES ('prj_1', 'p', '', ?1, 600, 10, 't', 't', 'usr_1')",
-                    [&url],
-                )?;
-                tx.execute(
-                    "INSERT INTO webhook_deliveries (id, project_id, event, batch_run_id, url, payload, status,
-                                                     attempts, next_attempt_at, next_attempt_ms, created_at,
-                                                     updated_at)
-                     VALUES ('whd_1', 'prj_1', 'batch_run.completed', 'brn_1', ?1, '{}', 'pending',
-                             0, 't', 0, 't', 't')",
-                    [&url],
-                )?;
-                Ok::<_, crate::store::StoreError>(())
-            })
-            .await
-            .unwrap();
+        server.state.store.write(move |tx| one_delivery(tx, &url, 0)).await.unwrap();
         tokio::time::timeout(Duration::from_secs(30), arrived.notified()).await.expect("the webhook was never sent");
         // The receiver has the event; its answer cannot be recorded.
         crate::wal_writes::full_disk::set(&database, true);
@@ -838,29 +840,7 @@ mod tests {
         let server = crate::start(config, slog::Logger::root(slog::Discard, slog::o!())).await.unwrap();
         let database = dir.path().join(crate::DATABASE_FILE);
         // Not due yet.
-        server
-            .state
-            .store
-            .write(move |tx| {
-                tx.execute_batch("INSERT INTO users (id, name, created_at) VALUES ('usr_1', 'u', 't')")?;
-                tx.execute(
-                    "INSERT INTO projects (id, name, description, webhook_url, max_call_duration_s, default_concurrency,
-                                           created_at, updated_at, billing_user_id)
-                     VALUES ('prj_1', 'p', '', ?1, 600, 10, 't', 't', 'usr_1')",
-                    [&url],
-                )?;
-                tx.execute(
-                    "INSERT INTO webhook_deliveries (id, project_id, event, batch_run_id, url, payload, status,
-                                                     attempts, next_attempt_at, next_attempt_ms, created_at,
-                                                     updated_at)
-                     VALUES ('whd_1', 'prj_1', 'batch_run.completed', 'brn_1', ?1, '{}', 'pending',
-                             0, 't', 9000000000000, 't', 't')",
-                    [&url],
-                )?;
-                Ok::<_, crate::store::StoreError>(())
-            })
-            .await
-            .unwrap();
+        server.state.store.write(move |tx| one_delivery(tx, &url, 9_000_000_000_000)).await.unwrap();
         // The server's writes fail from now on; made due by another
         // connection, whose writes do not go through the server's writer.
         crate::wal_writes::full_disk::set(&database, true);
