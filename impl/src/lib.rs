@@ -516,6 +516,25 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     Ok(RunningServer { _lock: lock, server, state, flusher, admin, first_start_key })
 }
 
+/// A server's configuration for a unit test: on an ephemeral loopback
+/// port, no ID-token issuer, the defaults otherwise.
+#[cfg(test)]
+impl Config {
+    pub(crate) fn for_test(data_dir: &std::path::Path, engine: EngineConfig) -> Config {
+        Config {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            data_dir: data_dir.to_path_buf(),
+            oidc: Vec::new(),
+            oidc_refetch_interval: oidc::REFETCH_INTERVAL,
+            oidc_keys_max_age: oidc::KEYS_MAX_AGE,
+            secret_key_file: None,
+            engine,
+            starting_credits: 0,
+            body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
+        }
+    }
+}
+
 #[cfg(test)]
 mod stopping {
     use super::*;
@@ -528,17 +547,7 @@ mod stopping {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stop_whose_engine_fails_still_stops_the_rest() {
         let dir = tempfile::tempdir().unwrap();
-        let config = Config {
-            bind: "127.0.0.1:0".parse().unwrap(),
-            data_dir: dir.path().to_path_buf(),
-            oidc: Vec::new(),
-            oidc_refetch_interval: oidc::REFETCH_INTERVAL,
-            oidc_keys_max_age: oidc::KEYS_MAX_AGE,
-            secret_key_file: None,
-            engine: EngineConfig::default(),
-            starting_credits: 0,
-            body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
-        };
+        let config = Config::for_test(dir.path(), EngineConfig::default());
         let server = start(config, slog::Logger::root(slog::Discard, slog::o!())).await.unwrap();
         let socket = dir.path().join(admin::SOCKET_FILE);
         let database = dir.path().join(DATABASE_FILE);

@@ -770,17 +770,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_attempt_that_could_not_be_recorded_is_not_made_again_at_every_tick() {
         let dir = tempfile::tempdir().unwrap();
-        let config = crate::Config {
-            bind: "127.0.0.1:0".parse().unwrap(),
-            data_dir: dir.path().to_path_buf(),
-            oidc: Vec::new(),
-            oidc_refetch_interval: crate::oidc::REFETCH_INTERVAL,
-            oidc_keys_max_age: crate::oidc::KEYS_MAX_AGE,
-            secret_key_file: None,
-            engine: crate::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() },
-            starting_credits: 0,
-            body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
-        };
+        let engine = crate::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() };
+        let config = crate::Config::for_test(dir.path(), engine);
         let answer = Arc::new(tokio::sync::Notify::new());
         let (url, received, arrived) = receiver(answer.clone()).await;
         let server = crate::start(config, slog::Logger::root(slog::Discard, slog::o!())).await.unwrap();
@@ -809,17 +800,8 @@ mod tests {
     async fn an_attempt_whose_check_cannot_be_stored_is_not_made_again_at_every_tick() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let dir = tempfile::tempdir().unwrap();
-        let config = crate::Config {
-            bind: "127.0.0.1:0".parse().unwrap(),
-            data_dir: dir.path().to_path_buf(),
-            oidc: Vec::new(),
-            oidc_refetch_interval: crate::oidc::REFETCH_INTERVAL,
-            oidc_keys_max_age: crate::oidc::KEYS_MAX_AGE,
-            secret_key_file: None,
-            engine: crate::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() },
-            starting_credits: 0,
-            body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
-        };
+        let engine = crate::engine::worker::EngineConfig { allow_private_targets: true, ..Default::default() };
+        let config = crate::Config::for_test(dir.path(), engine);
         // Counts the connections made to it, and the bytes sent on them.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
