@@ -1181,6 +1181,25 @@ where
     outcome
 }
 
+/// An agent that answers the opening line as the booking agent does, does
+/// `then` in the next line's turn, and reads on until the caller is gone.
+async fn answers_once_then(mut peer: Peer, then: impl AsyncFnOnce(&mut Peer)) {
+    let mut answered = false;
+    while let Some(received) = peer.recv().await {
+        if received["type"] != "message" {
+            continue;
+        }
+        if !answered {
+            answered = true;
+            reply_ws(&mut peer, received["content"].as_str()).await;
+            continue;
+        }
+        then(&mut peer).await;
+        peer.drain().await;
+        return;
+    }
+}
+
 /// A websocket agent that answers the opening properly and then sends
 /// `frame` (raw text) in reply to the next line.
 async fn then_sends(mut peer: Peer, frame: &'static str) {
@@ -1419,21 +1438,11 @@ async fn websocket_late_words_before_a_failure_are_kept() {
 #[tokio::test]
 async fn websocket_close_mid_turn() {
     let outcome = ws_failure(
-        |mut peer| async move {
-            let mut lines = 0;
-            while let Some(received) = peer.recv().await {
-                if received["type"] == "message" {
-                    lines += 1;
-                    if lines == 1 {
-                        reply_ws(&mut peer, received["content"].as_str()).await;
-                    } else {
-                        peer.send(json!({"type": "message", "role": "assistant", "content": "Let me"})).await;
-                        let _ = peer.ws.close(None).await;
-                        peer.drain().await;
-                        return;
-                    }
-                }
-            }
+        |peer| {
+            answers_once_then(peer, async |peer: &mut Peer| {
+                peer.send(json!({"type": "message", "role": "assistant", "content": "Let me"})).await;
+                let _ = peer.ws.close(None).await;
+            })
         },
         Duration::from_secs(10),
     )
@@ -1461,21 +1470,11 @@ async fn websocket_close_code_and_reason_are_said() {
     use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
     use tokio_tungstenite::tungstenite::protocol::CloseFrame;
     let outcome = ws_failure(
-        |mut peer| async move {
-            let mut lines = 0;
-            while let Some(received) = peer.recv().await {
-                if received["type"] == "message" {
-                    lines += 1;
-                    if lines == 1 {
-                        reply_ws(&mut peer, received["content"].as_str()).await;
-                    } else {
-                        let reason = "database unavailable (key secret-value)";
-                        let _ = peer.ws.close(Some(CloseFrame { code: CloseCode::Error, reason: reason.into() })).await;
-                        peer.drain().await;
-                        return;
-                    }
-                }
-            }
+        |peer| {
+            answers_once_then(peer, async |peer: &mut Peer| {
+                let reason = "database unavailable (key secret-value)";
+                let _ = peer.ws.close(Some(CloseFrame { code: CloseCode::Error, reason: reason.into() })).await;
+            })
         },
         Duration::from_secs(10),
     )
@@ -1495,28 +1494,17 @@ async fn websocket_close_code_and_reason_are_said() {
 async fn websocket_words_said_before_a_failure_are_kept() {
     for last in [None, Some("{\"type\": \"thinking\"}")] {
         let outcome = ws_failure(
-            move |mut peer| async move {
-                let mut lines = 0;
-                while let Some(received) = peer.recv().await {
-                    if received["type"] == "message" {
-                        lines += 1;
-                        if lines == 1 {
-                            reply_ws(&mut peer, received["content"].as_str()).await;
-                            continue;
+            move |peer| {
+                answers_once_then(peer, async move |peer: &mut Peer| {
+                    peer.send(json!({"type": "tool_call", "name": "lookup", "arguments": {"day": "tuesday"}})).await;
+                    peer.send(json!({"type": "message", "role": "assistant", "content": "Let me check"})).await;
+                    match last {
+                        Some(frame) => peer.send_text(frame).await,
+                        None => {
+                            let _ = peer.ws.close(None).await;
                         }
-                        peer.send(json!({"type": "tool_call", "name": "lookup", "arguments": {"day": "tuesday"}}))
-                            .await;
-                        peer.send(json!({"type": "message", "role": "assistant", "content": "Let me check"})).await;
-                        match last {
-                            Some(frame) => peer.send_text(frame).await,
-                            None => {
-                                let _ = peer.ws.close(None).await;
-                            }
-                        }
-                        peer.drain().await;
-                        return;
                     }
-                }
+                })
             },
             Duration::from_secs(10),
         )
