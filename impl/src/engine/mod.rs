@@ -274,6 +274,17 @@ pub(crate) fn closed_port() -> (tokio::net::TcpSocket, u16) {
 /// code.)
 #[cfg(test)]
 pub(crate) async fn unanswered_port() -> (impl Sized, u16) {
+    let (listener, queued) = full_listener().await;
+    let port = listener.local_addr().unwrap().port();
+    ((listener, queued), port)
+}
+
+/// A loopback listener whose accept queue is full (a backlog of 0, filled
+/// by the connections also given): a new connection's first SYN is
+/// dropped, and its connect waits for a retransmission, until the queued
+/// connections are dropped and the listener accepts again.
+#[cfg(test)]
+pub(crate) async fn full_listener() -> (tokio::net::TcpListener, Vec<tokio::net::TcpStream>) {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
     let listener = socket.listen(0).unwrap();
@@ -283,7 +294,7 @@ pub(crate) async fn unanswered_port() -> (impl Sized, u16) {
         let connecting = tokio::net::TcpStream::connect(address);
         match tokio::time::timeout(std::time::Duration::from_millis(200), connecting).await {
             Ok(stream) => queued.push(stream.unwrap()),
-            Err(_) => return ((listener, queued), address.port()),
+            Err(_) => return (listener, queued),
         }
         assert!(queued.len() < 16, "the accept queue of a backlog of 0 never filled");
     }
