@@ -728,7 +728,8 @@ mod tests {
 
     /// A loopback webhook receiver that answers `200` to every request, the
     /// first only once `first_answer` is told to: its URL, and how many
-    /// requests it has had.
+    /// connections were made to it (an attempt makes its own, and one whose
+    /// count cannot be written is closed before its request).
     async fn receiver(
         first_answer: Arc<tokio::sync::Notify>,
     ) -> (String, Arc<std::sync::atomic::AtomicUsize>, Arc<tokio::sync::Notify>) {
@@ -736,9 +737,11 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
         let (count, arrived) = (Arc::new(AtomicUsize::new(0)), Arc::new(tokio::sync::Notify::new()));
-        let (seen, told) = (count.clone(), arrived.clone());
+        let (seen, told) = (Arc::new(AtomicUsize::new(0)), arrived.clone());
+        let connections = count.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
+                connections.fetch_add(1, Ordering::SeqCst);
                 let (seen, told, first_answer) = (seen.clone(), told.clone(), first_answer.clone());
                 let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
                     let (seen, told, first_answer) = (seen.clone(), told.clone(), first_answer.clone());

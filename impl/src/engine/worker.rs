@@ -70,8 +70,6 @@ pub struct Engine {
     /// earlier task is stopped, and its end removes nothing of the later's.
     running: Mutex<HashMap<String, (String, CancellationToken)>>,
     http: Outbound,
-    /// Webhook deliveries' client: no redirect followed.
-    webhook_http: Outbound,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The webhook sender and what tells it to stop (see
     /// [`Engine::stop_webhooks`]).
@@ -85,14 +83,12 @@ pub struct Engine {
 impl Engine {
     pub fn new(config: EngineConfig) -> Engine {
         let http = Outbound::new(config.allow_private_targets, usize::try_from(config.workers).unwrap_or(256));
-        let webhook_http = Outbound::for_webhooks(config.allow_private_targets);
         Engine {
             config,
             owner: ids::new_id("wrk"),
             wake: Notify::new(),
             running: Mutex::new(HashMap::new()),
             http,
-            webhook_http,
             tasks: Mutex::new(Vec::new()),
             webhooks: Mutex::new(None),
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -144,8 +140,12 @@ impl Engine {
         let tasks = vec![tokio::spawn(dispatch(state.clone())), tokio::spawn(keep_leases(state.clone()))];
         engine.tasks.lock().expect("not poisoned").extend(tasks);
         let stop = CancellationToken::new();
-        let sender =
-            tokio::spawn(webhooks::run(state.clone(), engine.webhook_http.clone(), WEBHOOK_POLL, stop.clone()));
+        let sender = tokio::spawn(webhooks::run(
+            state.clone(),
+            Outbound::for_webhooks(engine.config.allow_private_targets),
+            WEBHOOK_POLL,
+            stop.clone(),
+        ));
         *engine.webhooks.lock().expect("not poisoned") = Some((sender, stop));
         engine.wake();
         Ok(())
