@@ -170,10 +170,6 @@ async fn admin_commands_on_a_stopped_server_leave_their_writes_in_the_database_f
     assert_eq!((keys, credits), (1, 1), "the copy lacks the key made or the grant");
 }
 
-/// A client that never finishes its request (a body promised and never
-/// sent whole) does not keep a server asked to stop from stopping: the wait
-/// for requests in flight is bounded, and the stop still writes what it must
-/// on its way out (the key's last use, the WAL emptied into the database).
 /// A connection whose `POST` declares 100 bytes of body and sends 4, once
 /// the server has accepted it: a request in flight until it is cut off.
 fn a_request_whose_body_never_comes(server: &mut common::process::Server, key: &str) -> std::net::TcpStream {
@@ -191,6 +187,10 @@ fn a_request_whose_body_never_comes(server: &mut common::process::Server, key: &
     stuck
 }
 
+/// A client that never finishes its request (a body promised and never
+/// sent whole) does not keep a server asked to stop from stopping: the wait
+/// for requests in flight is bounded, and the stop still writes what it must
+/// on its way out (the key's last use, the WAL emptied into the database).
 #[tokio::test]
 async fn a_request_that_never_finishes_does_not_keep_the_server_from_stopping() {
     let dir = tempfile::tempdir().unwrap();

@@ -872,28 +872,24 @@ async fn an_interrupt_while_the_start_is_answered_cancels_what_it_started() {
 /// was started, and it says why, not where to look for a batch run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_start_the_server_refuses_says_why_and_nothing_started() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let good = Agent::start(&[]);
     let s = TestServer::start_configured(Vec::new(), |c| c.starting_credits = 1).await;
     let key = s.key_for_user("poor@example.com").await;
     let project = s.create_project(&key, "ci").await;
     let test = suite(&s, &key, &project, &good, &good).await.good_test;
-    let sent = std::sync::Arc::new(AtomicBool::new(false));
-    let seen = sent.clone();
+    let (seen, mut sent) = tokio::sync::mpsc::unbounded_channel();
     let front = Front::start(&s.base, move |method, path| {
         is_start(method, path).then(|| {
-            seen.store(true, Ordering::SeqCst);
+            let _ = seen.send(());
             Answer::Late(Duration::from_secs(2))
         })
     })
     .await;
 
     let mut p = Proc::spawn_with_env(&["run", "--url", &front.base, "--test", &test], &[("SPARRING_API_KEY", &key)]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !sent.load(Ordering::SeqCst) {
-        assert!(Instant::now() < deadline, "no start: {}", p.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if tokio::time::timeout(Duration::from_secs(30), sent.recv()).await.is_err() {
+        panic!("no start: {}", p.stderr());
     }
     assert_eq!(p.terminate().code(), Some(2), "{}", p.stderr());
     let said = "interrupted (SIGTERM) while starting: 402 insufficient_credits";
