@@ -191,11 +191,7 @@ async fn ask(
     let status = response.status();
     // A redirect the client did not follow (see `Outbound`): where it
     // pointed, for the reason.
-    let location = response
-        .headers()
-        .get(reqwest::header::LOCATION)
-        .filter(|_| status.is_redirection())
-        .map(|location| String::from_utf8_lossy(location.as_bytes()).into_owned());
+    let location = super::redirect_location(status, response.headers());
     let retry_after = response
         .headers()
         .get(reqwest::header::RETRY_AFTER)

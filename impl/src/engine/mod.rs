@@ -165,6 +165,16 @@ pub(crate) fn without_secret_start<'t>(text: &'t str, secrets: &[&str]) -> &'t s
     &text[..text.len() - cut]
 }
 
+/// Where a redirect the client did not follow pointed (see `Outbound`),
+/// for a failure's reason: the `Location` of an answer whose status is a
+/// redirect, read lossily.
+pub(crate) fn redirect_location(status: reqwest::StatusCode, headers: &reqwest::header::HeaderMap) -> Option<String> {
+    headers
+        .get(reqwest::header::LOCATION)
+        .filter(|_| status.is_redirection())
+        .map(|location| String::from_utf8_lossy(location.as_bytes()).into_owned())
+}
+
 /// A response's body read chunk by chunk, given up (`None`) once it is
 /// past `max` bytes: what an agent or an LLM endpoint sends costs at most
 /// that much memory, however much it sends.

@@ -6,7 +6,7 @@ use crate::engine::outbound::{connect_too_late, Outbound};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, LOCATION};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
@@ -178,11 +178,7 @@ impl<'a> HttpAgent<'a> {
         let status = response.status();
         // A redirect the client did not follow (see `Outbound`): where it
         // pointed, for the reason.
-        let location = response
-            .headers()
-            .get(LOCATION)
-            .filter(|_| status.is_redirection())
-            .map(|location| String::from_utf8_lossy(location.as_bytes()).into_owned());
+        let location = crate::engine::redirect_location(status, response.headers());
         let bytes = crate::engine::body_at_most(&mut response, MAX_REPLY_BYTES)
             .await
             .map_err(|e| TurnFailure::Agent(format!("the agent's reply to turn {turn} broke off: {}", innermost(&e))))?

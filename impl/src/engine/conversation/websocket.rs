@@ -433,10 +433,8 @@ fn connect_error(target: &str, e: tungstenite::Error, secrets: &[&str]) -> Strin
                 format!("the agent at {target} refused the websocket connection for turn 0 with HTTP {status}");
             // A redirect is not followed (the channel's headers go only to
             // its target): where it pointed is the target to give instead.
-            let location =
-                response.headers().get(reqwest::header::LOCATION).filter(|_| response.status().is_redirection());
-            if let Some(location) = location {
-                let location = excerpt(&String::from_utf8_lossy(location.as_bytes()), 300, secrets);
+            if let Some(location) = crate::engine::redirect_location(response.status(), response.headers()) {
+                let location = excerpt(&location, 300, secrets);
                 refused.push_str(&format!(
                     ", a redirect to {location} that is not followed (give the channel that target)"
                 ));
