@@ -443,6 +443,60 @@ async fn a_path_no_bridged_operation_has_is_a_404_or_405_whatever_its_query_and_
     assert_eq!((status, e["error_code"].as_str().unwrap()), (400, "invalid_query"), "{e}");
 }
 
+/// What dropshot's router refuses itself (a path no route has, a method no
+/// route of the path takes, a path it cannot decode) has the API's error
+/// body, as the bridged routes' refusals above do: `error_code` included,
+/// the status and `Allow` the router's, with or without a credential. So a
+/// typed client aimed at a path the server lacks reads the error.
+#[tokio::test]
+async fn the_routers_own_refusals_have_an_error_code() {
+    let s = TestServer::start().await;
+    use reqwest::Method;
+    for key in [Some(s.admin_key.as_str()), None] {
+        for (method, path, status, code, allowed) in [
+            (Method::GET, "/", 404, "not_found", Vec::<&str>::new()),
+            (Method::GET, "/v1", 404, "not_found", vec![]),
+            (Method::GET, "/v2/tests", 404, "not_found", vec![]),
+            (Method::GET, "/v1/nothing", 404, "not_found", vec![]),
+            (Method::GET, "/v1/tests/tst_1/foo", 404, "not_found", vec![]),
+            (Method::PATCH, "/v1/api-keys", 405, "method_not_allowed", vec!["GET", "POST"]),
+            (Method::PUT, "/v1/tests/tst_1", 405, "method_not_allowed", vec!["DELETE", "GET", "PATCH"]),
+            (Method::GET, "/v1/tests/%ff", 400, "invalid_path", vec![]),
+        ] {
+            let mut request = s.http.request(method.clone(), s.url(path));
+            if let Some(key) = key {
+                request = request.header("x-api-key", key);
+            }
+            let resp = request.send().await.unwrap();
+            let allow: Vec<String> =
+                resp.headers().get_all("allow").iter().map(|v| v.to_str().unwrap().to_string()).collect();
+            let (got, e) = error_body(resp).await;
+            let what = format!("{method} {path} (key: {})", key.is_some());
+            assert_eq!((got, e["error_code"].as_str().unwrap()), (status, code), "{what}: {e}");
+            assert_eq!(allow, allowed, "{what}: {e}");
+            if status == 405 {
+                assert_eq!(e["message"], format!("this path takes only {}", allowed.join(", ")), "{what}");
+            }
+        }
+    }
+    // A path the router decodes, or whose dot segments it resolves, is
+    // still routed as before: it reaches the operation (a 404 naming the id).
+    for path in ["/v1/t%65sts/tst_1", "/v1/tests/../tests/tst_1"] {
+        let (status, e) = error_body(s.get(path, &s.admin_key).await).await;
+        assert_eq!((status, e["error_code"].as_str().unwrap()), (404, "not_found"), "{path}: {e}");
+        assert!(e["message"].as_str().unwrap().contains("tst_1"), "{path}: {e}");
+    }
+    // The generated client, aimed at a base path the server does not have,
+    // on an operation that documents its 404.
+    let client = sparring_client::Client::with_api_key(&s.url("/v2"), &s.admin_key).unwrap();
+    match client.get_test().id("tst_1").send().await {
+        Err(sparring_client::Error::ErrorResponse(e)) => {
+            assert_eq!((e.status().as_u16(), e.error_code.as_str()), (404, "not_found"), "{e:?}");
+        }
+        other => panic!("expected the 404's error body, got {other:?}"),
+    }
+}
+
 /// The request reached the operation's own code: it answered 501 naming
 /// itself, or a success, or an error only the operation gives (a 404 naming
 /// the id it looked for, a 400 about a field's value rather than the

@@ -411,6 +411,14 @@ pub fn dropshot_config(bind: SocketAddr) -> ConfigDropshot {
     }
 }
 
+/// The server's routes: the spec's operations and its own document.
+fn api_description() -> anyhow::Result<dropshot::ApiDescription<ApiContext>> {
+    let mut api = sparring_server::sparring_api_mod::api_description::<http::ServerImpl>()
+        .map_err(|e| anyhow::anyhow!("building the API description: {e}"))?;
+    api.register(http::openapi_document).map_err(|e| anyhow::anyhow!("registering /v1/openapi.json: {e}"))?;
+    Ok(api)
+}
+
 pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningServer> {
     let lock = lock_data_dir(&config.data_dir)?;
     // Migrations run as the store opens, before anything else is logged: a
@@ -463,16 +471,13 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
         log: log.clone(),
     });
 
-    let mut api = sparring_server::sparring_api_mod::api_description::<http::ServerImpl>()
-        .map_err(|e| anyhow::anyhow!("building the API description: {e}"))?;
-    api.register(http::openapi_document).map_err(|e| anyhow::anyhow!("registering /v1/openapi.json: {e}"))?;
-
     let server = ServerBuilder::new(
-        api,
+        api_description()?,
         ApiContext::new(state.clone()).with_body_idle_timeout(config.body_idle_timeout),
-        log.clone(),
+        logging::without_route_refusals(&log),
     )
     .config(dropshot_config(config.bind))
+    .version_policy(sparring_server::known_routes(api_description()?))
     .start()
     .map_err(|e| {
         // dropshot's message ("failed to bind to ADDR") leaves out why:

@@ -62,6 +62,17 @@ where
     slog::Logger::root(Batched::spawn(drain, pause, || ()), slog::o!())
 }
 
+/// `log` without the record dropshot writes when the server's
+/// [`sparring_server::known_routes`] refuses a request (a path or method no
+/// route takes): at error level, where nothing went wrong, and said again by
+/// the request's own record (its status and the router's reason).
+pub fn without_route_refusals(log: &slog::Logger) -> slog::Logger {
+    let refusal = |r: &Record<'_>| {
+        r.level() == slog::Level::Error && r.msg().as_str() == Some(sparring_server::REFUSAL_LOG_MESSAGE)
+    };
+    slog::Logger::root(slog::Filter::new(log.clone(), move |r: &Record<'_>| !refusal(r)).ignore_res(), slog::o!())
+}
+
 fn pause() {
     std::thread::sleep(LOG_PAUSE)
 }
@@ -621,6 +632,21 @@ mod tests {
             let _ = self.0.send(record.msg().to_string());
             Ok(())
         }
+    }
+
+    #[test]
+    fn only_dropshot_s_record_of_a_route_refusal_is_left_out() {
+        let (sent, messages) = mpsc::channel();
+        let log = super::without_route_refusals(&slog::Logger::root(Sent(sent), slog::o!()));
+        // As dropshot logs it (`REFUSAL_LOG_MESSAGE`, written out).
+        slog::error!(log, "failed to determine request API version"; "error" => "404");
+        slog::warn!(log, "failed to determine request API version");
+        slog::error!(log, "request failed"; "n" => 1);
+        slog::info!(log, "request completed"; "n" => 2);
+        drop(log);
+        let written: Vec<String> = messages.iter().collect();
+        assert_eq!(written, ["failed to determine request API version", "request failed", "request completed"]);
+        assert_eq!(sparring_server::REFUSAL_LOG_MESSAGE, "failed to determine request API version");
     }
 
     #[test]

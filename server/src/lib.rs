@@ -19,6 +19,8 @@
 //! - [`BridgedRoute`]: how a documented path that dropshot's router cannot
 //!   hold is served (see `xtask/src/routes.rs`), and [`RoutePath`], the
 //!   path extractor that checks its literal segments.
+//! - [`known_routes`]: error codes on the 404 and 405 dropshot's router
+//!   answers itself.
 //!
 //! The implementation lives in `sparring-impl`; this crate has no logic.
 
@@ -28,6 +30,7 @@ mod error;
 mod generated;
 mod input;
 mod reply;
+mod routes;
 
 pub use bridge::{no_route, shared_query, BridgedRoute, RouteLiterals, RoutePath};
 pub use error::{ApiError, ErrorCode};
@@ -37,3 +40,4 @@ pub use input::{
     Nothing, OptionalJsonBody, Query, BODY_IDLE_TIMEOUT,
 };
 pub use reply::{Json, Reply};
+pub use routes::{known_routes, REFUSAL_LOG_MESSAGE};
