@@ -485,6 +485,37 @@ async fn tests_keep_what_they_were_given_and_default_the_rest() {
     assert_eq!(history(&s, &t.owner, "test", &id(&minimal)).await.len(), 1);
 }
 
+/// A number comes back as it was sent, to the last bit. One double in ten
+/// in [0, 1) is read one unit in the last place off by a JSON reader
+/// without exact float parsing: 0.9856906946328695 as ...696, and 10/11
+/// (0.9090909090909091, as Python or JavaScript write it) as ...092, so a
+/// client that compares what it stored with what it reads saw a change.
+#[tokio::test]
+async fn a_test_s_numbers_come_back_to_the_last_bit() {
+    let s = TestServer::start().await;
+    let t = s.team("exact numbers").await;
+    let x = parts(&s, &t.owner, &t.project_id).await;
+    for sent in ["0.9856906946328695", "0.9090909090909091", "0.30000000000000004"] {
+        let body = with(x.test(sent), json!({"pass_threshold": "THRESHOLD"})).to_string();
+        let body = body.replace("\"THRESHOLD\"", sent);
+        let created = s
+            .http
+            .post(s.url("/v1/tests"))
+            .header("x-api-key", &t.editor)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.status().as_u16(), 200);
+        let created: Value = created.json().await.unwrap();
+        let read = s.get(&format!("/v1/tests/{}", id(&created)), &t.editor).await.text().await.unwrap();
+        let read: Value = serde_json::from_str(&read).unwrap();
+        assert_eq!(read["pass_threshold"].to_string(), sent, "{sent}");
+        assert_eq!(created["pass_threshold"].to_string(), sent, "{sent}");
+    }
+}
+
 #[tokio::test]
 async fn bad_test_fields_are_refused_naming_the_field_and_leave_no_trace() {
     let s = TestServer::start().await;
