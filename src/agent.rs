@@ -436,14 +436,21 @@ async fn ws_conversation(agent: &Agent, ws: &mut Ws) -> dropshot::WebsocketChann
     let call_id = start["call_id"].as_str().unwrap_or_default().to_string();
     let mut call = Call::default();
     let mut turn = 0u64;
-    // A caller who speaks first sends its line right after `start`; if none
-    // comes at once, the agent greets.
-    let mut pending = match next_frame(ws, Some(Duration::from_millis(100))).await? {
-        None => return Ok(()),
-        Some(Value::Null) => None,
-        Some(frame) => Some(frame),
+    // `start` says whether the agent is to greet. Without it (a caller
+    // older than the flag), one who speaks first sends its line right after
+    // `start`, so the agent greets if none comes at once.
+    let mut pending = None;
+    let mut greet = match start["agent_greets"].as_bool() {
+        Some(greets) => greets,
+        None => {
+            pending = match next_frame(ws, Some(Duration::from_millis(100))).await? {
+                None => return Ok(()),
+                Some(Value::Null) => None,
+                Some(frame) => Some(frame),
+            };
+            pending.is_none()
+        }
     };
-    let mut greet = pending.is_none();
     loop {
         let line = if greet {
             greet = false;
@@ -611,6 +618,48 @@ mod tests {
         assert_eq!(next.status(), 200, "{}", next.text().await.unwrap());
         let reply: Value = next.json().await.unwrap();
         assert!(reply["messages"][0]["content"].as_str().unwrap().contains("Which day"), "{reply}");
+        server.close().await.unwrap();
+    }
+
+    /// The first frame of the agent's first turn over a websocket.
+    async fn first_reply(ws: &mut WsClient) -> String {
+        while let Some(Ok(frame)) = ws.next().await {
+            let frame: Value = serde_json::from_str(frame.to_text().unwrap_or("null")).unwrap_or_default();
+            if frame["type"] == "message" {
+                return frame["content"].as_str().unwrap_or_default().to_string();
+            }
+        }
+        panic!("the call ended without a reply");
+    }
+
+    type WsClient = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+    /// `start` says whether the agent greets; it no longer guesses from
+    /// whether a line follows within 100 ms, which made a caller's slow
+    /// first line a greeting, and a greeting wait 100 ms.
+    #[tokio::test]
+    async fn a_websocket_call_greets_as_its_start_says() {
+        let server = serve_agent(agent(Bug::None), slog::Logger::root(slog::Discard, slog::o!())).unwrap();
+        let url = format!("ws://{}/ws", server.local_addr());
+        let send = |frame: Value| Message::text(frame.to_string());
+        let line = json!({"type": "message", "role": "user", "content": "When are you open?"});
+
+        // The caller speaks first, a while after `start`.
+        let (mut ws, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        ws.send(send(json!({"type": "start", "call_id": "call_1", "agent_greets": false}))).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        ws.send(send(line.clone())).await.unwrap();
+        let reply = first_reply(&mut ws).await;
+        assert!(reply.contains("Monday to Friday"), "{reply}");
+        ws.close(None).await.unwrap();
+
+        // The agent greets, though a line follows at once.
+        let (mut ws, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        ws.send(send(json!({"type": "start", "call_id": "call_2", "agent_greets": true}))).await.unwrap();
+        ws.send(send(line)).await.unwrap();
+        let reply = first_reply(&mut ws).await;
+        assert!(reply.contains("How can I help"), "{reply}");
+        ws.close(None).await.unwrap();
         server.close().await.unwrap();
     }
 

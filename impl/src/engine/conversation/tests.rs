@@ -190,12 +190,12 @@ fn booking_http(body: &Value) -> Act {
     Act::Json(json!({"messages": messages, "tool_calls": tool_calls, "end_call": end_call}))
 }
 
-/// The booking agent over websocket; `greets` says whether it speaks
-/// first after `start`.
-async fn booking_ws(mut peer: Peer, greets: bool) {
+/// The booking agent over websocket; it greets when `start` says it is
+/// expected to (`agent_greets`).
+async fn booking_ws(mut peer: Peer) {
     let Some(start) = peer.recv().await else { return };
     assert_eq!(start["type"], "start");
-    if greets {
+    if start["agent_greets"] == true {
         reply_ws(&mut peer, None).await;
     }
     while let Some(frame) = peer.recv().await {
@@ -906,7 +906,7 @@ fn header_values_never_show_in_a_plans_debug() {
 
 #[tokio::test]
 async fn scripted_websocket_call_follows_the_script() {
-    let (url, received, upgrades) = serve_ws(|peer| booking_ws(peer, false)).await;
+    let (url, received, upgrades) = serve_ws(booking_ws).await;
     let plan = plan(ChannelKind::Websocket, url, scripted(Some("Hi, I'd like a table"), &["Tuesday please", "Thanks"]));
     let outcome = run(&plan).await;
 
@@ -952,7 +952,7 @@ async fn scripted_websocket_call_follows_the_script() {
 /// space was counted as reaching the agent it never connected to.
 #[tokio::test]
 async fn websocket_target_is_called_as_the_url_it_was_accepted_as() {
-    let (url, received, upgrades) = serve_ws(|peer| booking_ws(peer, false)).await;
+    let (url, received, upgrades) = serve_ws(booking_ws).await;
     let targets = [url.replacen("ws://", "WS://", 1), format!("{url}/a b"), format!("{url}?q=a b|c")];
     for target in &targets {
         assert!(crate::validate::url("target", target, &["ws", "wss"]).is_ok(), "the API accepts {target}");
@@ -967,7 +967,7 @@ async fn websocket_target_is_called_as_the_url_it_was_accepted_as() {
 
 #[tokio::test]
 async fn websocket_greeting_first_and_agent_ending() {
-    let (url, received, _) = serve_ws(|peer| booking_ws(peer, true)).await;
+    let (url, received, _) = serve_ws(booking_ws).await;
     let plan = plan(ChannelKind::Websocket, url, scripted(None, &["A table", "Bye then", "Never said"]));
     let outcome = run(&plan).await;
 
@@ -1266,7 +1266,7 @@ async fn websocket_connection_never_made_is_unreached() {
 async fn a_tls_setup_that_fails_reaches_no_one_over_either_kind() {
     // Speaks plain HTTP (and websocket) where TLS is expected.
     let (base, _) = serve_http(booking_http).await;
-    let (ws, _, upgrades) = serve_ws(|peer| booking_ws(peer, false)).await;
+    let (ws, _, upgrades) = serve_ws(booking_ws).await;
     // Takes connections and says nothing.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let silent = listener.local_addr().unwrap();

@@ -168,7 +168,10 @@ impl WsAgent {
         deadline: Instant,
     ) -> Result<Reply, TurnFailure> {
         if turn == 0 {
-            self.send(turn, json!({"type": "start", "call_id": self.call_id}), deadline).await?;
+            // Whether the agent is to greet: without it, an agent could
+            // only guess from how long no line follows.
+            let start = json!({"type": "start", "call_id": self.call_id, "agent_greets": line.is_none()});
+            self.send(turn, start, deadline).await?;
         }
         if let Some(line) = line {
             self.send(turn, json!({"type": "message", "role": "user", "content": line}), deadline).await?;
