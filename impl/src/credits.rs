@@ -48,6 +48,16 @@ pub fn payer_of(tx: &rusqlite::Connection, project_id: &str) -> rusqlite::Result
         .query_row(params![project_id], |r| r.get(0))
 }
 
+/// How an entry about a batch run names it: with the project it ran in, by
+/// name and id as they are when the entry is written. The batch run goes
+/// with its project when that is deleted, and is out of reach of a payer
+/// who left it; the entry is the payer's, and says what they paid for.
+pub fn batch_run_named(tx: &rusqlite::Connection, batch_run_id: &str, project_id: &str) -> rusqlite::Result<String> {
+    let name: String =
+        tx.prepare_cached("SELECT name FROM projects WHERE id = ?1")?.query_row(params![project_id], |r| r.get(0))?;
+    Ok(format!("batch run {batch_run_id} in project \"{name}\" ({project_id})"))
+}
+
 /// Appends an entry; fails (and so rolls the transaction back) if it would
 /// take the balance below zero.
 pub fn append(
