@@ -84,9 +84,11 @@ enum AdminCommand {
         /// Credits to add; negative to take some away.
         #[arg(long, allow_hyphen_values = true)]
         amount: i64,
-        /// What the entry is for, as the ledger shows it.
-        #[arg(long, default_value = "granted by an administrator")]
-        description: String,
+        /// What the entry is for, as the ledger shows it [default: "granted
+        /// by an administrator", or "taken away by an administrator" for a
+        /// negative amount]
+        #[arg(long)]
+        description: Option<String>,
     },
     /// Copy a data dir into a new directory a server can start on: the
     /// database as of one moment (beside a running server too) and the

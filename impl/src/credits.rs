@@ -115,17 +115,29 @@ pub fn grant_starting(tx: &rusqlite::Transaction<'_>, user_id: &str) -> rusqlite
     Ok(())
 }
 
+/// What an admin's grant says it is for when not told: a negative amount
+/// takes credits away, and its entry does not say they were granted.
+pub fn admin_grant_description(amount: i64) -> &'static str {
+    if amount < 0 {
+        "taken away by an administrator"
+    } else {
+        "granted by an administrator"
+    }
+}
+
 /// `sparring admin grant-credits`: a `grant` (positive) or an `adjustment`
-/// (negative, never below zero) for the user with this email.
+/// (negative, never below zero) for the user with this email, described as
+/// given or by [`admin_grant_description`].
 pub fn admin_grant(
     tx: &rusqlite::Transaction<'_>,
     email: &str,
     amount: i64,
-    description: &str,
+    description: Option<&str>,
 ) -> anyhow::Result<(String, i64)> {
     if amount == 0 {
         anyhow::bail!("--amount 0 grants nothing: give a positive amount, or a negative one to take credits away");
     }
+    let description = description.unwrap_or_else(|| admin_grant_description(amount));
     // Shown to the user in their ledger: a line of text, as names are.
     crate::validate::check_name("--description", description).map_err(|e| anyhow::anyhow!("{e}"))?;
     // The user is named by their stored address from here on, not as typed.
@@ -157,10 +169,12 @@ pub async fn admin_grant_async(
     store: &crate::store::Store,
     email: String,
     amount: i64,
-    description: String,
+    description: Option<String>,
 ) -> anyhow::Result<(String, i64)> {
     store
-        .write(move |tx| admin_grant(tx, &email, amount, &description).map_err(|e| AdminError(format!("{e:#}"))))
+        .write(move |tx| {
+            admin_grant(tx, &email, amount, description.as_deref()).map_err(|e| AdminError(format!("{e:#}")))
+        })
         .await
         .map_err(|e| anyhow::anyhow!(e.0))
 }
