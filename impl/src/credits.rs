@@ -206,16 +206,21 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Transaction> {
     })
 }
 
-/// A page of the caller's credit transactions (see [`PageSql`]).
+/// A page of the caller's credit transactions (see [`PageSql`]), newest
+/// first in the order they were written (`seq`, which each entry's
+/// `balance_after` follows), not by id: an id is its writer's clock, and
+/// the ledger has two writers (the server, and `admin grant-credits`
+/// beside it) and outlives a clock set back. The cursor is the last
+/// entry's id; `?4` is its `seq`.
 pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(
             "SELECT {COLUMNS} FROM transactions
              WHERE user_id = ?1 AND (?2 IS NULL OR kind = ?2) AND (?3 IS NULL OR batch_run_id = ?3)
                {AFTER}
-             ORDER BY id DESC LIMIT ?5"
+             ORDER BY seq DESC LIMIT ?5"
         ),
-        "AND id < ?4",
+        "AND seq < ?4",
     )
 });
 
@@ -225,15 +230,36 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTransactionsQu
     let kind = query.kind.map(|k| k.to_string());
     state
         .store
-        .read(move |tx| {
-            let rows = tx
-                .prepare_cached(LIST_SQL.of(&page))?
-                .query_map(params![caller.user_id, kind, query.batch_run_id, page.after, page.fetch_limit()], from_row)?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |t| t.id.clone());
-            Ok(types::TransactionList { transactions: page.items, next_cursor: page.next_cursor })
-        })
+        .read(move |tx| list_page(tx, &caller.user_id, kind.as_deref(), query.batch_run_id.as_deref(), page))
         .await
+}
+
+/// A page of `user_id`'s ledger, of entries of `kind` and about
+/// `batch_run_id` when given.
+fn list_page(
+    tx: &rusqlite::Connection,
+    user_id: &str,
+    kind: Option<&str>,
+    batch_run_id: Option<&str>,
+    page: PageRequest,
+) -> Result<types::TransactionList> {
+    // Where the cursor's entry is in the ledger: one of the user's, or a
+    // cursor this list never gave them.
+    let after: Option<i64> = match &page.after {
+        None => None,
+        Some(id) => Some(
+            tx.prepare_cached("SELECT seq FROM transactions WHERE id = ?1 AND user_id = ?2")?
+                .query_row(params![id, user_id], |r| r.get(0))
+                .optional()?
+                .ok_or_else(|| Failure::invalid("cursor", crate::pagination::InvalidCursor))?,
+        ),
+    };
+    let rows = tx
+        .prepare_cached(LIST_SQL.of(&page))?
+        .query_map(params![user_id, kind, batch_run_id, after, page.fetch_limit()], from_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let page = page.finish(rows, |t| t.id.clone());
+    Ok(types::TransactionList { transactions: page.items, next_cursor: page.next_cursor })
 }
 
 pub async fn get(state: &AppState, caller: Caller, path: p::GetTransactionPath) -> Result<types::Transaction> {
@@ -251,6 +277,64 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetTransactionPath) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ledger is listed newest first in the order it was written (each
+    /// entry from the balance the one before it left), whatever its ids
+    /// say. An id is made from its writer's clock: an entry written by
+    /// another process (`admin grant-credits` beside a running server, in
+    /// the same millisecond) or by a server restarted after its clock was
+    /// set back has an id that sorts before entries written before it. A
+    /// list in id order then showed an older entry as the newest, its
+    /// `balance_after` as if it were the balance, and a page's cursor left
+    /// the newest entry out of every page.
+    #[test]
+    fn the_ledger_is_listed_in_the_order_it_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                tx.execute("INSERT INTO users (id, email, name, created_at) VALUES ('usr_1', 'a@b.c', 'a', 't')", [])?;
+                append(tx, "usr_1", types::TransactionKind::Grant, 100, "starting credits", None)?;
+                append(tx, "usr_1", types::TransactionKind::Reservation, -30, "reserved", Some("brn_1"))?;
+                append(tx, "usr_1", types::TransactionKind::Grant, 5, "granted by an administrator", None)?;
+                // The last entry as another clock made its id: a second
+                // before the others'.
+                let earlier = uuid::Uuid::now_v7().get_timestamp().unwrap().to_unix();
+                let earlier = uuid::Timestamp::from_unix(uuid::NoContext, earlier.0 - 1, earlier.1);
+                let id = format!("txn_{}", uuid::Uuid::new_v7(earlier).simple());
+                tx.execute("UPDATE transactions SET id = ?1 WHERE seq = (SELECT max(seq) FROM transactions)", [&id])?;
+
+                let written = |t: &types::Transaction| (t.amount, t.balance_after);
+                let all = list_page(tx, "usr_1", None, None, PageRequest::parse(None, None, "txn").unwrap())?;
+                let all: Vec<_> = all.transactions.iter().map(written).collect();
+                assert_eq!(all, [(5, 75), (-30, 70), (100, 100)], "newest first, as written");
+                // A page at a time, the same.
+                let (mut paged, mut cursor) = (Vec::new(), None::<String>);
+                loop {
+                    let page = PageRequest::parse(Some(1), cursor.as_deref(), "txn").unwrap();
+                    let page = list_page(tx, "usr_1", None, None, page)?;
+                    paged.extend(page.transactions.iter().map(written));
+                    match page.next_cursor {
+                        Some(next) => cursor = Some(next),
+                        None => break,
+                    }
+                    assert!(paged.len() <= 3, "{paged:?}");
+                }
+                assert_eq!(paged, all);
+                // Filtered, the same order.
+                let grants =
+                    list_page(tx, "usr_1", Some("grant"), None, PageRequest::parse(None, None, "txn").unwrap())?;
+                let grants: Vec<_> = grants.transactions.iter().map(written).collect();
+                assert_eq!(grants, [(5, 75), (100, 100)]);
+                // A cursor is an entry of the user's own ledger.
+                let theirs = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, &id);
+                let page = PageRequest::parse(Some(1), Some(&theirs), "txn").unwrap();
+                let refused = list_page(tx, "usr_2", None, None, page).map(|_| ()).unwrap_err();
+                assert!(refused.to_string().contains("cursor"), "{refused}");
+                Ok(())
+            })
+            .unwrap();
+    }
 
     #[test]
     fn a_started_minute_costs_one_credit() {
