@@ -78,7 +78,9 @@ enum AdminCommand {
         #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
         data_dir: PathBuf,
         /// The user's email (the admin made by the first start is
-        /// `admin@localhost`).
+        /// `admin@localhost`), or their id (`usr_…`, as a project's members
+        /// list shows it: a user who signed in with no verified email has
+        /// none).
         #[arg(long)]
         user: String,
         /// Credits to add; negative to take some away.

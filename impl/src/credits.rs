@@ -126,11 +126,14 @@ pub fn admin_grant_description(amount: i64) -> &'static str {
 }
 
 /// `sparring admin grant-credits`: a `grant` (positive) or an `adjustment`
-/// (negative, never below zero) for the user with this email, described as
-/// given or by [`admin_grant_description`].
+/// (negative, never below zero) for the user with this email, or this
+/// `usr_…` id (a user who signed in with no verified address has no email),
+/// described as given or by [`admin_grant_description`]. Gives the user as
+/// named from here on (their stored email, or their id) and the new
+/// balance.
 pub fn admin_grant(
     tx: &rusqlite::Transaction<'_>,
-    email: &str,
+    user: &str,
     amount: i64,
     description: Option<&str>,
 ) -> anyhow::Result<(String, i64)> {
@@ -140,15 +143,28 @@ pub fn admin_grant(
     let description = description.unwrap_or_else(|| admin_grant_description(amount));
     // Shown to the user in their ledger: a line of text, as names are.
     crate::validate::check_name("--description", description).map_err(|e| anyhow::anyhow!("{e}"))?;
-    // The user is named by their stored address from here on, not as typed.
-    let (user_id, email): (String, String) = tx
-        .query_row(
+    // The user is named by their stored address from here on, not as typed
+    // (by their id when they have none).
+    let found: Option<(String, String)> = if crate::ids::is_id(user, "usr") {
+        tx.query_row("SELECT id, coalesce(email, id) FROM users WHERE id = ?1", params![user], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?
+    } else {
+        tx.query_row(
             "SELECT id, email FROM users WHERE email = ?1 COLLATE NOCASE ORDER BY created_at, id",
-            params![email],
+            params![user],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()?
-        .ok_or_else(|| anyhow::anyhow!("no user with email {email}"))?;
+    };
+    let (user_id, email) = found.ok_or_else(|| {
+        if crate::ids::is_id(user, "usr") {
+            anyhow::anyhow!("no user with id {user}")
+        } else {
+            anyhow::anyhow!("no user with email {user}")
+        }
+    })?;
     let kind = if amount >= 0 { types::TransactionKind::Grant } else { types::TransactionKind::Adjustment };
     let before = balance(tx, &user_id)?;
     match before.checked_add(amount) {
@@ -164,16 +180,16 @@ pub fn admin_grant(
 }
 
 /// [`admin_grant`] in its own write transaction: the user's stored email
-/// and their new balance.
+/// (or id) and their new balance.
 pub async fn admin_grant_async(
     store: &crate::store::Store,
-    email: String,
+    user: String,
     amount: i64,
     description: Option<String>,
 ) -> anyhow::Result<(String, i64)> {
     store
         .write(move |tx| {
-            admin_grant(tx, &email, amount, description.as_deref()).map_err(|e| AdminError(format!("{e:#}")))
+            admin_grant(tx, &user, amount, description.as_deref()).map_err(|e| AdminError(format!("{e:#}")))
         })
         .await
         .map_err(|e| anyhow::anyhow!(e.0))
@@ -331,6 +347,39 @@ mod tests {
                 let page = PageRequest::parse(Some(1), Some(&theirs), "txn").unwrap();
                 let refused = list_page(tx, "usr_2", None, None, page).map(|_| ()).unwrap_err();
                 assert!(refused.to_string().contains("cursor"), "{refused}");
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A user who signed in with an ID token that brought no verified
+    /// address has no email; `admin grant-credits` found users by email
+    /// only, so such a user (the payer of the projects they made) could
+    /// never be given credits. They are named by their `usr_…` id, as the
+    /// members list shows it.
+    #[test]
+    fn credits_are_granted_to_a_user_named_by_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                tx.execute_batch(
+                    "INSERT INTO users (id, email, name, created_at) VALUES ('usr_01', NULL, 'no address', 't');
+                     INSERT INTO users (id, email, name, created_at) VALUES ('usr_02', 'a@b.c', 'a', 't');",
+                )?;
+                let no_address = "usr_0000000000000000000000000000001a";
+                tx.execute("UPDATE users SET id = ?1 WHERE id = 'usr_01'", [no_address])?;
+                let granted = admin_grant(tx, no_address, 40, None).unwrap();
+                assert_eq!(granted, (no_address.to_string(), 40), "named by their id, having no address");
+                assert_eq!(balance(tx, no_address)?, 40);
+                // Taken away again by id too, never below zero.
+                let taken = admin_grant(tx, no_address, -15, None).unwrap();
+                assert_eq!(taken.1, 25);
+                let refused = admin_grant(tx, no_address, -26, None).unwrap_err().to_string();
+                assert!(refused.contains("below zero"), "{refused}");
+                // An id no user has is refused, as an unknown email is.
+                let unknown = admin_grant(tx, "usr_0000000000000000000000000000002b", 1, None).unwrap_err();
+                assert!(unknown.to_string().contains("no user"), "{unknown}");
                 Ok(())
             })
             .unwrap();
