@@ -78,15 +78,19 @@ enum AdminCommand {
         #[arg(long, env = "SPARRING_DATA_DIR", default_value = "./sparring-data")]
         data_dir: PathBuf,
         /// The user's email (the admin made by the first start is
-        /// `admin@localhost`).
+        /// `admin@localhost`), or their id (`usr_…`, as a project's members
+        /// list shows it: a user who signed in with no verified email has
+        /// none).
         #[arg(long)]
         user: String,
         /// Credits to add; negative to take some away.
         #[arg(long, allow_hyphen_values = true)]
         amount: i64,
-        /// What the entry is for, as the ledger shows it.
-        #[arg(long, default_value = "granted by an administrator")]
-        description: String,
+        /// What the entry is for, as the ledger shows it [default: "granted
+        /// by an administrator", or "taken away by an administrator" for a
+        /// negative amount]
+        #[arg(long)]
+        description: Option<String>,
     },
     /// Copy a data dir into a new directory a server can start on: the
     /// database as of one moment (beside a running server too) and the

@@ -577,9 +577,33 @@ async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
     let (status, _, stderr) =
         run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "OPS@Example.COM", "--amount", "-5000"]);
     assert!(!status.success() && stderr.contains("ops@example.com has 1350 credits"), "{stderr}");
+    // Some taken away, with no description given: the ledger does not say
+    // they were granted.
+    let (status, stdout, stderr) =
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "ops@example.com", "--amount", "-50"]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "ops@example.com now has 1300 credits");
+    // Named by id, as a project's members list shows the user.
+    let project: Value = http()
+        .post(server.url("/v1/projects"))
+        .header("x-api-key", &key)
+        .json(&serde_json::json!({"name": "ops"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let members = server.url(&format!("/v1/projects/{}/members", project["id"].as_str().unwrap()));
+    let members: Value = http().get(members).header("x-api-key", &key).send().await.unwrap().json().await.unwrap();
+    let user_id = members["members"][0]["user_id"].as_str().unwrap().to_string();
+    let (status, stdout, stderr) =
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", &user_id, "--amount", "7"]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "ops@example.com now has 1307 credits");
     let resp = http().get(server.url("/v1/transactions")).header("x-api-key", &key).send().await.unwrap();
     let ledger: Value = resp.json().await.unwrap();
-    let entries: Vec<(String, i64, i64)> = ledger["transactions"]
+    let entries: Vec<(String, i64, i64, String)> = ledger["transactions"]
         .as_array()
         .unwrap()
         .iter()
@@ -588,11 +612,23 @@ async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
                 t["kind"].as_str().unwrap().to_string(),
                 t["amount"].as_i64().unwrap(),
                 t["balance_after"].as_i64().unwrap(),
+                t["description"].as_str().unwrap().to_string(),
             )
         })
         .collect();
-    let grant_entry = |amount, balance| ("grant".to_string(), amount, balance);
-    assert_eq!(entries, [grant_entry(100, 1350), grant_entry(250, 1250), grant_entry(1000, 1000)]);
+    let entry =
+        |kind: &str, amount, balance, description: &str| (kind.to_string(), amount, balance, description.into());
+    let granted = "granted by an administrator";
+    assert_eq!(
+        entries,
+        [
+            entry("grant", 7, 1307, granted),
+            entry("adjustment", -50, 1300, "taken away by an administrator"),
+            entry("grant", 100, 1350, granted),
+            entry("grant", 250, 1250, granted),
+            entry("grant", 1000, 1000, "starting credits")
+        ]
+    );
     server.stop();
 }
 

@@ -918,6 +918,41 @@ async fn credits_are_reserved_once_and_never_go_below_zero() {
     assert_eq!(seconds.len(), 1, "the second owner paid nothing: {seconds:#?}");
 }
 
+/// A payer's ledger says which project each batch run's entries were for.
+/// A batch run goes with its project when that is deleted (and is out of
+/// reach of a former payer who left it), and then an entry that named only
+/// its `brn_…` told its payer nothing of what they had paid for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_entry_names_the_project_its_batch_run_was_in() {
+    let s = TestServer::start().await;
+    let t = s.team("checkout agent").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    // Nothing there: each run ends at once, costing nothing, so the
+    // reservation comes back whole as a refund.
+    let closed = common::ClosedPort::new();
+    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "unreached", &ch, &scenario, 2)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = run["id"].as_str().unwrap();
+    assert_eq!(wait_for_end(&s, &t.viewer, id).await["credits_charged"], 0);
+    s.expect(Method::DELETE, &format!("/v1/projects/{p}"), &t.owner, None, 200).await;
+    let (status, _) = error_body(s.get(&format!("/v1/batch-runs/{id}"), &t.owner).await).await;
+    assert_eq!(status, 404, "the batch run went with its project");
+
+    let entries = all_pages(&s, &t.owner, &format!("/v1/transactions?batch_run_id={id}"), "transactions").await;
+    let kinds: Vec<&str> = entries.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["refund", "reservation"], "{entries:#?}");
+    for entry in &entries {
+        let description = entry["description"].as_str().unwrap();
+        assert!(description.contains(id), "{description}");
+        assert!(
+            description.contains("\"checkout agent\"") && description.contains(p.as_str()),
+            "the entry names the project it paid for: {description}"
+        );
+    }
+}
+
 /// A start refused for credits is recorded (its batch run, its tests'
 /// names and thresholds) but keeps nothing for runs it never queued: it
 /// kept a copy of every test's evaluators (up to about a megabyte a test,

@@ -48,6 +48,16 @@ pub fn payer_of(tx: &rusqlite::Connection, project_id: &str) -> rusqlite::Result
         .query_row(params![project_id], |r| r.get(0))
 }
 
+/// How an entry about a batch run names it: with the project it ran in, by
+/// name and id as they are when the entry is written. The batch run goes
+/// with its project when that is deleted, and is out of reach of a payer
+/// who left it; the entry is the payer's, and says what they paid for.
+pub fn batch_run_named(tx: &rusqlite::Connection, batch_run_id: &str, project_id: &str) -> rusqlite::Result<String> {
+    let name: String =
+        tx.prepare_cached("SELECT name FROM projects WHERE id = ?1")?.query_row(params![project_id], |r| r.get(0))?;
+    Ok(format!("batch run {batch_run_id} in project \"{name}\" ({project_id})"))
+}
+
 /// Appends an entry; fails (and so rolls the transaction back) if it would
 /// take the balance below zero.
 pub fn append(
@@ -105,28 +115,56 @@ pub fn grant_starting(tx: &rusqlite::Transaction<'_>, user_id: &str) -> rusqlite
     Ok(())
 }
 
+/// What an admin's grant says it is for when not told: a negative amount
+/// takes credits away, and its entry does not say they were granted.
+pub fn admin_grant_description(amount: i64) -> &'static str {
+    if amount < 0 {
+        "taken away by an administrator"
+    } else {
+        "granted by an administrator"
+    }
+}
+
 /// `sparring admin grant-credits`: a `grant` (positive) or an `adjustment`
-/// (negative, never below zero) for the user with this email.
+/// (negative, never below zero) for the user with this email, or this
+/// `usr_…` id (a user who signed in with no verified address has no email),
+/// described as given or by [`admin_grant_description`]. Gives the user as
+/// named from here on (their stored email, or their id) and the new
+/// balance.
 pub fn admin_grant(
     tx: &rusqlite::Transaction<'_>,
-    email: &str,
+    user: &str,
     amount: i64,
-    description: &str,
+    description: Option<&str>,
 ) -> anyhow::Result<(String, i64)> {
     if amount == 0 {
         anyhow::bail!("--amount 0 grants nothing: give a positive amount, or a negative one to take credits away");
     }
+    let description = description.unwrap_or_else(|| admin_grant_description(amount));
     // Shown to the user in their ledger: a line of text, as names are.
     crate::validate::check_name("--description", description).map_err(|e| anyhow::anyhow!("{e}"))?;
-    // The user is named by their stored address from here on, not as typed.
-    let (user_id, email): (String, String) = tx
-        .query_row(
+    // The user is named by their stored address from here on, not as typed
+    // (by their id when they have none).
+    let found: Option<(String, String)> = if crate::ids::is_id(user, "usr") {
+        tx.query_row("SELECT id, coalesce(email, id) FROM users WHERE id = ?1", params![user], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?
+    } else {
+        tx.query_row(
             "SELECT id, email FROM users WHERE email = ?1 COLLATE NOCASE ORDER BY created_at, id",
-            params![email],
+            params![user],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()?
-        .ok_or_else(|| anyhow::anyhow!("no user with email {email}"))?;
+    };
+    let (user_id, email) = found.ok_or_else(|| {
+        if crate::ids::is_id(user, "usr") {
+            anyhow::anyhow!("no user with id {user}")
+        } else {
+            anyhow::anyhow!("no user with email {user}")
+        }
+    })?;
     let kind = if amount >= 0 { types::TransactionKind::Grant } else { types::TransactionKind::Adjustment };
     let before = balance(tx, &user_id)?;
     match before.checked_add(amount) {
@@ -142,15 +180,17 @@ pub fn admin_grant(
 }
 
 /// [`admin_grant`] in its own write transaction: the user's stored email
-/// and their new balance.
+/// (or id) and their new balance.
 pub async fn admin_grant_async(
     store: &crate::store::Store,
-    email: String,
+    user: String,
     amount: i64,
-    description: String,
+    description: Option<String>,
 ) -> anyhow::Result<(String, i64)> {
     store
-        .write(move |tx| admin_grant(tx, &email, amount, &description).map_err(|e| AdminError(format!("{e:#}"))))
+        .write(move |tx| {
+            admin_grant(tx, &user, amount, description.as_deref()).map_err(|e| AdminError(format!("{e:#}")))
+        })
         .await
         .map_err(|e| anyhow::anyhow!(e.0))
 }
@@ -182,16 +222,21 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Transaction> {
     })
 }
 
-/// A page of the caller's credit transactions (see [`PageSql`]).
+/// A page of the caller's credit transactions (see [`PageSql`]), newest
+/// first in the order they were written (`seq`, which each entry's
+/// `balance_after` follows), not by id: an id is its writer's clock, and
+/// the ledger has two writers (the server, and `admin grant-credits`
+/// beside it) and outlives a clock set back. The cursor is the last
+/// entry's id; `?4` is its `seq`.
 pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
         &format!(
             "SELECT {COLUMNS} FROM transactions
              WHERE user_id = ?1 AND (?2 IS NULL OR kind = ?2) AND (?3 IS NULL OR batch_run_id = ?3)
                {AFTER}
-             ORDER BY id DESC LIMIT ?5"
+             ORDER BY seq DESC LIMIT ?5"
         ),
-        "AND id < ?4",
+        "AND seq < ?4",
     )
 });
 
@@ -201,15 +246,36 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListTransactionsQu
     let kind = query.kind.map(|k| k.to_string());
     state
         .store
-        .read(move |tx| {
-            let rows = tx
-                .prepare_cached(LIST_SQL.of(&page))?
-                .query_map(params![caller.user_id, kind, query.batch_run_id, page.after, page.fetch_limit()], from_row)?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = page.finish(rows, |t| t.id.clone());
-            Ok(types::TransactionList { transactions: page.items, next_cursor: page.next_cursor })
-        })
+        .read(move |tx| list_page(tx, &caller.user_id, kind.as_deref(), query.batch_run_id.as_deref(), page))
         .await
+}
+
+/// A page of `user_id`'s ledger, of entries of `kind` and about
+/// `batch_run_id` when given.
+fn list_page(
+    tx: &rusqlite::Connection,
+    user_id: &str,
+    kind: Option<&str>,
+    batch_run_id: Option<&str>,
+    page: PageRequest,
+) -> Result<types::TransactionList> {
+    // Where the cursor's entry is in the ledger: one of the user's, or a
+    // cursor this list never gave them.
+    let after: Option<i64> = match &page.after {
+        None => None,
+        Some(id) => Some(
+            tx.prepare_cached("SELECT seq FROM transactions WHERE id = ?1 AND user_id = ?2")?
+                .query_row(params![id, user_id], |r| r.get(0))
+                .optional()?
+                .ok_or_else(|| Failure::invalid("cursor", crate::pagination::InvalidCursor))?,
+        ),
+    };
+    let rows = tx
+        .prepare_cached(LIST_SQL.of(&page))?
+        .query_map(params![user_id, kind, batch_run_id, after, page.fetch_limit()], from_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let page = page.finish(rows, |t| t.id.clone());
+    Ok(types::TransactionList { transactions: page.items, next_cursor: page.next_cursor })
 }
 
 pub async fn get(state: &AppState, caller: Caller, path: p::GetTransactionPath) -> Result<types::Transaction> {
@@ -227,6 +293,97 @@ pub async fn get(state: &AppState, caller: Caller, path: p::GetTransactionPath) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ledger is listed newest first in the order it was written (each
+    /// entry from the balance the one before it left), whatever its ids
+    /// say. An id is made from its writer's clock: an entry written by
+    /// another process (`admin grant-credits` beside a running server, in
+    /// the same millisecond) or by a server restarted after its clock was
+    /// set back has an id that sorts before entries written before it. A
+    /// list in id order then showed an older entry as the newest, its
+    /// `balance_after` as if it were the balance, and a page's cursor left
+    /// the newest entry out of every page.
+    #[test]
+    fn the_ledger_is_listed_in_the_order_it_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                tx.execute("INSERT INTO users (id, email, name, created_at) VALUES ('usr_1', 'a@b.c', 'a', 't')", [])?;
+                append(tx, "usr_1", types::TransactionKind::Grant, 100, "starting credits", None)?;
+                append(tx, "usr_1", types::TransactionKind::Reservation, -30, "reserved", Some("brn_1"))?;
+                append(tx, "usr_1", types::TransactionKind::Grant, 5, "granted by an administrator", None)?;
+                // The last entry as another clock made its id: a second
+                // before the others'.
+                let earlier = uuid::Uuid::now_v7().get_timestamp().unwrap().to_unix();
+                let earlier = uuid::Timestamp::from_unix(uuid::NoContext, earlier.0 - 1, earlier.1);
+                let id = format!("txn_{}", uuid::Uuid::new_v7(earlier).simple());
+                tx.execute("UPDATE transactions SET id = ?1 WHERE seq = (SELECT max(seq) FROM transactions)", [&id])?;
+
+                let written = |t: &types::Transaction| (t.amount, t.balance_after);
+                let all = list_page(tx, "usr_1", None, None, PageRequest::parse(None, None, "txn").unwrap())?;
+                let all: Vec<_> = all.transactions.iter().map(written).collect();
+                assert_eq!(all, [(5, 75), (-30, 70), (100, 100)], "newest first, as written");
+                // A page at a time, the same.
+                let (mut paged, mut cursor) = (Vec::new(), None::<String>);
+                loop {
+                    let page = PageRequest::parse(Some(1), cursor.as_deref(), "txn").unwrap();
+                    let page = list_page(tx, "usr_1", None, None, page)?;
+                    paged.extend(page.transactions.iter().map(written));
+                    match page.next_cursor {
+                        Some(next) => cursor = Some(next),
+                        None => break,
+                    }
+                    assert!(paged.len() <= 3, "{paged:?}");
+                }
+                assert_eq!(paged, all);
+                // Filtered, the same order.
+                let grants =
+                    list_page(tx, "usr_1", Some("grant"), None, PageRequest::parse(None, None, "txn").unwrap())?;
+                let grants: Vec<_> = grants.transactions.iter().map(written).collect();
+                assert_eq!(grants, [(5, 75), (100, 100)]);
+                // A cursor is an entry of the user's own ledger.
+                let theirs = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, &id);
+                let page = PageRequest::parse(Some(1), Some(&theirs), "txn").unwrap();
+                let refused = list_page(tx, "usr_2", None, None, page).map(|_| ()).unwrap_err();
+                assert!(refused.to_string().contains("cursor"), "{refused}");
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A user who signed in with an ID token that brought no verified
+    /// address has no email; `admin grant-credits` found users by email
+    /// only, so such a user (the payer of the projects they made) could
+    /// never be given credits. They are named by their `usr_…` id, as the
+    /// members list shows it.
+    #[test]
+    fn credits_are_granted_to_a_user_named_by_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                tx.execute_batch(
+                    "INSERT INTO users (id, email, name, created_at) VALUES ('usr_01', NULL, 'no address', 't');
+                     INSERT INTO users (id, email, name, created_at) VALUES ('usr_02', 'a@b.c', 'a', 't');",
+                )?;
+                let no_address = "usr_0000000000000000000000000000001a";
+                tx.execute("UPDATE users SET id = ?1 WHERE id = 'usr_01'", [no_address])?;
+                let granted = admin_grant(tx, no_address, 40, None).unwrap();
+                assert_eq!(granted, (no_address.to_string(), 40), "named by their id, having no address");
+                assert_eq!(balance(tx, no_address)?, 40);
+                // Taken away again by id too, never below zero.
+                let taken = admin_grant(tx, no_address, -15, None).unwrap();
+                assert_eq!(taken.1, 25);
+                let refused = admin_grant(tx, no_address, -26, None).unwrap_err().to_string();
+                assert!(refused.contains("below zero"), "{refused}");
+                // An id no user has is refused, as an unknown email is.
+                let unknown = admin_grant(tx, "usr_0000000000000000000000000000002b", 1, None).unwrap_err();
+                assert!(unknown.to_string().contains("no user"), "{unknown}");
+                Ok(())
+            })
+            .unwrap();
+    }
 
     #[test]
     fn a_started_minute_costs_one_credit() {

@@ -327,7 +327,7 @@ pub(crate) mod tests {
             (&crate::api_keys::PAGE_SQL, "SEARCH api_keys USING COVERING INDEX api_keys_listing (user_id=? AND id<?)"),
             (&crate::batches::LIST_SQL, "SEARCH b USING COVERING INDEX batches_by_project (project_id=? AND id<?)"),
             (&crate::channels::LIST_SQL, "SEARCH c USING INDEX channels_by_project (project_id=? AND id<?)"),
-            (&crate::credits::LIST_SQL, "SEARCH transactions USING INDEX transactions_by_user_id (user_id=? AND id<?)"),
+            (&crate::credits::LIST_SQL, "SEARCH transactions USING INDEX transactions_by_user (user_id=? AND seq<?)"),
             (
                 &crate::engine::webhooks::LIST_SQL,
                 "SEARCH webhook_deliveries USING INDEX webhook_deliveries_by_project (project_id=? AND id<?)",

@@ -322,7 +322,7 @@ fn begin(
             &payer,
             types::TransactionKind::Reservation,
             -worst,
-            &format!("reserved for {n} conversations of batch run {id}"),
+            &format!("reserved for {n} conversations of {}", credits::batch_run_named(tx, id, &source.project_id)?),
             Some(id),
         )?;
         let mut insert = tx.prepare_cached(

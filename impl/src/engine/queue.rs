@@ -440,7 +440,8 @@ fn maybe_complete(tx: &rusqlite::Transaction<'_>, batch_run_id: &str) -> Result<
             types::TransactionKind::Refund,
             unused,
             &format!(
-                "unused part of the reservation of batch run {batch_run_id} ({reserved} reserved, {charged} used)"
+                "unused part of the reservation of {} ({reserved} reserved, {charged} used)",
+                credits::batch_run_named(tx, batch_run_id, &project_id)?
             ),
             Some(batch_run_id),
         )?;
