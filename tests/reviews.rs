@@ -1547,3 +1547,47 @@ async fn a_page_of_complete_calibrations_reads_no_result_document() {
         }
     }
 }
+
+/// Reviewer statistics compare labels with each result's automated verdicts
+/// without reading the result's document (the whole conversation, up to a
+/// call's record, for a verdict and a few names): with every document made
+/// unreadable, the statistics are what they were, to every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reviewer_statistics_read_no_result_document() {
+    let good = Agent::start(&[]);
+    let bad = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("statistics without documents").await;
+    let p = &t.project_id;
+    let ran = run_batch(&s, &t, &good, &bad, 1, 1).await;
+    let (rp, rf) = (id(&ran.passed[0]), id(&ran.failed[0]));
+    let reviewer_id = user_with_role(&s, &t, "reviewer").await;
+    let editor_id = user_with_role(&s, &t, "editor").await;
+    // Automated (T = passed): rp verdict T, confirms T, right day T; rf
+    // verdict F, confirms T, right day F.
+    review(&s, &t.reviewer, &rp, true, &[(CONFIRMS, true), (RIGHT_DAY, true)]).await;
+    review(&s, &t.reviewer, &rf, true, &[(CONFIRMS, true), (RIGHT_DAY, false)]).await;
+    review(&s, &t.editor, &rp, false, &[(RIGHT_DAY, true)]).await;
+    review(&s, &t.editor, &rf, false, &[]).await;
+    let mut before = BTreeMap::new();
+    for key in [&t.owner, &t.reviewer, &t.viewer] {
+        before.insert(key.clone(), reviewers(&s, key, p).await);
+    }
+    // The reviewer: 6 labels, all but rf's verdict as the machine's → 5/6;
+    // the editor: rp's verdict differs, rp's right day and rf's verdict
+    // agree → 2/3. Their pairs: rp's verdict (differ), rp's right day
+    // (equal), rf's verdict (differ) → 1/3 each.
+    let stats = &before[&t.owner];
+    for (user, automated) in [(&reviewer_id, 5.0 / 6.0), (&editor_id, 2.0 / 3.0)] {
+        let of = find(stats, "user_id", user);
+        assert_eq!(of["reviews_count"], 2, "{of:#}");
+        close_to(&of["agreement_with_automated"], automated, "vs automated");
+        close_to(&of["agreement_with_peers"], 1.0 / 3.0, "vs peers");
+    }
+
+    let unreadable = database(&s).execute("UPDATE test_results SET document = 'not a document'", []).unwrap();
+    assert_eq!(unreadable, 2);
+    for key in [&t.owner, &t.reviewer, &t.viewer] {
+        assert_eq!(reviewers(&s, key, p).await, before[key]);
+    }
+}

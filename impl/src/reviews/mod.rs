@@ -54,14 +54,16 @@ fn quoted(name: &str) -> String {
 
 /// What the automated evaluation said of a result, read from its stored
 /// document without building the rest of it: the transcript, most of a
-/// document's bytes, is skipped, not kept. Calibration metrics and reviewer
-/// statistics read hundreds of these per request.
+/// document's bytes, is skipped, not kept. An open calibration's metrics
+/// read these (reviewer statistics read `result_verdicts` instead: see
+/// [`keep_verdicts`]).
 #[derive(serde::Deserialize)]
 pub(crate) struct AutomatedVerdicts {
     status: Option<types::TestResultStatus>,
     pub evaluations: Vec<EvaluatorVerdict>,
 }
 
+/// One evaluation's verdict, as a document and `result_verdicts` hold it.
 #[derive(serde::Deserialize)]
 pub(crate) struct EvaluatorVerdict {
     pub name: String,
@@ -77,6 +79,22 @@ impl AutomatedVerdicts {
     pub fn passed(&self) -> bool {
         self.status == Some(types::TestResultStatus::Passed)
     }
+}
+
+/// Keeps the automated verdicts of `result` beside it (`result_verdicts`:
+/// its overall verdict, and each evaluation's name and `passed`), in the
+/// transaction that stores it: what reviewer statistics compare labels
+/// with, without reading the result's document.
+pub(crate) fn keep_verdicts(tx: &rusqlite::Transaction<'_>, result: &types::TestResult) -> rusqlite::Result<()> {
+    let evaluations: Vec<serde_json::Value> =
+        result.evaluations.iter().map(|e| json!({"name": e.name, "passed": e.passed})).collect();
+    tx.prepare_cached("INSERT INTO result_verdicts (test_result_id, passed, evaluations) VALUES (?1, ?2, ?3)")?
+        .execute(params![
+            result.id,
+            result.status == Some(types::TestResultStatus::Passed),
+            serde_json::Value::from(evaluations).to_string()
+        ])?;
+    Ok(())
 }
 
 const COLUMNS: &str = "r.id, r.project_id, r.test_result_id, r.reviewer_id, r.verdict, r.evaluations, r.notes, \

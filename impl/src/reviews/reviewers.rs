@@ -12,11 +12,15 @@
 //! calibration's included), so that watching statistics cannot unblind
 //! anything; `reviews_count` and
 //! `last_review_at` count every review.
+//!
+//! The automated labels come from `result_verdicts`, kept beside each
+//! result when it is stored: no result's document (its whole conversation)
+//! is read (`statistics_read_no_result_document` pins the plans).
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use rusqlite::params;
+use rusqlite::{params, OptionalExtension as _};
 use sparring_server::{params as p, types, Caller};
 
 use crate::access::{self, Need};
@@ -71,6 +75,31 @@ fn share(agree: u64, total: u64) -> Option<f64> {
     (total > 0).then(|| agree as f64 / total as f64)
 }
 
+/// The settled reviews (not in an open calibration) of the results the
+/// reviewer `?3` reviewed, everyone's, to compare with peers; none of a
+/// result the caller (`?1`) labels blind now, whatever calibration a review
+/// was for: its labels beside the machine's and each other's would tell the
+/// caller what they are not shown. In the projects of [`SCOPE`].
+static SETTLED_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT r.reviewer_id, r.test_result_id, r.verdict, r.evaluations FROM reviews r
+         LEFT JOIN calibrations c ON c.id = r.calibration_id
+         WHERE r.project_id IN ({SCOPE}) AND (c.status IS NULL OR c.status != 'open')
+           AND r.test_result_id IN (SELECT test_result_id FROM reviews WHERE reviewer_id = ?3)
+           AND r.test_result_id NOT IN ({})",
+        crate::reviews::blind::blind_results("?1")
+    )
+});
+
+/// How many reviews the reviewer `?3` wrote in the projects of [`SCOPE`],
+/// and when the latest was.
+static COUNTS_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT count(*), max(updated_at) FROM reviews WHERE reviewer_id = ?3 AND project_id IN ({SCOPE})")
+});
+
+/// The automated labels of the result `?1`, kept beside it.
+const VERDICTS_SQL: &str = "SELECT passed, evaluations FROM result_verdicts WHERE test_result_id = ?1";
+
 /// A page of `GET /v1/reviewers` (see [`PageSql`]).
 pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
@@ -103,24 +132,11 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery
                 .collect::<rusqlite::Result<_>>()?;
             let page = page.finish(users, |u| u.0.clone());
 
-            // The settled reviews (not in an open calibration) of the results
-            // these reviewers reviewed, everyone's, to compare with peers;
-            // none of a result the caller labels blind now, whatever
-            // calibration a review was for: its labels beside the machine's
-            // and each other's would tell the caller what they are not shown.
-            let mut settled = tx.prepare_cached(&format!(
-                "SELECT r.reviewer_id, r.test_result_id, r.verdict, r.evaluations FROM reviews r
-                 LEFT JOIN calibrations c ON c.id = r.calibration_id
-                 WHERE r.project_id IN ({SCOPE}) AND (c.status IS NULL OR c.status != 'open')
-                   AND r.test_result_id IN (SELECT test_result_id FROM reviews WHERE reviewer_id = ?3)
-                   AND r.test_result_id NOT IN ({})",
-                crate::reviews::blind::blind_results("?1")
-            ))?;
-            let mut counts = tx.prepare_cached(&format!(
-                "SELECT count(*), max(updated_at) FROM reviews WHERE reviewer_id = ?3 AND project_id IN ({SCOPE})"
-            ))?;
-            let mut document = tx.prepare_cached("SELECT document FROM test_results WHERE id = ?1")?;
-            let mut automated: HashMap<String, Automated> = HashMap::new();
+            let mut settled = tx.prepare_cached(&SETTLED_SQL)?;
+            let mut counts = tx.prepare_cached(&COUNTS_SQL)?;
+            let mut verdicts = tx.prepare_cached(VERDICTS_SQL)?;
+            // `None` for a result whose automated labels are unknown.
+            let mut automated: HashMap<String, Option<Automated>> = HashMap::new();
             let mut reviewers = Vec::new();
             for (user_id, email, name) in page.items {
                 let (reviews_count, last): (i64, Option<String>) = counts
@@ -146,24 +162,29 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery
                 let (mut machine_agree, mut machine_total, mut peer_agree, mut peer_total) = (0, 0, 0, 0);
                 for mine in all.iter().filter(|l| l.reviewer_id == user_id) {
                     if !automated.contains_key(&mine.result_id) {
-                        let text: String = document.query_row(params![mine.result_id], |r| r.get(0))?;
-                        let result = super::AutomatedVerdicts::of(&text)?;
-                        automated.insert(
-                            mine.result_id.clone(),
-                            Automated {
-                                passed: result.passed(),
-                                evaluations: result.evaluations.into_iter().map(|e| (e.name, e.passed)).collect(),
-                            },
-                        );
+                        let kept: Option<(bool, String)> =
+                            verdicts.query_row(params![mine.result_id], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+                        let machine = match kept {
+                            None => None,
+                            Some((passed, evaluations)) => {
+                                let evaluations: Vec<super::EvaluatorVerdict> =
+                                    serde_json::from_str(&evaluations).map_err(|e| conversion(1, e))?;
+                                Some(Automated {
+                                    passed,
+                                    evaluations: evaluations.into_iter().map(|e| (e.name, e.passed)).collect(),
+                                })
+                            }
+                        };
+                        automated.insert(mine.result_id.clone(), machine);
                     }
-                    let machine = &automated[&mine.result_id];
+                    let machine = automated[&mine.result_id].as_ref();
                     let peers: Vec<&Labels> = by_result[mine.result_id.as_str()]
                         .iter()
                         .copied()
                         .filter(|l| l.reviewer_id != user_id)
                         .collect();
                     for (evaluator, label) in mine.each() {
-                        if let Some(m) = machine.get(evaluator) {
+                        if let Some(m) = machine.and_then(|machine| machine.get(evaluator)) {
                             machine_total += 1;
                             machine_agree += u64::from(m == label);
                         }
@@ -188,4 +209,28 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery
             Ok(types::ReviewerList { reviewers, next_cursor: page.next_cursor })
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pagination::tests::{on_schema, plan};
+
+    /// Reviewer statistics read no result's document: no statement they
+    /// run reads `test_results` (whose rows hold the documents), and a
+    /// result's automated labels are its one `result_verdicts` row, found by
+    /// its key.
+    #[test]
+    fn statistics_read_no_result_document() {
+        on_schema(|tx| {
+            for sql in
+                [LIST_SQL.of_cursor(false), LIST_SQL.of_cursor(true), SETTLED_SQL.as_str(), &COUNTS_SQL, VERDICTS_SQL]
+            {
+                let steps = plan(tx, sql)?;
+                assert!(!steps.iter().any(|s| s.contains("test_results")), "{sql}\n{steps:#?}");
+            }
+            assert_eq!(plan(tx, VERDICTS_SQL)?, ["SEARCH result_verdicts USING PRIMARY KEY (test_result_id=?)"]);
+            Ok(())
+        });
+    }
 }
