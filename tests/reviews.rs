@@ -1591,3 +1591,46 @@ async fn reviewer_statistics_read_no_result_document() {
         assert_eq!(reviewers(&s, key, p).await, before[key]);
     }
 }
+
+/// An open calibration's metrics, measured on every read, compare its
+/// labels with the automated verdicts kept beside its results, not with
+/// their documents (each a whole conversation): with every document made
+/// unreadable, it reads as before, by id and in a page, and closing it
+/// keeps those metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_calibrations_metrics_read_no_result_document() {
+    let good = Agent::start(&[]);
+    let bad = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("open without documents").await;
+    let p = &t.project_id;
+    let ran = run_batch(&s, &t, &good, &bad, 1, 1).await;
+    let (rp, rf) = (id(&ran.passed[0]), id(&ran.failed[0]));
+    let reviewer_id = user_with_role(&s, &t, "reviewer").await;
+    let body = calibration_by_ids(p, &[&rp, &rf], &[&reviewer_id]);
+    let c = id(&s.expect(Method::POST, "/v1/reviews/calibration", &t.editor, Some(body), 200).await);
+    // rp (automated pass) labelled fail, right day failed: where humans and
+    // automation differ, overall and on "right day".
+    review(&s, &t.reviewer, &rp, false, &[(CONFIRMS, true), (RIGHT_DAY, false)]).await;
+    let page = format!("/v1/reviews/calibration?project_id={p}");
+    let open = get_calibration(&s, &t.owner, &c).await;
+    assert_eq!(open["status"], "open");
+    // One subject with a majority: agreement 0, no human pass (TPR
+    // undefined), TNR 0; Cohen's κ over [[0, 0], [1, 0]]: p_o 0, p_e 0 →
+    // 0; one reviewer (Fleiss' κ undefined).
+    assert_metrics(&open["overall"], [Some(0.0), Some(0.0), None, None, Some(0.0)], "open");
+    assert_eq!(
+        open["disagreements"],
+        json!([{"test_result_id": rp, "evaluator": null, "human_label": false, "automated_label": true},
+               {"test_result_id": rp, "evaluator": RIGHT_DAY, "human_label": false, "automated_label": true}])
+    );
+    let listed = s.expect(Method::GET, &page, &t.owner, None, 200).await;
+
+    let unreadable = database(&s).execute("UPDATE test_results SET document = 'not a document'", []).unwrap();
+    assert_eq!(unreadable, 2);
+    assert_eq!(get_calibration(&s, &t.owner, &c).await, open);
+    assert_eq!(s.expect(Method::GET, &page, &t.owner, None, 200).await, listed);
+    let closed = close(&s, &t.editor, &c).await;
+    assert_eq!(metrics_of(&closed), metrics_of(&open));
+    assert_eq!(metrics_of(&get_calibration(&s, &t.owner, &c).await), metrics_of(&open));
+}

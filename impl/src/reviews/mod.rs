@@ -52,14 +52,15 @@ fn quoted(name: &str) -> String {
     crate::engine::llm::clip(name, QUOTED_NAME)
 }
 
-/// What the automated evaluation said of a result, read from its stored
-/// document without building the rest of it: the transcript, most of a
-/// document's bytes, is skipped, not kept. An open calibration's metrics
-/// read these (reviewer statistics read `result_verdicts` instead: see
-/// [`keep_verdicts`]).
-#[derive(serde::Deserialize)]
+/// What the automated evaluation said of a result: its overall verdict
+/// (`status == passed`; an `error` is no pass) and each evaluation's.
+/// Calibration metrics and reviewer statistics compare labels with these,
+/// for hundreds of results a request: they are read from `result_verdicts`
+/// ([`AutomatedVerdicts::kept`]), kept beside each result when it is stored
+/// ([`keep_verdicts`]), never from its document (the whole conversation),
+/// but by migration 0021's step, which runs before there is that table.
 pub(crate) struct AutomatedVerdicts {
-    status: Option<types::TestResultStatus>,
+    pub passed: bool,
     pub evaluations: Vec<EvaluatorVerdict>,
 }
 
@@ -70,21 +71,40 @@ pub(crate) struct EvaluatorVerdict {
     pub passed: bool,
 }
 
+/// The automated labels of the result `?1`, kept beside it.
+pub(crate) const VERDICTS_SQL: &str = "SELECT passed, evaluations FROM result_verdicts WHERE test_result_id = ?1";
+
 impl AutomatedVerdicts {
-    /// From a stored `TestResult` document.
+    /// From a stored `TestResult` document, without building the rest of
+    /// it: the transcript, most of a document's bytes, is skipped, not kept.
     pub fn of(document: &str) -> Result<AutomatedVerdicts> {
-        serde_json::from_str(document).map_err(|e| Failure::Store(conversion(0, e).into()))
+        #[derive(serde::Deserialize)]
+        struct Document {
+            status: Option<types::TestResultStatus>,
+            evaluations: Vec<EvaluatorVerdict>,
+        }
+        let d: Document = serde_json::from_str(document).map_err(|e| Failure::Store(conversion(0, e).into()))?;
+        Ok(AutomatedVerdicts { passed: d.status == Some(types::TestResultStatus::Passed), evaluations: d.evaluations })
     }
 
-    pub fn passed(&self) -> bool {
-        self.status == Some(types::TestResultStatus::Passed)
+    /// As `result_verdicts` keeps them for the result `result_id` (one
+    /// primary-key read, [`VERDICTS_SQL`]); `None` when it keeps none (the
+    /// result is gone, or its document was not JSON when migration 0022 ran).
+    pub fn kept(tx: &rusqlite::Connection, result_id: &str) -> Result<Option<AutomatedVerdicts>> {
+        let kept: Option<(bool, String)> = tx
+            .prepare_cached(VERDICTS_SQL)?
+            .query_row(params![result_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let Some((passed, evaluations)) = kept else { return Ok(None) };
+        let evaluations = serde_json::from_str(&evaluations).map_err(|e| Failure::Store(conversion(1, e).into()))?;
+        Ok(Some(AutomatedVerdicts { passed, evaluations }))
     }
 }
 
 /// Keeps the automated verdicts of `result` beside it (`result_verdicts`:
 /// its overall verdict, and each evaluation's name and `passed`), in the
-/// transaction that stores it: what reviewer statistics compare labels
-/// with, without reading the result's document.
+/// transaction that stores it: what calibration metrics and reviewer
+/// statistics compare labels with, without reading the result's document.
 pub(crate) fn keep_verdicts(tx: &rusqlite::Transaction<'_>, result: &types::TestResult) -> rusqlite::Result<()> {
     let evaluations: Vec<serde_json::Value> =
         result.evaluations.iter().map(|e| json!({"name": e.name, "passed": e.passed})).collect();

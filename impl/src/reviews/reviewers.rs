@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use rusqlite::{params, OptionalExtension as _};
+use rusqlite::params;
 use sparring_server::{params as p, types, Caller};
 
 use crate::access::{self, Need};
@@ -97,9 +97,6 @@ static COUNTS_SQL: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT count(*), max(updated_at) FROM reviews WHERE reviewer_id = ?3 AND project_id IN ({SCOPE})")
 });
 
-/// The automated labels of the result `?1`, kept beside it.
-const VERDICTS_SQL: &str = "SELECT passed, evaluations FROM result_verdicts WHERE test_result_id = ?1";
-
 /// A page of `GET /v1/reviewers` (see [`PageSql`]).
 pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
     PageSql::new(
@@ -134,7 +131,6 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery
 
             let mut settled = tx.prepare_cached(&SETTLED_SQL)?;
             let mut counts = tx.prepare_cached(&COUNTS_SQL)?;
-            let mut verdicts = tx.prepare_cached(VERDICTS_SQL)?;
             // `None` for a result whose automated labels are unknown.
             let mut automated: HashMap<String, Option<Automated>> = HashMap::new();
             let mut reviewers = Vec::new();
@@ -162,19 +158,10 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewersQuery
                 let (mut machine_agree, mut machine_total, mut peer_agree, mut peer_total) = (0, 0, 0, 0);
                 for mine in all.iter().filter(|l| l.reviewer_id == user_id) {
                     if !automated.contains_key(&mine.result_id) {
-                        let kept: Option<(bool, String)> =
-                            verdicts.query_row(params![mine.result_id], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
-                        let machine = match kept {
-                            None => None,
-                            Some((passed, evaluations)) => {
-                                let evaluations: Vec<super::EvaluatorVerdict> =
-                                    serde_json::from_str(&evaluations).map_err(|e| conversion(1, e))?;
-                                Some(Automated {
-                                    passed,
-                                    evaluations: evaluations.into_iter().map(|e| (e.name, e.passed)).collect(),
-                                })
-                            }
-                        };
+                        let machine = super::AutomatedVerdicts::kept(tx, &mine.result_id)?.map(|kept| Automated {
+                            passed: kept.passed,
+                            evaluations: kept.evaluations.into_iter().map(|e| (e.name, e.passed)).collect(),
+                        });
                         automated.insert(mine.result_id.clone(), machine);
                     }
                     let machine = automated[&mine.result_id].as_ref();
@@ -223,13 +210,20 @@ mod tests {
     #[test]
     fn statistics_read_no_result_document() {
         on_schema(|tx| {
-            for sql in
-                [LIST_SQL.of_cursor(false), LIST_SQL.of_cursor(true), SETTLED_SQL.as_str(), &COUNTS_SQL, VERDICTS_SQL]
-            {
+            for sql in [
+                LIST_SQL.of_cursor(false),
+                LIST_SQL.of_cursor(true),
+                SETTLED_SQL.as_str(),
+                &COUNTS_SQL,
+                crate::reviews::VERDICTS_SQL,
+            ] {
                 let steps = plan(tx, sql)?;
                 assert!(!steps.iter().any(|s| s.contains("test_results")), "{sql}\n{steps:#?}");
             }
-            assert_eq!(plan(tx, VERDICTS_SQL)?, ["SEARCH result_verdicts USING PRIMARY KEY (test_result_id=?)"]);
+            assert_eq!(
+                plan(tx, crate::reviews::VERDICTS_SQL)?,
+                ["SEARCH result_verdicts USING PRIMARY KEY (test_result_id=?)"]
+            );
             Ok(())
         });
     }
