@@ -1634,3 +1634,46 @@ async fn an_open_calibrations_metrics_read_no_result_document() {
     assert_eq!(metrics_of(&closed), metrics_of(&open));
     assert_eq!(metrics_of(&get_calibration(&s, &t.owner, &c).await), metrics_of(&open));
 }
+
+/// Writing a review checks its labels against the result's evaluators as
+/// kept beside the result, without decoding the result's document (the
+/// whole conversation) in the one writer every write waits for: with every
+/// document made unreadable, reviews are written, refused and counted as
+/// before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_is_written_without_reading_the_results_document() {
+    let good = Agent::start(&[]);
+    let bad = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("reviews without documents").await;
+    let p = &t.project_id;
+    let ran = run_batch(&s, &t, &good, &bad, 1, 1).await;
+    let (rp, rf) = (id(&ran.passed[0]), id(&ran.failed[0]));
+    let reviewer_id = user_with_role(&s, &t, "reviewer").await;
+    let body = calibration_by_ids(p, &[&rf], &[&reviewer_id]);
+    let c = id(&s.expect(Method::POST, "/v1/reviews/calibration", &t.editor, Some(body), 200).await);
+
+    let unreadable = database(&s).execute("UPDATE test_results SET document = 'not a document'", []).unwrap();
+    assert_eq!(unreadable, 2);
+    let made = review(&s, &t.editor, &rp, true, &[(CONFIRMS, true), (RIGHT_DAY, true)]).await;
+    assert_eq!(made["project_id"], p.as_str());
+    let e = refused(
+        &s,
+        Method::POST,
+        "/v1/reviews",
+        &t.editor,
+        Some(review_body(&rp, true, &[("no such evaluator", true)], "")),
+        400,
+    )
+    .await;
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("evaluations[0]") && message.contains(&format!("{CONFIRMS}, {RIGHT_DAY}")), "{e}");
+    forbidden(&s, Method::POST, "/v1/reviews", &t.viewer, Some(review_body(&rp, true, &[], ""))).await;
+    refused(&s, Method::POST, "/v1/reviews", &t.outsider, Some(review_body(&rp, true, &[], "")), 404).await;
+    // The calibration's one label completes it.
+    let last = review(&s, &t.reviewer, &rf, false, &[(RIGHT_DAY, false)]).await;
+    assert_eq!(last["calibration_id"], c.as_str());
+    let done = get_calibration(&s, &t.owner, &c).await;
+    assert_eq!(done["status"], "complete", "{done:#}");
+    assert_metrics(&done["overall"], [Some(1.0), None, None, None, Some(1.0)], "one agreeing fail");
+}

@@ -55,7 +55,8 @@ fn quoted(name: &str) -> String {
 /// What the automated evaluation said of a result: its overall verdict
 /// (`status == passed`; an `error` is no pass) and each evaluation's.
 /// Calibration metrics and reviewer statistics compare labels with these,
-/// for hundreds of results a request: they are read from `result_verdicts`
+/// for hundreds of results a request, and a review's labels are checked
+/// against their names in the writer: they are read from `result_verdicts`
 /// ([`AutomatedVerdicts::kept`]), kept beside each result when it is stored
 /// ([`keep_verdicts`]), never from its document (the whole conversation),
 /// but by migration 0021's step, which runs before there is that table.
@@ -197,10 +198,21 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateReviewR
     state
         .store
         .write(move |tx| {
-            let result = crate::runs::stored_result(tx, &caller.user_id, &result_id, Need::Review)?;
+            // The result's project and evaluators, not its document: this
+            // runs in the one writer every write waits for, and the document
+            // is the whole conversation.
+            let project_id: String = tx
+                .prepare_cached("SELECT project_id FROM test_results WHERE id = ?1")?
+                .query_row(params![result_id], |r| r.get(0))
+                .optional()?
+                .ok_or_else(|| Failure::not_found("test result", &result_id))?;
+            let role = access::role_in(tx, &caller.user_id, &project_id)?
+                .ok_or_else(|| Failure::not_found("test result", &result_id))?;
+            access::check(role, Need::Review)?;
+            let evaluations = AutomatedVerdicts::kept(tx, &result_id)?.map(|v| v.evaluations).unwrap_or_default();
             for (i, label) in labels.iter().enumerate() {
-                if !result.evaluations.iter().any(|e| e.name == label.name) {
-                    let names: Vec<&str> = result.evaluations.iter().map(|e| e.name.as_str()).collect();
+                if !evaluations.iter().any(|e| e.name == label.name) {
+                    let names: Vec<&str> = evaluations.iter().map(|e| e.name.as_str()).collect();
                     return Err(Failure::invalid(
                         &format!("evaluations[{i}].name"),
                         format_args!(
@@ -244,7 +256,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateReviewR
                         "INSERT INTO reviews (id, project_id, test_result_id, reviewer_id, verdict, evaluations, notes,
                                               calibration_id, created_at, updated_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
-                        params![id, result.project_id, result_id, caller.user_id, verdict, labels_json, notes,
+                        params![id, project_id, result_id, caller.user_id, verdict, labels_json, notes,
                                 calibration_id, now],
                     )?;
                         (id, "review.create")
@@ -265,7 +277,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateReviewR
                     action,
                     resource_type: "review",
                     resource_id: &id,
-                    project_id: Some(&result.project_id),
+                    project_id: Some(&project_id),
                     summary,
                     changes: json!({
                         "test_result_id": result_id,
