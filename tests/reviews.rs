@@ -1677,3 +1677,61 @@ async fn a_review_is_written_without_reading_the_results_document() {
     assert_eq!(done["status"], "complete", "{done:#}");
     assert_metrics(&done["overall"], [Some(1.0), None, None, None, Some(1.0)], "one agreeing fail");
 }
+
+/// A result can have more than 100 evaluations (a scenario holds up to 1,000
+/// evaluators, a test 100 more), and a review labels each of them: one
+/// review of a result of 150 evaluations labels them all, and a label of a
+/// name the result does not have is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_labels_every_evaluation_of_a_result_with_many() {
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let t = s.team("many evaluators").await;
+    let p = &t.project_id;
+    let persona = create(&s, &t.editor, "/v1/personas", json!({"project_id": p, "name": "Dana"})).await;
+    let mut scenario = booking(p, &persona);
+    let expect: Vec<Value> = (0..100)
+        .map(|i| json!({"type": "not_contains", "name": format!("quiet {i}"), "text": format!("zz{i}zz")}))
+        .collect();
+    scenario["steps"][1]["expect"] = json!(expect);
+    let scenario = create(&s, &t.editor, "/v1/scenarios", scenario).await;
+    let channel = channel(&s, &t.editor, p, "http", &good.http_target()).await;
+    let evaluators: Vec<Value> = (0..48)
+        .map(|i| json!({"type": "not_contains", "name": format!("calm {i}"), "text": format!("yy{i}yy")}))
+        .collect();
+    let test = create(
+        &s,
+        &t.editor,
+        "/v1/tests",
+        json!({"project_id": p, "name": "books", "channel_id": channel, "scenario_id": scenario, "evaluators": evaluators}),
+    )
+    .await;
+    let started = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    let done = wait_for_end(&s, &t.owner, started["id"].as_str().unwrap()).await;
+    assert_eq!(done["counts"]["passed"], 1, "{done:#}");
+    let results = all_pages(&s, &t.owner, &format!("/v1/tests/{test}/results"), "test_results").await;
+    let result = &results[0];
+    let names: Vec<(String, bool)> = evaluations(result);
+    assert_eq!(names.len(), 150, "{result:#}");
+    let labels: Vec<(&str, bool)> = names.iter().map(|(n, passed)| (n.as_str(), *passed)).collect();
+    let made = review(&s, &t.reviewer, &id(result), true, &labels).await;
+    assert_eq!(made["evaluations"].as_array().unwrap().len(), 150, "{made:#}");
+    let mut with_unknown = labels.clone();
+    with_unknown.push(("no such evaluator", true));
+    let e = refused(
+        &s,
+        Method::POST,
+        "/v1/reviews",
+        &t.reviewer,
+        Some(review_body(&id(result), true, &with_unknown, "")),
+        400,
+    )
+    .await;
+    assert!(e["message"].as_str().unwrap().starts_with("evaluations[150].name"), "{e}");
+    // More labels than any result has evaluations: refused as such.
+    let many: Vec<String> = (0..1101).map(|i| format!("label {i}")).collect();
+    let many: Vec<(&str, bool)> = many.iter().map(|n| (n.as_str(), true)).collect();
+    let body = Some(review_body(&id(result), true, &many, ""));
+    let e = refused(&s, Method::POST, "/v1/reviews", &t.reviewer, body, 400).await;
+    assert!(e["message"].as_str().unwrap().contains("at most 1100 labels, got 1101"), "{e}");
+}

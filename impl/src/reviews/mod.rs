@@ -40,7 +40,9 @@ use crate::runs::{conversion, time};
 use crate::{ids, validate, AppState};
 
 pub const MAX_NOTES: usize = 10_000;
-pub const MAX_LABELS: usize = 100;
+/// As many labels as a result can have evaluations: its scenario's
+/// evaluators and its test's.
+pub const MAX_LABELS: usize = crate::scenarios::MAX_SCENARIO_EVALUATORS + crate::evaluators::MAX_EVALUATORS;
 /// The most of a label's name a message quotes: a name is bounded only by
 /// the body, and the longest an evaluator has ("step N: " and a name of at
 /// most 100 characters) is still quoted whole.
