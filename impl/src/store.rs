@@ -82,6 +82,11 @@ const MIGRATIONS: &[Migration] = &[
         Some(crate::reviews::calibration::keep_all),
     ),
     ("0022_result_verdicts", include_str!("../migrations/0022_result_verdicts.sql"), None),
+    (
+        "0023_reviews_by_calibration_in_order",
+        include_str!("../migrations/0023_reviews_by_calibration_in_order.sql"),
+        None,
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]
