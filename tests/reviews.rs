@@ -1547,3 +1547,191 @@ async fn a_page_of_complete_calibrations_reads_no_result_document() {
         }
     }
 }
+
+/// Reviewer statistics compare labels with each result's automated verdicts
+/// without reading the result's document (the whole conversation, up to a
+/// call's record, for a verdict and a few names): with every document made
+/// unreadable, the statistics are what they were, to every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reviewer_statistics_read_no_result_document() {
+    let good = Agent::start(&[]);
+    let bad = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("statistics without documents").await;
+    let p = &t.project_id;
+    let ran = run_batch(&s, &t, &good, &bad, 1, 1).await;
+    let (rp, rf) = (id(&ran.passed[0]), id(&ran.failed[0]));
+    let reviewer_id = user_with_role(&s, &t, "reviewer").await;
+    let editor_id = user_with_role(&s, &t, "editor").await;
+    // Automated (T = passed): rp verdict T, confirms T, right day T; rf
+    // verdict F, confirms T, right day F.
+    review(&s, &t.reviewer, &rp, true, &[(CONFIRMS, true), (RIGHT_DAY, true)]).await;
+    review(&s, &t.reviewer, &rf, true, &[(CONFIRMS, true), (RIGHT_DAY, false)]).await;
+    review(&s, &t.editor, &rp, false, &[(RIGHT_DAY, true)]).await;
+    review(&s, &t.editor, &rf, false, &[]).await;
+    let mut before = BTreeMap::new();
+    for key in [&t.owner, &t.reviewer, &t.viewer] {
+        before.insert(key.clone(), reviewers(&s, key, p).await);
+    }
+    // The reviewer: 6 labels, all but rf's verdict as the machine's → 5/6;
+    // the editor: rp's verdict differs, rp's right day and rf's verdict
+    // agree → 2/3. Their pairs: rp's verdict (differ), rp's right day
+    // (equal), rf's verdict (differ) → 1/3 each.
+    let stats = &before[&t.owner];
+    for (user, automated) in [(&reviewer_id, 5.0 / 6.0), (&editor_id, 2.0 / 3.0)] {
+        let of = find(stats, "user_id", user);
+        assert_eq!(of["reviews_count"], 2, "{of:#}");
+        close_to(&of["agreement_with_automated"], automated, "vs automated");
+        close_to(&of["agreement_with_peers"], 1.0 / 3.0, "vs peers");
+    }
+
+    let unreadable = database(&s).execute("UPDATE test_results SET document = 'not a document'", []).unwrap();
+    assert_eq!(unreadable, 2);
+    for key in [&t.owner, &t.reviewer, &t.viewer] {
+        assert_eq!(reviewers(&s, key, p).await, before[key]);
+    }
+}
+
+/// An open calibration's metrics, measured on every read, compare its
+/// labels with the automated verdicts kept beside its results, not with
+/// their documents (each a whole conversation): with every document made
+/// unreadable, it reads as before, by id and in a page, and closing it
+/// keeps those metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_calibrations_metrics_read_no_result_document() {
+    let good = Agent::start(&[]);
+    let bad = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("open without documents").await;
+    let p = &t.project_id;
+    let ran = run_batch(&s, &t, &good, &bad, 1, 1).await;
+    let (rp, rf) = (id(&ran.passed[0]), id(&ran.failed[0]));
+    let reviewer_id = user_with_role(&s, &t, "reviewer").await;
+    let body = calibration_by_ids(p, &[&rp, &rf], &[&reviewer_id]);
+    let c = id(&s.expect(Method::POST, "/v1/reviews/calibration", &t.editor, Some(body), 200).await);
+    // rp (automated pass) labelled fail, right day failed: where humans and
+    // automation differ, overall and on "right day".
+    review(&s, &t.reviewer, &rp, false, &[(CONFIRMS, true), (RIGHT_DAY, false)]).await;
+    let page = format!("/v1/reviews/calibration?project_id={p}");
+    let open = get_calibration(&s, &t.owner, &c).await;
+    assert_eq!(open["status"], "open");
+    // One subject with a majority: agreement 0, no human pass (TPR
+    // undefined), TNR 0; Cohen's κ over [[0, 0], [1, 0]]: p_o 0, p_e 0 →
+    // 0; one reviewer (Fleiss' κ undefined).
+    assert_metrics(&open["overall"], [Some(0.0), Some(0.0), None, None, Some(0.0)], "open");
+    assert_eq!(
+        open["disagreements"],
+        json!([{"test_result_id": rp, "evaluator": null, "human_label": false, "automated_label": true},
+               {"test_result_id": rp, "evaluator": RIGHT_DAY, "human_label": false, "automated_label": true}])
+    );
+    let listed = s.expect(Method::GET, &page, &t.owner, None, 200).await;
+
+    let unreadable = database(&s).execute("UPDATE test_results SET document = 'not a document'", []).unwrap();
+    assert_eq!(unreadable, 2);
+    assert_eq!(get_calibration(&s, &t.owner, &c).await, open);
+    assert_eq!(s.expect(Method::GET, &page, &t.owner, None, 200).await, listed);
+    let closed = close(&s, &t.editor, &c).await;
+    assert_eq!(metrics_of(&closed), metrics_of(&open));
+    assert_eq!(metrics_of(&get_calibration(&s, &t.owner, &c).await), metrics_of(&open));
+}
+
+/// Writing a review checks its labels against the result's evaluators as
+/// kept beside the result, without decoding the result's document (the
+/// whole conversation) in the one writer every write waits for: with every
+/// document made unreadable, reviews are written, refused and counted as
+/// before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_is_written_without_reading_the_results_document() {
+    let good = Agent::start(&[]);
+    let bad = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("reviews without documents").await;
+    let p = &t.project_id;
+    let ran = run_batch(&s, &t, &good, &bad, 1, 1).await;
+    let (rp, rf) = (id(&ran.passed[0]), id(&ran.failed[0]));
+    let reviewer_id = user_with_role(&s, &t, "reviewer").await;
+    let body = calibration_by_ids(p, &[&rf], &[&reviewer_id]);
+    let c = id(&s.expect(Method::POST, "/v1/reviews/calibration", &t.editor, Some(body), 200).await);
+
+    let unreadable = database(&s).execute("UPDATE test_results SET document = 'not a document'", []).unwrap();
+    assert_eq!(unreadable, 2);
+    let made = review(&s, &t.editor, &rp, true, &[(CONFIRMS, true), (RIGHT_DAY, true)]).await;
+    assert_eq!(made["project_id"], p.as_str());
+    let e = refused(
+        &s,
+        Method::POST,
+        "/v1/reviews",
+        &t.editor,
+        Some(review_body(&rp, true, &[("no such evaluator", true)], "")),
+        400,
+    )
+    .await;
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("evaluations[0]") && message.contains(&format!("{CONFIRMS}, {RIGHT_DAY}")), "{e}");
+    forbidden(&s, Method::POST, "/v1/reviews", &t.viewer, Some(review_body(&rp, true, &[], ""))).await;
+    refused(&s, Method::POST, "/v1/reviews", &t.outsider, Some(review_body(&rp, true, &[], "")), 404).await;
+    // The calibration's one label completes it.
+    let last = review(&s, &t.reviewer, &rf, false, &[(RIGHT_DAY, false)]).await;
+    assert_eq!(last["calibration_id"], c.as_str());
+    let done = get_calibration(&s, &t.owner, &c).await;
+    assert_eq!(done["status"], "complete", "{done:#}");
+    assert_metrics(&done["overall"], [Some(1.0), None, None, None, Some(1.0)], "one agreeing fail");
+}
+
+/// A result can have more than 100 evaluations (a scenario holds up to 1,000
+/// evaluators, a test 100 more), and a review labels each of them: one
+/// review of a result of 150 evaluations labels them all, and a label of a
+/// name the result does not have is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_labels_every_evaluation_of_a_result_with_many() {
+    let good = Agent::start(&[]);
+    let s = TestServer::start().await;
+    let t = s.team("many evaluators").await;
+    let p = &t.project_id;
+    let persona = create(&s, &t.editor, "/v1/personas", json!({"project_id": p, "name": "Dana"})).await;
+    let mut scenario = booking(p, &persona);
+    let expect: Vec<Value> = (0..100)
+        .map(|i| json!({"type": "not_contains", "name": format!("quiet {i}"), "text": format!("zz{i}zz")}))
+        .collect();
+    scenario["steps"][1]["expect"] = json!(expect);
+    let scenario = create(&s, &t.editor, "/v1/scenarios", scenario).await;
+    let channel = channel(&s, &t.editor, p, "http", &good.http_target()).await;
+    let evaluators: Vec<Value> = (0..48)
+        .map(|i| json!({"type": "not_contains", "name": format!("calm {i}"), "text": format!("yy{i}yy")}))
+        .collect();
+    let test = create(
+        &s,
+        &t.editor,
+        "/v1/tests",
+        json!({"project_id": p, "name": "books", "channel_id": channel, "scenario_id": scenario, "evaluators": evaluators}),
+    )
+    .await;
+    let started = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    let done = wait_for_end(&s, &t.owner, started["id"].as_str().unwrap()).await;
+    assert_eq!(done["counts"]["passed"], 1, "{done:#}");
+    let results = all_pages(&s, &t.owner, &format!("/v1/tests/{test}/results"), "test_results").await;
+    let result = &results[0];
+    let names: Vec<(String, bool)> = evaluations(result);
+    assert_eq!(names.len(), 150, "{result:#}");
+    let labels: Vec<(&str, bool)> = names.iter().map(|(n, passed)| (n.as_str(), *passed)).collect();
+    let made = review(&s, &t.reviewer, &id(result), true, &labels).await;
+    assert_eq!(made["evaluations"].as_array().unwrap().len(), 150, "{made:#}");
+    let mut with_unknown = labels.clone();
+    with_unknown.push(("no such evaluator", true));
+    let e = refused(
+        &s,
+        Method::POST,
+        "/v1/reviews",
+        &t.reviewer,
+        Some(review_body(&id(result), true, &with_unknown, "")),
+        400,
+    )
+    .await;
+    assert!(e["message"].as_str().unwrap().starts_with("evaluations[150].name"), "{e}");
+    // More labels than any result has evaluations: refused as such.
+    let many: Vec<String> = (0..1101).map(|i| format!("label {i}")).collect();
+    let many: Vec<(&str, bool)> = many.iter().map(|n| (n.as_str(), true)).collect();
+    let body = Some(review_body(&id(result), true, &many, ""));
+    let e = refused(&s, Method::POST, "/v1/reviews", &t.reviewer, body, 400).await;
+    assert!(e["message"].as_str().unwrap().contains("at most 1100 labels, got 1101"), "{e}");
+}

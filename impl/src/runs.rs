@@ -1088,22 +1088,6 @@ pub async fn list_runs(
         .await
 }
 
-/// A test result as stored (automated verdicts included), by its id, if the
-/// caller's role in its project meets `need`: outsiders get the same 404 as
-/// for a result that does not exist, too small a role 403.
-pub(crate) fn stored_result(
-    tx: &rusqlite::Transaction<'_>,
-    user_id: &str,
-    result_id: &str,
-    need: Need,
-) -> Result<types::TestResult> {
-    let by = ResultBy::Id;
-    let found = tx.prepare_cached(DOCUMENT_SQL[by as usize])?.query_row(params![result_id], document_row).optional()?;
-    let (document, project_id, _) = found.ok_or_else(|| Failure::not_found(by.what(), result_id))?;
-    access::check(by.member_role(tx, user_id, &project_id, result_id)?, need)?;
-    decode_result(&document)
-}
-
 fn decode_result(document: &[u8]) -> Result<types::TestResult> {
     serde_json::from_slice(document).map_err(|e| Failure::Store(conversion(0, e).into()))
 }

@@ -81,6 +81,12 @@ const MIGRATIONS: &[Migration] = &[
         include_str!("../migrations/0021_calibration_metrics_kept.sql"),
         Some(crate::reviews::calibration::keep_all),
     ),
+    ("0022_result_verdicts", include_str!("../migrations/0022_result_verdicts.sql"), None),
+    (
+        "0023_reviews_by_calibration_in_order",
+        include_str!("../migrations/0023_reviews_by_calibration_in_order.sql"),
+        None,
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -1527,6 +1533,55 @@ mod tests {
         // Kept: a result going away later changes nothing.
         Connection::open(&path).unwrap().execute("DELETE FROM test_results WHERE id = 'trs_p'", []).unwrap();
         assert_eq!(read("cal_1").1, Some(expected));
+    }
+
+    /// Migration 0022 keeps, beside each result stored before it, the
+    /// automated verdicts of its document (its overall one, and each
+    /// evaluation's name and `passed`, in order), as the engine keeps them
+    /// for each result it stores; a document that is not JSON gets none.
+    #[test]
+    fn results_stored_before_0022_keep_their_verdicts() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            assert!(MIGRATIONS[21].0.starts_with("0022"));
+            migrate_to(&mut conn, &path, 21).unwrap();
+            conn.execute_batch(
+                r#"INSERT INTO projects (id, name, description, max_call_duration_s, default_concurrency, created_at,
+                                         updated_at) VALUES ('prj_1', 'p', '', 600, 10, 't', 't');
+                   INSERT INTO test_results (id, project_id, run_id, batch_run_id, test_id, call_id, status,
+                                             created_at, document)
+                   VALUES ('trs_p', 'prj_1', 'run_1', 'brn_1', 'tst_1', 'call_1', 'passed', 't',
+                           '{"status":"passed","evaluations":[{"name":"a","passed":true,"score":1.0},
+                                                             {"name":"b","passed":false,"score":0.0}]}'),
+                          ('trs_f', 'prj_1', 'run_2', 'brn_1', 'tst_1', 'call_2', 'failed', 't',
+                           '{"status":"failed","evaluations":[]}'),
+                          ('trs_e', 'prj_1', 'run_3', 'brn_1', 'tst_1', 'call_3', 'error', 't', '{"status":"error"}'),
+                          ('trs_x', 'prj_1', 'run_4', 'brn_1', 'tst_1', 'call_4', 'failed', 't', 'not a result');"#,
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let kept = store
+            .read_blocking::<_, StoreError, _>(|tx| {
+                let rows = tx
+                    .prepare("SELECT test_result_id, passed, evaluations FROM result_verdicts ORDER BY test_result_id")?
+                    .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?, r.get::<_, String>(2)?)))?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok(rows)
+            })
+            .unwrap();
+        let kept: Vec<(&str, bool, serde_json::Value)> =
+            kept.iter().map(|(id, passed, e)| (id.as_str(), *passed, serde_json::from_str(e).unwrap())).collect();
+        assert_eq!(
+            kept,
+            [
+                ("trs_e", false, serde_json::json!([])),
+                ("trs_f", false, serde_json::json!([])),
+                ("trs_p", true, serde_json::json!([{"name": "a", "passed": true}, {"name": "b", "passed": false}])),
+            ]
+        );
     }
 
     /// Under writes that never pause (each its own group, as `write` sends

@@ -229,6 +229,7 @@ pub fn finish(tx: &rusqlite::Transaction<'_>, owner: &str, run: &Claimed, end: F
             ids::format_time(&result.created_at),
             document
         ])?;
+        crate::reviews::keep_verdicts(tx, result)?;
     }
     // Why it failed is kept with the run too: a batch run's failures per
     // test (`runs::first_failures`) read it from here, not out of the

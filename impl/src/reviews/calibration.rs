@@ -12,9 +12,10 @@
 //! automated label is `status == passed`; an `error` is not a pass), and
 //! each evaluator's verdict on each result (the automated label is the
 //! evaluation's `passed`, the human labels the reviews' label of that
-//! name). See `metrics.rs` for the majority and tie rule. An open
-//! calibration's are measured on read (so an owner watching it sees them
-//! grow); a complete one's are measured once, in the transaction that
+//! name), read from `result_verdicts`, kept beside each result, never from
+//! its document (see `AutomatedVerdicts`). See `metrics.rs` for the
+//! majority and tie rule. An open calibration's are measured on read (so an
+//! owner watching it sees them grow); a complete one's are measured once, in the transaction that
 //! completes it (its last label, a close, or the membership change that
 //! left no one to wait for: all through [`complete`]), kept in its row
 //! (`calibrations.metrics`) and read from there: its labels are final, and
@@ -389,7 +390,7 @@ fn complete(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool> {
         )?
         .execute(params![id, ids::format_time(&ids::now())])?;
     if changed == 1 {
-        keep(tx, id)?;
+        keep(tx, Verdicts::Kept, id)?;
     }
     Ok(changed == 1)
 }
@@ -397,8 +398,8 @@ fn complete(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool> {
 /// Measures the calibration `id` from its labels and results as they are
 /// now, and keeps that in its row (`calibrations.metrics`), which every
 /// read of it answers from once it is complete.
-fn keep(tx: &rusqlite::Connection, id: &str) -> Result<()> {
-    let measured = measure(tx, &result_ids(tx, id)?, &labels(tx, id)?)?;
+fn keep(tx: &rusqlite::Connection, verdicts: Verdicts, id: &str) -> Result<()> {
+    let measured = measure(tx, verdicts, &result_ids(tx, id)?, &labels(tx, id)?)?;
     let text = serde_json::to_string(&Kept::of(&measured)).map_err(|e| conversion(0, e))?;
     tx.prepare_cached("UPDATE calibrations SET metrics = ?2 WHERE id = ?1")?.execute(params![id, text])?;
     Ok(())
@@ -415,7 +416,7 @@ pub(crate) fn keep_all(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
         .query_map([], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     for id in complete {
-        match keep(tx, &id) {
+        match keep(tx, Verdicts::InDocuments, &id) {
             Ok(()) => {}
             Err(Failure::Store(crate::store::StoreError::Sqlite(rusqlite::Error::FromSqlConversionFailure(..)))) => {}
             Err(Failure::Store(crate::store::StoreError::Sqlite(e))) => return Err(e),
@@ -649,7 +650,7 @@ pub(crate) fn view(tx: &rusqlite::Connection, user_id: &str, id: &str) -> Result
     } else if let (false, Some(kept)) = (open, kept) {
         serde_json::from_str::<Kept>(&kept).map_err(|e| conversion(5, e))?.measured()
     } else {
-        measure(tx, &result_ids, &labels(tx, id)?)?
+        measure(tx, Verdicts::Kept, &result_ids, &labels(tx, id)?)?
     };
     let time = |s: &str| ids::parse_time(s).ok_or_else(|| Failure::Store(conversion(0, "not a time").into()));
     Ok(types::Calibration {
@@ -672,9 +673,21 @@ pub(crate) fn view(tx: &rusqlite::Connection, user_id: &str, id: &str) -> Result
 type Measured =
     (types::CalibrationMetrics, Vec<types::CalibrationEvaluatorMetrics>, Vec<types::CalibrationDisagreement>);
 
+/// Where [`measure`] finds the automated verdicts of a result.
+#[derive(Clone, Copy)]
+enum Verdicts {
+    /// `result_verdicts`, kept beside each result: one short row a result,
+    /// for every read and every completion.
+    Kept,
+    /// The results' documents (each a whole conversation): migration 0021's
+    /// step alone, which runs against its own schema, before
+    /// `result_verdicts` exists.
+    InDocuments,
+}
+
 /// The metrics of the labels so far: overall, then per evaluator in the
-/// order the results name them.
-fn measure(tx: &rusqlite::Connection, result_ids: &[String], labels: &[Label]) -> Result<Measured> {
+/// order the results name them. A result that is gone is left out.
+fn measure(tx: &rusqlite::Connection, verdicts: Verdicts, result_ids: &[String], labels: &[Label]) -> Result<Measured> {
     let mut by_result: HashMap<&str, Vec<&Label>> = HashMap::new();
     for label in labels {
         by_result.entry(label.result_id.as_str()).or_default().push(label);
@@ -683,14 +696,21 @@ fn measure(tx: &rusqlite::Connection, result_ids: &[String], labels: &[Label]) -
     let mut overall_ids: Vec<&str> = Vec::new();
     // Evaluator name → (its subjects, their result ids), in first-seen order.
     let mut evaluators: Vec<(String, Vec<Subject>, Vec<&str>)> = Vec::new();
-    let mut load = tx.prepare_cached("SELECT document FROM test_results WHERE id = ?1")?;
+    let automated = |result_id: &str| -> Result<Option<super::AutomatedVerdicts>> {
+        match verdicts {
+            Verdicts::Kept => super::AutomatedVerdicts::kept(tx, result_id),
+            Verdicts::InDocuments => tx
+                .prepare_cached("SELECT document FROM test_results WHERE id = ?1")?
+                .query_row(params![result_id], |r| r.get::<_, String>(0))
+                .optional()?
+                .map(|document| super::AutomatedVerdicts::of(&document))
+                .transpose(),
+        }
+    };
     for result_id in result_ids {
-        let Some(document) = load.query_row(params![result_id], |r| r.get::<_, String>(0)).optional()? else {
-            continue;
-        };
-        let result = super::AutomatedVerdicts::of(&document)?;
+        let Some(result) = automated(result_id)? else { continue };
         let given = by_result.get(result_id.as_str()).map(Vec::as_slice).unwrap_or(&[]);
-        overall.push(Subject { automated: result.passed(), human: given.iter().map(|l| l.verdict_pass).collect() });
+        overall.push(Subject { automated: result.passed, human: given.iter().map(|l| l.verdict_pass).collect() });
         overall_ids.push(result_id);
         for evaluation in &result.evaluations {
             let human = given

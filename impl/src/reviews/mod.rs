@@ -40,7 +40,9 @@ use crate::runs::{conversion, time};
 use crate::{ids, validate, AppState};
 
 pub const MAX_NOTES: usize = 10_000;
-pub const MAX_LABELS: usize = 100;
+/// As many labels as a result can have evaluations: its scenario's
+/// evaluators and its test's.
+pub const MAX_LABELS: usize = crate::scenarios::MAX_SCENARIO_EVALUATORS + crate::evaluators::MAX_EVALUATORS;
 /// The most of a label's name a message quotes: a name is bounded only by
 /// the body, and the longest an evaluator has ("step N: " and a name of at
 /// most 100 characters) is still quoted whole.
@@ -52,31 +54,70 @@ fn quoted(name: &str) -> String {
     crate::engine::llm::clip(name, QUOTED_NAME)
 }
 
-/// What the automated evaluation said of a result, read from its stored
-/// document without building the rest of it: the transcript, most of a
-/// document's bytes, is skipped, not kept. Calibration metrics and reviewer
-/// statistics read hundreds of these per request.
-#[derive(serde::Deserialize)]
+/// What the automated evaluation said of a result: its overall verdict
+/// (`status == passed`; an `error` is no pass) and each evaluation's.
+/// Calibration metrics and reviewer statistics compare labels with these,
+/// for hundreds of results a request, and a review's labels are checked
+/// against their names in the writer: they are read from `result_verdicts`
+/// ([`AutomatedVerdicts::kept`]), kept beside each result when it is stored
+/// ([`keep_verdicts`]), never from its document (the whole conversation),
+/// but by migration 0021's step, which runs before there is that table.
 pub(crate) struct AutomatedVerdicts {
-    status: Option<types::TestResultStatus>,
+    pub passed: bool,
     pub evaluations: Vec<EvaluatorVerdict>,
 }
 
+/// One evaluation's verdict, as a document and `result_verdicts` hold it.
 #[derive(serde::Deserialize)]
 pub(crate) struct EvaluatorVerdict {
     pub name: String,
     pub passed: bool,
 }
 
+/// The automated labels of the result `?1`, kept beside it.
+pub(crate) const VERDICTS_SQL: &str = "SELECT passed, evaluations FROM result_verdicts WHERE test_result_id = ?1";
+
 impl AutomatedVerdicts {
-    /// From a stored `TestResult` document.
+    /// From a stored `TestResult` document, without building the rest of
+    /// it: the transcript, most of a document's bytes, is skipped, not kept.
     pub fn of(document: &str) -> Result<AutomatedVerdicts> {
-        serde_json::from_str(document).map_err(|e| Failure::Store(conversion(0, e).into()))
+        #[derive(serde::Deserialize)]
+        struct Document {
+            status: Option<types::TestResultStatus>,
+            evaluations: Vec<EvaluatorVerdict>,
+        }
+        let d: Document = serde_json::from_str(document).map_err(|e| Failure::Store(conversion(0, e).into()))?;
+        Ok(AutomatedVerdicts { passed: d.status == Some(types::TestResultStatus::Passed), evaluations: d.evaluations })
     }
 
-    pub fn passed(&self) -> bool {
-        self.status == Some(types::TestResultStatus::Passed)
+    /// As `result_verdicts` keeps them for the result `result_id` (one
+    /// primary-key read, [`VERDICTS_SQL`]); `None` when it keeps none (the
+    /// result is gone, or its document was not JSON when migration 0022 ran).
+    pub fn kept(tx: &rusqlite::Connection, result_id: &str) -> Result<Option<AutomatedVerdicts>> {
+        let kept: Option<(bool, String)> = tx
+            .prepare_cached(VERDICTS_SQL)?
+            .query_row(params![result_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let Some((passed, evaluations)) = kept else { return Ok(None) };
+        let evaluations = serde_json::from_str(&evaluations).map_err(|e| Failure::Store(conversion(1, e).into()))?;
+        Ok(Some(AutomatedVerdicts { passed, evaluations }))
     }
+}
+
+/// Keeps the automated verdicts of `result` beside it (`result_verdicts`:
+/// its overall verdict, and each evaluation's name and `passed`), in the
+/// transaction that stores it: what calibration metrics and reviewer
+/// statistics compare labels with, without reading the result's document.
+pub(crate) fn keep_verdicts(tx: &rusqlite::Transaction<'_>, result: &types::TestResult) -> rusqlite::Result<()> {
+    let evaluations: Vec<serde_json::Value> =
+        result.evaluations.iter().map(|e| json!({"name": e.name, "passed": e.passed})).collect();
+    tx.prepare_cached("INSERT INTO result_verdicts (test_result_id, passed, evaluations) VALUES (?1, ?2, ?3)")?
+        .execute(params![
+            result.id,
+            result.status == Some(types::TestResultStatus::Passed),
+            serde_json::Value::from(evaluations).to_string()
+        ])?;
+    Ok(())
 }
 
 const COLUMNS: &str = "r.id, r.project_id, r.test_result_id, r.reviewer_id, r.verdict, r.evaluations, r.notes, \
@@ -159,10 +200,21 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateReviewR
     state
         .store
         .write(move |tx| {
-            let result = crate::runs::stored_result(tx, &caller.user_id, &result_id, Need::Review)?;
+            // The result's project and evaluators, not its document: this
+            // runs in the one writer every write waits for, and the document
+            // is the whole conversation.
+            let project_id: String = tx
+                .prepare_cached("SELECT project_id FROM test_results WHERE id = ?1")?
+                .query_row(params![result_id], |r| r.get(0))
+                .optional()?
+                .ok_or_else(|| Failure::not_found("test result", &result_id))?;
+            let role = access::role_in(tx, &caller.user_id, &project_id)?
+                .ok_or_else(|| Failure::not_found("test result", &result_id))?;
+            access::check(role, Need::Review)?;
+            let evaluations = AutomatedVerdicts::kept(tx, &result_id)?.map(|v| v.evaluations).unwrap_or_default();
             for (i, label) in labels.iter().enumerate() {
-                if !result.evaluations.iter().any(|e| e.name == label.name) {
-                    let names: Vec<&str> = result.evaluations.iter().map(|e| e.name.as_str()).collect();
+                if !evaluations.iter().any(|e| e.name == label.name) {
+                    let names: Vec<&str> = evaluations.iter().map(|e| e.name.as_str()).collect();
                     return Err(Failure::invalid(
                         &format!("evaluations[{i}].name"),
                         format_args!(
@@ -206,7 +258,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateReviewR
                         "INSERT INTO reviews (id, project_id, test_result_id, reviewer_id, verdict, evaluations, notes,
                                               calibration_id, created_at, updated_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
-                        params![id, result.project_id, result_id, caller.user_id, verdict, labels_json, notes,
+                        params![id, project_id, result_id, caller.user_id, verdict, labels_json, notes,
                                 calibration_id, now],
                     )?;
                         (id, "review.create")
@@ -227,7 +279,7 @@ pub async fn create(state: &AppState, caller: Caller, body: types::CreateReviewR
                     action,
                     resource_type: "review",
                     resource_id: &id,
-                    project_id: Some(&result.project_id),
+                    project_id: Some(&project_id),
                     summary,
                     changes: json!({
                         "test_result_id": result_id,
@@ -296,22 +348,58 @@ pub async fn delete(state: &AppState, caller: Caller, path: p::DeleteReviewPath)
 /// The ids of a page of one project's reviews (`?1`) that the caller
 /// (`?2`) may see, newest first, of the test result `?3`, by the reviewer
 /// `?4`, in the calibration `?5`, with the verdict `?6` (each all when
-/// NULL), after the cursor `?7`, at most `?8` (see [`PageSql`]): in order
-/// from `reviews_by_project`, no sort, and the walk stops at the limit.
-pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+/// NULL), after the cursor `?7`, at most `?8` (see [`PageSql`]), read from
+/// the index of the filter named `by` (see [`page_sql`]), or, without one,
+/// in order from `reviews_by_project`: no sort, and the walk stops at the
+/// limit.
+fn list_sql(by: Option<&str>) -> PageSql {
+    let filter = |column: &str, param: &str| {
+        if by == Some(column) {
+            format!("r.{column} = {param}")
+        } else {
+            format!("({param} IS NULL OR r.{column} = {param})")
+        }
+    };
+    // With a filter to read by, the project (`+`: no index's) only checks
+    // what that filter's index finds.
+    let project = if by.is_some() { "+r.project_id = ?1" } else { "r.project_id = ?1" };
     PageSql::new(
         &format!(
             "SELECT r.id FROM reviews r
-             WHERE r.project_id = ?1 AND (?3 IS NULL OR r.test_result_id = ?3)
-               AND (?4 IS NULL OR r.reviewer_id = ?4) AND (?5 IS NULL OR r.calibration_id = ?5)
-               AND (?6 IS NULL OR r.verdict = ?6) {AFTER}
+             WHERE {project} AND {} AND {} AND {} AND (?6 IS NULL OR r.verdict = ?6) {AFTER}
                AND (r.reviewer_id = ?2 OR r.test_result_id NOT IN ({}))
              ORDER BY r.id DESC LIMIT ?8",
+            filter("test_result_id", "?3"),
+            filter("reviewer_id", "?4"),
+            filter("calibration_id", "?5"),
             blind::blind_results("?2")
         ),
         "AND r.id < ?7",
     )
-});
+}
+
+/// A page of reviews without a filter that finds them.
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| list_sql(None));
+/// …of one result: its few reviews (one per reviewer) by the
+/// `(test_result_id, reviewer_id)` key, sorted.
+static BY_RESULT_SQL: LazyLock<PageSql> = LazyLock::new(|| list_sql(Some("test_result_id")));
+/// …in one calibration, in order from `reviews_by_calibration`.
+static BY_CALIBRATION_SQL: LazyLock<PageSql> = LazyLock::new(|| list_sql(Some("calibration_id")));
+/// …by one reviewer, in order from `reviews_by_reviewer`.
+static BY_REVIEWER_SQL: LazyLock<PageSql> = LazyLock::new(|| list_sql(Some("reviewer_id")));
+
+/// The statement of a page of reviews filtered by these: read by the
+/// filter that finds the fewest (a result has a review per reviewer at
+/// most), so that a page costs about what passes its filters, not a walk of
+/// every review of the project to find them.
+fn page_sql(test_result_id: Option<&str>, reviewer_id: Option<&str>, calibration_id: Option<&str>) -> &'static PageSql {
+    match (test_result_id, calibration_id, reviewer_id) {
+        (Some(_), _, _) => &BY_RESULT_SQL,
+        (None, Some(_), _) => &BY_CALIBRATION_SQL,
+        (None, None, Some(_)) => &BY_REVIEWER_SQL,
+        (None, None, None) => &LIST_SQL,
+    }
+}
 
 /// `GET /reviews`: the reviews in the caller's projects, newest first,
 /// without other people's reviews of the results the caller labels blind.
@@ -326,7 +414,12 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewsQuery) 
                 tx,
                 &caller.user_id,
                 query.project_id.as_deref(),
-                LIST_SQL.of(&page),
+                page_sql(
+                    query.test_result_id.as_deref(),
+                    query.reviewer_id.as_deref(),
+                    query.calibration_id.as_deref(),
+                )
+                .of(&page),
                 &page,
                 params![
                     caller.user_id,
@@ -344,4 +437,106 @@ pub async fn list(state: &AppState, caller: Caller, query: p::ListReviewsQuery) 
             Ok(types::ReviewList { reviews: page.items, next_cursor: page.next_cursor })
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failure::Failure;
+
+    /// SQLite's virtual machine steps (which no machine's noise moves) to
+    /// read the first page of one project's reviews filtered by `filter`
+    /// (`test_result_id`, `reviewer_id` or `calibration_id`), which two
+    /// reviews pass, in a project holding `others` other reviews (by the
+    /// same reviewers, of other results, outside the calibration).
+    fn steps_of_a_filtered_page(filter: &str, others: usize) -> i32 {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .write_blocking::<_, Failure, _>(move |tx| {
+                tx.execute_batch(
+                    "INSERT INTO users (id, name, created_at) VALUES ('usr_a', 'a', 't'), ('usr_b', 'b', 't'),
+                                                                     ('usr_c', 'c', 't');
+                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', NULL);
+                     INSERT INTO project_members (project_id, user_id, role, added_at)
+                     VALUES ('prj_1', 'usr_a', 'reviewer', 't'), ('prj_1', 'usr_b', 'reviewer', 't'),
+                            ('prj_1', 'usr_c', 'reviewer', 't');
+                     INSERT INTO calibrations (id, project_id, created_by, status, created_at)
+                     VALUES ('cal_1', 'prj_1', 'usr_c', 'complete', 't');",
+                )?;
+                let mut result = tx.prepare(
+                    "INSERT INTO test_results (id, project_id, run_id, batch_run_id, test_id, call_id, status,
+                                               created_at, document)
+                     VALUES (?1, 'prj_1', ?1, 'brn_1', 'tst_1', ?1, 'passed', 't', '{}')",
+                )?;
+                let mut review = tx.prepare(
+                    "INSERT INTO reviews (id, project_id, test_result_id, reviewer_id, verdict, evaluations, notes,
+                                          calibration_id, created_at, updated_at)
+                     VALUES ('rev_' || ?1 || ?2, 'prj_1', ?1, ?2, 'pass', '[]', '', ?3, 't', 't')",
+                )?;
+                // The two that pass: the reviewer `usr_a`'s two reviews of
+                // `trs_0`, `trs_1`, in `cal_1`; `trs_0` reviewed by no one else.
+                for i in 0..2 {
+                    let id = format!("trs_{i}");
+                    result.execute(params![id])?;
+                    review.execute(params![id, "usr_a", "cal_1"])?;
+                }
+                for i in 0..others {
+                    let id = format!("trs_x{i:06}");
+                    result.execute(params![id])?;
+                    review.execute(params![id, ["usr_b", "usr_c"][i % 2], None::<String>])?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        store
+            .read_blocking::<_, Failure, _>(|tx| {
+                let page = PageRequest::parse(Some(50), None, "rev").unwrap();
+                let (result, reviewer, calibration) = match filter {
+                    "test_result_id" => (Some("trs_0"), None, None),
+                    "reviewer_id" => (None, Some("usr_a"), None),
+                    _ => (None, None, Some("cal_1")),
+                };
+                let mut read = tx.prepare(page_sql(result, reviewer, calibration).of(&page))?;
+                let ids = read
+                    .query_map(
+                        params!["prj_1", "usr_c", result, reviewer, calibration, None::<String>, page.after, 51],
+                        |r| r.get::<_, String>(0),
+                    )?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                let want = if filter == "test_result_id" { 1 } else { 2 };
+                assert_eq!(ids.len(), want, "{filter}: {ids:?}");
+                Ok(read.get_status(rusqlite::StatementStatus::VmStep))
+            })
+            .unwrap()
+    }
+
+    /// Each filter's statement reads its index from the cursor on (a
+    /// result's few reviews by their key), not the project's.
+    #[test]
+    fn a_filtered_page_of_reviews_reads_its_filters_index() {
+        crate::pagination::tests::on_schema(|tx| {
+            for (sql, step) in [
+                (&BY_RESULT_SQL, "SEARCH r USING INDEX sqlite_autoindex_reviews_2 (test_result_id=?)"),
+                (&BY_CALIBRATION_SQL, "SEARCH r USING INDEX reviews_by_calibration (calibration_id=? AND id<?)"),
+                (&BY_REVIEWER_SQL, "SEARCH r USING INDEX reviews_by_reviewer (reviewer_id=? AND id<?)"),
+            ] {
+                let plan = crate::pagination::tests::plan(tx, sql.of_cursor(true))?;
+                assert!(plan.iter().any(|s| s == step), "{step}\n{plan:#?}");
+                assert!(!plan.iter().any(|s| s.contains("reviews_by_project")), "{plan:#?}");
+            }
+            Ok(())
+        });
+    }
+
+    /// A page of reviews of one result, by one reviewer or in one
+    /// calibration costs about what it holds, however many other reviews
+    /// the project has: not a walk of all of them to find those few.
+    #[test]
+    fn a_filtered_page_of_reviews_reads_only_what_passes_its_filter() {
+        for filter in ["test_result_id", "reviewer_id", "calibration_id"] {
+            let (few, many) = (steps_of_a_filtered_page(filter, 10), steps_of_a_filtered_page(filter, 2_000));
+            assert_eq!(few, many, "{filter}: {few} steps beside 10 other reviews, {many} beside 2,000");
+        }
+    }
 }
