@@ -476,9 +476,10 @@ async fn a_call_whose_connection_is_never_made_costs_nothing() {
 }
 
 /// A run's `call_id` names the call it made: a run whose channel refused
-/// the connection made none, and has none once it ended (its result says
-/// why); a run that talked to the agent keeps the id the agent was sent,
-/// the one its result has.
+/// the connection made none, and has none once it ended, nor has its result
+/// (which says why): no agent was ever sent an id to find it by; a run that
+/// talked to the agent keeps the id the agent was sent, the one its result
+/// has and is found by.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_that_made_no_call_has_no_call_id() {
     let agent = Agent::start(&[]);
@@ -505,11 +506,16 @@ async fn a_run_that_made_no_call_has_no_call_id() {
     let result = unreached["test_result_id"].as_str().unwrap();
     let result = s.expect(Method::GET, &format!("/v1/test-results/{result}"), &t.viewer, None, 200).await;
     assert!(result["failure_reason"].as_str().unwrap().contains("Connection refused"), "{result:#}");
+    assert!(result["call_id"].is_null(), "no agent was sent a call id: {result:#}");
+    let listed = results_of(&s, &t.viewer, &refused).await;
+    assert!(listed[0]["call_id"].is_null(), "{listed:#?}");
     assert_eq!(talked["status"], "passed", "{talked:#}");
     let call_id = talked["call_id"].as_str().expect("a call was made");
     let result = talked["test_result_id"].as_str().unwrap();
     let result = s.expect(Method::GET, &format!("/v1/test-results/{result}"), &t.viewer, None, 200).await;
     assert_eq!(result["call_id"].as_str(), Some(call_id), "{result:#}");
+    let found = s.expect(Method::GET, &format!("/v1/test-results/by-call/{call_id}"), &t.viewer, None, 200).await;
+    assert_eq!(found["id"], result["id"], "{found:#}");
 }
 
 /// A channel pointed at the reference agent's address rather than its
@@ -1184,12 +1190,14 @@ async fn webhooks_are_signed_and_retried_until_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn who_may_run_and_read_runs() {
+    // An agent that answers: a result names its call (and is found by it)
+    // only when the agent was reached.
+    let agent = Agent::start(&[]);
     let s = TestServer::start().await;
     let t = s.team("run roles").await;
     let p = &t.project_id;
     let scenario = short_scenario(&s, &t.editor, p).await;
-    let closed = common::ClosedPort::new();
-    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
     let test = create(&s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
     let batch = create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "b", "test_ids": [test]})).await;
     let mut started = Vec::new();

@@ -596,7 +596,8 @@ async fn converse_and_judge(
         run_id: run.run_id.clone(),
         batch_run_id: run.batch_run_id.clone(),
         test_id: run.test_id.clone(),
-        call_id: run.call_id.clone(),
+        // The id the agent was sent; none was when it was never reached.
+        call_id: outcome.reached_agent.then(|| run.call_id.clone()),
         scenario_id: loaded.plan.scenario.id.clone(),
         scenario_version: loaded.plan.scenario.version,
         persona_id: run.persona_id.clone(),
