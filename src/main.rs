@@ -336,7 +336,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // A second signal ends the process at once: what was acknowledged is
     // durable, and a run in flight goes back to the queue when its lease
     // ends, as after a crash. An operator need not wait out the stop (up
-    // to its 5 s for requests, then the engine's and the checkpoint's).
+    // to its 5 s for requests, the engine's runs and webhooks side by side,
+    // then the checkpoint's).
     let forced = log.clone();
     tokio::spawn(async move {
         let signal = interrupts.recv().await;

@@ -77,10 +77,13 @@ pub fn show(r: &types::TestResult) -> String {
         r.persona_id.as_deref().unwrap_or("-"),
         r.channel_id
     );
+    let call = match &r.call_id {
+        Some(id) => format!("call {id}"),
+        None => "no call (the agent was never reached)".to_string(),
+    };
     let _ = writeln!(
         out,
-        "call {}: {} turns in {}, ended: {}; {} credit{}; batch run {}",
-        r.call_id,
+        "{call}: {} turns in {}, ended: {}; {} credit{}; batch run {}",
         r.metrics.turns,
         seconds(r.duration_ms),
         r.ended_reason,

@@ -476,9 +476,10 @@ async fn a_call_whose_connection_is_never_made_costs_nothing() {
 }
 
 /// A run's `call_id` names the call it made: a run whose channel refused
-/// the connection made none, and has none once it ended (its result says
-/// why); a run that talked to the agent keeps the id the agent was sent,
-/// the one its result has.
+/// the connection made none, and has none once it ended, nor has its result
+/// (which says why): no agent was ever sent an id to find it by; a run that
+/// talked to the agent keeps the id the agent was sent, the one its result
+/// has and is found by.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_that_made_no_call_has_no_call_id() {
     let agent = Agent::start(&[]);
@@ -505,11 +506,16 @@ async fn a_run_that_made_no_call_has_no_call_id() {
     let result = unreached["test_result_id"].as_str().unwrap();
     let result = s.expect(Method::GET, &format!("/v1/test-results/{result}"), &t.viewer, None, 200).await;
     assert!(result["failure_reason"].as_str().unwrap().contains("Connection refused"), "{result:#}");
+    assert!(result["call_id"].is_null(), "no agent was sent a call id: {result:#}");
+    let listed = results_of(&s, &t.viewer, &refused).await;
+    assert!(listed[0]["call_id"].is_null(), "{listed:#?}");
     assert_eq!(talked["status"], "passed", "{talked:#}");
     let call_id = talked["call_id"].as_str().expect("a call was made");
     let result = talked["test_result_id"].as_str().unwrap();
     let result = s.expect(Method::GET, &format!("/v1/test-results/{result}"), &t.viewer, None, 200).await;
     assert_eq!(result["call_id"].as_str(), Some(call_id), "{result:#}");
+    let found = s.expect(Method::GET, &format!("/v1/test-results/by-call/{call_id}"), &t.viewer, None, 200).await;
+    assert_eq!(found["id"], result["id"], "{found:#}");
 }
 
 /// A channel pointed at the reference agent's address rather than its
@@ -1219,12 +1225,14 @@ async fn webhooks_are_signed_and_retried_until_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn who_may_run_and_read_runs() {
+    // An agent that answers: a result names its call (and is found by it)
+    // only when the agent was reached.
+    let agent = Agent::start(&[]);
     let s = TestServer::start().await;
     let t = s.team("run roles").await;
     let p = &t.project_id;
     let scenario = short_scenario(&s, &t.editor, p).await;
-    let closed = common::ClosedPort::new();
-    let ch = channel(&s, &t.editor, p, "http", &closed.http_target()).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
     let test = create(&s, &t.editor, "/v1/tests", test_body(p, "t", &ch, &scenario, 1)).await;
     let batch = create(&s, &t.editor, "/v1/batches", json!({"project_id": p, "name": "b", "test_ids": [test]})).await;
     let mut started = Vec::new();
@@ -2340,4 +2348,54 @@ async fn a_start_repeated_with_its_idempotency_key_starts_nothing_more() {
     assert_ne!(later["id"].as_str(), Some(id.as_str()));
     let kept: i64 = db.query_row("SELECT count(*) FROM idempotency_keys", [], |r| r.get(0)).unwrap();
     assert_eq!(kept, 1, "the expired keys are gone, the new one kept");
+}
+
+/// A server stopped while a run's conversation is over and its judge is
+/// still deciding lets the judge answer (within the stop's wait) and
+/// records the run's end: the run is not put back in the queue, to be held
+/// again, its agent called a second time, after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_being_judged_when_the_server_stops_is_recorded_not_run_again() {
+    let agent = Agent::start(&[]);
+    let (judge_url, mut arrivals, answers) = held_receiver().await;
+    let mut s = TestServer::start().await;
+    let t = s.team("judged at the stop").await;
+    let p = &t.project_id;
+    let judge = json!({"project_id": p, "provider": "openai_compatible", "name": "judge",
+                       "config": {"base_url": judge_url, "model": "m"}});
+    let judge = create(&s, &t.editor, "/v1/integrations", judge).await;
+    let Setup { persona } = persona(&s, &t.editor, p).await;
+    let mut scenario = short_call(p, &persona);
+    scenario["success_criteria"] =
+        json!([{"type": "llm_judge", "name": "judged", "integration_id": judge, "prompt": "Did it go well?"}]);
+    let scenario = create(&s, &t.editor, "/v1/scenarios", scenario).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "judged", &ch, &scenario, 1)).await;
+    let run = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, Some(json!({})), 200).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    // The conversation is over: its judge has been asked.
+    let asked = tokio::time::timeout(Duration::from_secs(60), arrivals.recv()).await.expect("the judge is asked");
+    assert!(asked.is_some());
+    let base = s.base.clone();
+    let judged_during_the_stop = async move {
+        // The stop is under way once the API takes no more connections
+        // (each probe on a connection of its own); the judge answers a
+        // little after that.
+        let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+        while http.get(format!("{base}/v1/queue/stats")).send().await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        answers.send(500).unwrap();
+    };
+    tokio::join!(s.stop(), judged_during_the_stop);
+    let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
+    let (status, result, attempt): (String, Option<String>, i64) = db
+        .query_row("SELECT status, test_result_id, attempt FROM runs WHERE batch_run_id = ?1", [&id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .unwrap();
+    assert_eq!((status.as_str(), result.is_some(), attempt), ("error", true, 1), "recorded, not queued again");
+    let batch_run: String = db.query_row("SELECT status FROM batch_runs WHERE id = ?1", [&id], |r| r.get(0)).unwrap();
+    assert_eq!(batch_run, "completed");
 }

@@ -339,10 +339,14 @@ impl RunningServer {
         self.server.local_addr()
     }
 
-    /// Stops accepting connections, lets in-flight requests and webhook
-    /// attempts finish (for up to [`REQUESTS_WAIT`] and
-    /// [`engine::webhooks::STOP_WAIT`], side by side), stops the engine (its runs in flight go back
-    /// to the queue), closes the admin socket, writes pending
+    /// Stops accepting connections and lets in-flight requests finish (for
+    /// up to [`REQUESTS_WAIT`]) while, side by side, the engine stops (see
+    /// [`Engine::shutdown`]: no run is claimed any more, the runs in flight
+    /// stop at their next turn and are let end for up to
+    /// [`engine::worker::RUNS_WAIT`], those whose conversation was over
+    /// recording it, the others going back to the queue; webhook attempts
+    /// under way are let end for up to [`engine::webhooks::STOP_WAIT`]),
+    /// closes the admin socket, writes pending
     /// `last_used_at` times, and empties the WAL into the database file
     /// (see [`Store::checkpoint_all`]). A step that fails does not skip
     /// the ones after it: the stop goes to its end, then gives the first
@@ -355,17 +359,18 @@ impl RunningServer {
         // then wait out their leases, the last uses of keys are lost, and the
         // WAL is left. A request still being sent when cut off here was
         // never run; an answer not read, cut off, was already written.
-        // Beside it, the webhook attempts under way are let end (and be
-        // recorded) for up to as long, and no other starts.
-        let (closed, ()) =
-            tokio::join!(tokio::time::timeout(REQUESTS_WAIT, self.server.close()), self.state.engine.stop_webhooks());
+        // Beside it, the engine stops: the webhook attempts and the runs
+        // under way are let end (and be recorded) for up to as long, and no
+        // other starts.
+        let (closed, stopped) =
+            tokio::join!(tokio::time::timeout(REQUESTS_WAIT, self.server.close()), Engine::shutdown(&self.state));
         match closed {
             Ok(Ok(())) => {}
             Ok(Err(e)) => failed.push(anyhow::anyhow!(e).context("closing the HTTP server")),
             Err(_) => slog::warn!(self.state.log, "stopping: requests still in flight are cut off";
                                   "waited_s" => REQUESTS_WAIT.as_secs()),
         }
-        if let Err(e) = Engine::shutdown(&self.state).await {
+        if let Err(e) = stopped {
             // The runs it could not put back are requeued by the next
             // start, as after a crash.
             failed.push(e.context("stopping the engine"));

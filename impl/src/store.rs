@@ -87,7 +87,38 @@ const MIGRATIONS: &[Migration] = &[
         include_str!("../migrations/0023_reviews_by_calibration_in_order.sql"),
         None,
     ),
+    (
+        "0024_results_without_a_call",
+        include_str!("../migrations/0024_results_without_a_call.sql"),
+        Some(results_without_a_call),
+    ),
 ];
+
+/// Migration 0024's step, after its SQL made `test_results.call_id`
+/// nullable by editing the table's definition: the schema version goes up
+/// (so that SQLite reads the definition again), the column is checked to be
+/// nullable now (a definition not written as 0003 wrote it would have been
+/// left as it was), and the results already stored of runs that made no
+/// call (their run's `call_id` is null once it ended) name none either.
+fn results_without_a_call(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    let version: i64 = tx.pragma_query_value(None, "schema_version", |r| r.get(0))?;
+    tx.pragma_update(None, "schema_version", version + 1)?;
+    let not_null: bool =
+        tx.query_row("SELECT \"notnull\" FROM pragma_table_info('test_results') WHERE name = 'call_id'", [], |r| {
+            r.get(0)
+        })?;
+    if not_null {
+        let failed = rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR);
+        return Err(rusqlite::Error::SqliteFailure(failed, Some("test_results.call_id is still NOT NULL".into())));
+    }
+    tx.execute_batch(
+        "UPDATE test_results
+         SET call_id = NULL,
+             document = CASE WHEN json_valid(document) THEN json_set(document, '$.call_id', NULL) ELSE document END
+         WHERE call_id IS NOT NULL
+           AND run_id IN (SELECT id FROM runs WHERE call_id IS NULL AND test_result_id IS NOT NULL)",
+    )
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -1582,6 +1613,82 @@ mod tests {
                 ("trs_p", true, serde_json::json!([{"name": "a", "passed": true}, {"name": "b", "passed": false}])),
             ]
         );
+    }
+
+    /// Migration 0024: a result's `call_id` may be null. The results already
+    /// stored of runs that made no call (their run's `call_id` null) name
+    /// none, in the column the lookup by call id reads and in the document
+    /// answered; the others keep theirs; the table's reviews are all still
+    /// there (a rebuilt table would have taken them with it); and two
+    /// results without a call can be stored.
+    #[test]
+    fn results_stored_before_0024_of_runs_without_a_call_name_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            assert!(MIGRATIONS[23].0.starts_with("0024"));
+            migrate_to(&mut conn, &path, 23).unwrap();
+            conn.execute_batch(
+                r#"INSERT INTO users (id, email, name, created_at) VALUES ('usr_r', 'r@x', 'r', 't');
+                   INSERT INTO projects (id, name, description, max_call_duration_s, default_concurrency, created_at,
+                                         updated_at) VALUES ('prj_1', 'p', '', 600, 10, 't', 't');
+                   INSERT INTO batch_runs (id, project_id, user_id, source, status, concurrency, metadata,
+                                           created_at, updated_at)
+                   VALUES ('brn_1', 'prj_1', 'usr_r', 'batch', 'completed', 10, '{}', 't', 't');
+                   INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, iteration, status,
+                                     call_id, test_result_id, queued_at, queued_ms, created_at, updated_at)
+                   VALUES ('run_1', 'brn_1', 'prj_1', 'usr_r', 'tst_1', 'scn_1', 1, 'error', NULL, 'trs_1', 't', 0,
+                           't', 't'),
+                          ('run_2', 'brn_1', 'prj_1', 'usr_r', 'tst_1', 'scn_1', 2, 'passed', 'call_2', 'trs_2', 't',
+                           0, 't', 't');
+                   INSERT INTO test_results (id, project_id, run_id, batch_run_id, test_id, call_id, status,
+                                             created_at, document)
+                   VALUES ('trs_1', 'prj_1', 'run_1', 'brn_1', 'tst_1', 'call_1', 'error', 't',
+                           '{"id":"trs_1","call_id":"call_1","status":"error"}'),
+                          ('trs_2', 'prj_1', 'run_2', 'brn_1', 'tst_1', 'call_2', 'passed', 't',
+                           '{"id":"trs_2","call_id":"call_2","status":"passed"}');
+                   INSERT INTO reviews VALUES
+                       ('rev_1', 'prj_1', 'trs_1', 'usr_r', 'fail', '[]', '', NULL, 't', 't'),
+                       ('rev_2', 'prj_1', 'trs_2', 'usr_r', 'pass', '[]', '', NULL, 't', 't');"#,
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let (results, reviews) = store
+            .read_blocking::<_, StoreError, _>(|tx| {
+                let results: Vec<(String, Option<String>, serde_json::Value)> = tx
+                    .prepare("SELECT id, call_id, document ->> '$.call_id' FROM test_results ORDER BY id")?
+                    .query_map([], |r| {
+                        let in_document: Option<String> = r.get(2)?;
+                        Ok((r.get(0)?, r.get(1)?, serde_json::json!(in_document)))
+                    })?
+                    .collect::<rusqlite::Result<_>>()?;
+                let reviews: i64 = tx.query_row("SELECT count(*) FROM reviews", [], |r| r.get(0))?;
+                Ok((results, reviews))
+            })
+            .unwrap();
+        assert_eq!(
+            results,
+            [
+                ("trs_1".to_string(), None, serde_json::Value::Null),
+                ("trs_2".to_string(), Some("call_2".to_string()), serde_json::json!("call_2"))
+            ]
+        );
+        assert_eq!(reviews, 2);
+        store
+            .write_blocking::<_, StoreError, _>(|tx| {
+                tx.execute_batch(
+                    "INSERT INTO test_results (id, project_id, run_id, batch_run_id, test_id, call_id, status,
+                                               created_at, document)
+                     VALUES ('trs_3', 'prj_1', 'run_3', 'brn_1', 'tst_1', NULL, 'error', 't', '{}'),
+                            ('trs_4', 'prj_1', 'run_4', 'brn_1', 'tst_1', NULL, 'error', 't', '{}')",
+                )?;
+                let check: String = tx.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
+                assert_eq!(check, "ok");
+                Ok(())
+            })
+            .unwrap();
     }
 
     /// Under writes that never pause (each its own group, as `write` sends

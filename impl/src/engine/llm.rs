@@ -88,7 +88,8 @@ pub enum LlmError {
     Retried { error: Box<LlmError>, attempts: u32 },
 }
 
-/// How many times a busy endpoint is asked, in all.
+/// How many times a busy (or unreachable, see [`never_sent`]) endpoint is
+/// asked, in all.
 const ATTEMPTS: u32 = 3;
 /// The longest pause before asking a busy endpoint again, whatever its
 /// `Retry-After` says.
@@ -98,6 +99,46 @@ const MAX_PAUSE: Duration = Duration::from_secs(10);
 /// overloaded), asked again a little later.
 fn busy(status: u16) -> bool {
     matches!(status, 429 | 502 | 503 | 504)
+}
+
+/// Whether `e` failed a request before a byte of it was sent, so that
+/// sending it again cannot make the endpoint produce a second answer: its
+/// connection was refused (nothing listens there, the endpoint or its
+/// gateway restarting), or reset or closed while it was being made (in the
+/// TCP or the TLS handshake, before the request is written). Asked again
+/// like a busy endpoint. A connection lost once the request went (reset or
+/// closed before the answer, or in the middle of it) is not: the endpoint
+/// may have received the request and produced (and billed) its answer,
+/// which a second request would produce again, perhaps another one (a
+/// judge's verdict). Nor is a refusal of this server's own (an address it
+/// may not call, a name that does not resolve): asked again, it says the
+/// same.
+fn never_sent(e: &reqwest::Error) -> bool {
+    use std::io::ErrorKind;
+    if !e.is_connect() {
+        return false;
+    }
+    let mut source: Option<&dyn std::error::Error> = Some(e);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if let ErrorKind::ConnectionRefused
+            | ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::UnexpectedEof = io.kind()
+            {
+                return true;
+            }
+            // An I/O error may wrap the one that says what happened (the
+            // TLS connector's: "tls handshake eof"), which its `source`
+            // skips.
+            if let Some(inner) = io.get_ref() {
+                source = Some(inner);
+                continue;
+            }
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Answers larger than this are refused (a caller's line or a verdict is a
@@ -122,9 +163,10 @@ struct AnswerMessage {
 
 /// Asks for one completion and returns the first choice's text, within
 /// `timeout` in all. An endpoint that answers it is busy (429, 502, 503,
-/// 504: many simulated callers at once meet rate limits) is asked again
-/// after its `Retry-After` (at most [`MAX_PAUSE`]) or half a second, then
-/// a second: [`ATTEMPTS`] times in all, while time is left.
+/// 504: many simulated callers at once meet rate limits), or that could not
+/// be sent the request at all (see [`never_sent`]), is asked again after
+/// its `Retry-After` (at most [`MAX_PAUSE`]) or half a second, then a
+/// second: [`ATTEMPTS`] times in all, while time is left.
 pub async fn complete(
     http: &Outbound,
     llm: &LlmEndpoint,
@@ -155,7 +197,8 @@ pub async fn complete(
 
 /// Why one request of [`complete`] got no completion.
 enum Failure {
-    /// The endpoint is busy (see [`busy`]), with its `Retry-After`.
+    /// The endpoint is busy (see [`busy`]), with its `Retry-After`, or was
+    /// sent nothing (see [`never_sent`]).
     Busy(LlmError, Option<Duration>),
     Final(LlmError),
 }
@@ -187,7 +230,13 @@ async fn ask(
             LlmError::Unreachable { url: url.clone(), detail: without_url(&e) }
         })
     };
-    let mut response = request.send().await.map_err(failed)?;
+    let mut response = request.send().await.map_err(|e| {
+        if never_sent(&e) {
+            Failure::Busy(LlmError::Unreachable { url: url.clone(), detail: without_url(&e) }, None)
+        } else {
+            failed(e)
+        }
+    })?;
     let status = response.status();
     // A redirect the client did not follow (see `Outbound`): where it
     // pointed, for the reason.

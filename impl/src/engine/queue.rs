@@ -507,3 +507,105 @@ pub fn release(tx: &rusqlite::Transaction<'_>, owner: &str) -> Result<usize> {
     }
     Ok(held.len())
 }
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::params;
+
+    use super::{claim, finish, Claimed, Finish};
+    use crate::failure::Failure;
+    use sparring_server::types;
+
+    /// A store holding a project of the users `usr_a` and `usr_b`.
+    fn a_store() -> (tempfile::TempDir, crate::store::Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                tx.execute_batch(
+                    "INSERT INTO users (id, name, created_at) VALUES ('usr_a', 'a', 't'), ('usr_b', 'b', 't');
+                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', NULL);",
+                )?;
+                Ok(())
+            })
+            .unwrap();
+        (dir, store)
+    }
+
+    /// Queues the batch run `id` of `user`, `runs` runs at most
+    /// `concurrency` at once.
+    fn queue(store: &crate::store::Store, id: &str, user: &str, runs: usize, concurrency: i64) {
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                tx.execute(
+                    "INSERT INTO batch_runs (id, project_id, user_id, source, status, concurrency, total, queued,
+                                             metadata, created_at, updated_at)
+                     VALUES (?1, 'prj_1', ?2, 'test', 'queued', ?3, ?4, ?4, '{}', 't', 't')",
+                    params![id, user, concurrency, runs as i64],
+                )?;
+                let mut insert = tx.prepare(
+                    "INSERT INTO runs (id, batch_run_id, project_id, user_id, test_id, scenario_id, iteration,
+                                       status, queued_at, queued_ms, created_at, updated_at)
+                     VALUES (?1, ?2, 'prj_1', ?3, 'tst_1', 'scn_1', ?4, 'queued', 't', 0, 't', 't')",
+                )?;
+                for i in 0..runs {
+                    insert.execute(params![format!("run_{id}_{i:05}"), id, user, i as i64 + 1])?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    fn claim_n(store: &crate::store::Store, n: usize, per_user: i64) -> Vec<Claimed> {
+        store.write_blocking::<_, Failure, _>(|tx| Ok(claim(tx, "wrk_1", n, per_user, 60_000)?)).unwrap()
+    }
+
+    fn of(claimed: &[Claimed], user: &str) -> usize {
+        claimed.iter().filter(|c| c.user_id == user).count()
+    }
+
+    /// One user's batch run of 10,000 runs, queued first, does not keep
+    /// another user's one run waiting: counted in claims, not timed. With
+    /// four workers free, the other's run is among the first four claimed;
+    /// with every worker taken by the first user, it is the next one
+    /// claimed, as soon as one of those runs ends; and one user never holds
+    /// more than the per-user limit, whatever its batch's concurrency.
+    #[test]
+    fn a_users_big_batch_does_not_starve_anothers_run() {
+        let (_dir, store) = a_store();
+        queue(&store, "brn_1a", "usr_a", 10_000, 1000);
+        queue(&store, "brn_2b", "usr_b", 1, 10);
+        let first = claim_n(&store, 4, 128);
+        assert_eq!((of(&first, "usr_a"), of(&first, "usr_b")), (3, 1));
+
+        let (_dir, store) = a_store();
+        queue(&store, "brn_1a", "usr_a", 10_000, 1000);
+        let taken = claim_n(&store, 4, 128);
+        assert_eq!(of(&taken, "usr_a"), 4, "every worker taken by the first user");
+        queue(&store, "brn_2b", "usr_b", 1, 10);
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                let end =
+                    Finish { status: types::RunStatus::Passed, result: None, error: None, credits: 1, call_made: true };
+                assert!(finish(tx, "wrk_1", &taken[0], end)?);
+                Ok(())
+            })
+            .unwrap();
+        let next = claim_n(&store, 1, 128);
+        assert_eq!(of(&next, "usr_b"), 1, "the freed worker goes to the user with nothing running");
+
+        let (_dir, store) = a_store();
+        queue(&store, "brn_1a", "usr_a", 10_000, 1000);
+        queue(&store, "brn_2b", "usr_b", 1, 10);
+        let all = claim_n(&store, 300, 128);
+        assert_eq!((of(&all, "usr_a"), of(&all, "usr_b")), (128, 1), "the per-user limit holds");
+        let counts: (i64, i64) = store
+            .read_blocking::<_, Failure, _>(|tx| {
+                Ok(tx.query_row("SELECT queued, running FROM batch_runs WHERE id = 'brn_1a'", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?)
+            })
+            .unwrap();
+        assert_eq!(counts, (10_000 - 128, 128));
+    }
+}

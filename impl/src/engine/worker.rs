@@ -10,8 +10,10 @@
 //!
 //! On start, every run still marked `running` belonged to a process that
 //! died (the data dir lock guarantees there is no other server), so it is
-//! requeued at once with `attempt + 1`. On a clean shutdown the runs in
-//! flight are put back in the queue with the same attempt.
+//! requeued at once with `attempt + 1`. On a clean shutdown no run is
+//! claimed any more, the runs in flight are told to stop and let end for a
+//! while (one whose conversation was over records its end), and those still
+//! held then are put back in the queue with the same attempt.
 
 use crate::engine::outbound::Outbound;
 use std::collections::{BTreeSet, HashMap};
@@ -33,6 +35,9 @@ pub const DEFAULT_WORKERS: u32 = 256;
 pub const DEFAULT_PER_USER: u32 = 128;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(500);
+/// How long a stopping server waits for its runs in flight once it told
+/// them to stop (see [`Engine::shutdown`]).
+pub const RUNS_WAIT: Duration = Duration::from_secs(5);
 const WEBHOOK_POLL: Duration = Duration::from_millis(500);
 
 #[derive(Clone, Debug)]
@@ -71,6 +76,8 @@ pub struct Engine {
     running: Mutex<HashMap<String, (String, CancellationToken)>>,
     http: Outbound,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The task of each run held here (see [`hold`]).
+    holding: tokio_util::task::TaskTracker,
     /// The webhook sender and what tells it to stop (see
     /// [`Engine::stop_webhooks`]).
     webhooks: Mutex<Option<(tokio::task::JoinHandle<()>, CancellationToken)>>,
@@ -90,6 +97,7 @@ impl Engine {
             running: Mutex::new(HashMap::new()),
             http,
             tasks: Mutex::new(Vec::new()),
+            holding: tokio_util::task::TaskTracker::new(),
             webhooks: Mutex::new(None),
             stopping: std::sync::atomic::AtomicBool::new(false),
         }
@@ -151,7 +159,18 @@ impl Engine {
         Ok(())
     }
 
-    /// Stops the tasks and puts the runs in flight back in the queue.
+    /// Stops the tasks and puts the runs in flight back in the queue, and,
+    /// side by side, stops the webhook sender (see
+    /// [`Engine::stop_webhooks`]): the stop takes the longer of the two
+    /// waits, not both.
+    ///
+    /// No run is claimed from its start: a stopping server starts no call
+    /// that it would cut off at its next turn. The runs are told to stop (at their next turn), and then given up
+    /// to [`RUNS_WAIT`] to end: one whose conversation was over (being
+    /// judged, or its end being written) records its end, rather than be
+    /// put back in the queue and held again, its agent called a second
+    /// time, after the restart; one stopped mid-call writes nothing, and
+    /// goes back to the queue, as does one still in a turn after the wait.
     ///
     /// The runtime has several threads, and aborting a task does not stop
     /// a poll of it under way on another one: the dispatcher may be
@@ -167,8 +186,13 @@ impl Engine {
     /// holds. (A test cannot stop a poll at those points without a hook in
     /// the dispatcher, hence the argument here.)
     pub async fn shutdown(state: &AppState) -> anyhow::Result<()> {
+        let (released, ()) = tokio::join!(Engine::stop_runs(state), state.engine.stop_webhooks());
+        released
+    }
+
+    /// The runs' part of [`Engine::shutdown`].
+    async fn stop_runs(state: &AppState) -> anyhow::Result<()> {
         let engine = &state.engine;
-        engine.stop_webhooks().await;
         let tasks: Vec<_> = engine.tasks.lock().expect("not poisoned").drain(..).collect();
         for task in &tasks {
             task.abort();
@@ -184,6 +208,11 @@ impl Engine {
             for (_, token) in running.values() {
                 token.cancel();
             }
+        }
+        engine.holding.close();
+        if tokio::time::timeout(RUNS_WAIT, engine.holding.wait()).await.is_err() {
+            slog::warn!(state.log, "stopping: runs still in a turn go back to the queue";
+                        "runs" => engine.busy(), "waited_s" => RUNS_WAIT.as_secs());
         }
         let owner = engine.owner.clone();
         state.store.write(move |tx| queue::release(tx, &owner)).await?;
@@ -255,7 +284,7 @@ async fn dispatch(state: Arc<AppState>) {
                 break;
             };
             let state = state.clone();
-            tokio::spawn(async move {
+            engine.holding.spawn(async move {
                 let (run_id, call_id) = (run.run_id.clone(), run.call_id.clone());
                 hold(&state, run, token).await;
                 let mut running = state.engine.running.lock().expect("not poisoned");
@@ -596,7 +625,8 @@ async fn converse_and_judge(
         run_id: run.run_id.clone(),
         batch_run_id: run.batch_run_id.clone(),
         test_id: run.test_id.clone(),
-        call_id: run.call_id.clone(),
+        // The id the agent was sent; none was when it was never reached.
+        call_id: outcome.reached_agent.then(|| run.call_id.clone()),
         scenario_id: loaded.plan.scenario.id.clone(),
         scenario_version: loaded.plan.scenario.version,
         persona_id: run.persona_id.clone(),

@@ -5,6 +5,7 @@
 use crate::engine::outbound::Outbound;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 use sparring_server::types::{self, ChannelKind, EndedReason, TurnRole};
+use tokio::io::AsyncReadExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::Message;
@@ -1773,6 +1775,109 @@ async fn simulated_caller_llm_failure_is_a_caller_error() {
         .error
         .unwrap()
         .starts_with("the simulated caller's LLM failed: its answer has neither a line to say nor \"done\": true: "));
+}
+
+/// A resolver double: the first `first` lookups of any name give `before`,
+/// every later one `after` (an endpoint whose address comes back to life).
+struct Moving {
+    before: SocketAddr,
+    after: SocketAddr,
+    first: usize,
+    lookups: AtomicUsize,
+}
+
+impl reqwest::dns::Resolve for Moving {
+    fn resolve(&self, _: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let n = self.lookups.fetch_add(1, Ordering::SeqCst);
+        let address = if n < self.first { self.before } else { self.after };
+        Box::pin(async move { Ok(Box::new(std::iter::once(address)) as reqwest::dns::Addrs) })
+    }
+}
+
+/// An LLM endpoint that could not be reached is asked again, as a busy one
+/// is, when nothing of the request reached it: its connection refused, or
+/// closed while it was being made (here in the TLS handshake, before a
+/// byte of the request). One whose connection was lost after the request
+/// went is not: the endpoint may have made (and billed) the answer, which
+/// a second request would make again, perhaps another (a judge's verdict).
+#[tokio::test]
+async fn an_llm_connection_lost_before_the_request_went_is_tried_again() {
+    let ask = |http: Outbound, base_url: String| async move {
+        let llm = LlmEndpoint { base_url, model: "m".into(), temperature: None, api_key: None };
+        let messages = [crate::engine::llm::ChatMessage::user("Hello")];
+        crate::engine::llm::complete(&http, &llm, &messages, Duration::from_secs(20)).await
+    };
+
+    // Refused once (the endpoint restarting, say), then answering.
+    let (llm, asked) = serve_llm(vec![(200, "Tuesday please")]).await;
+    let (_held, closed) = crate::engine::closed_port();
+    let moving = Arc::new(Moving {
+        before: SocketAddr::from(([127, 0, 0, 1], closed)),
+        after: llm.trim_start_matches("http://").parse().unwrap(),
+        first: 1,
+        lookups: AtomicUsize::new(0),
+    });
+    let http = Outbound::of(reqwest::Client::builder().no_proxy().dns_resolver(moving.clone()));
+    let answer = ask(http, "http://llm.test".into()).await;
+    assert_eq!(answer.unwrap(), "Tuesday please");
+    assert_eq!(moving.lookups.load(Ordering::SeqCst), 2, "refused, then asked again");
+    assert_eq!(asked.lock().unwrap().len(), 1);
+
+    // Refused every time: three attempts, and said so.
+    let error = ask(Outbound::of(reqwest::Client::builder().no_proxy()), format!("http://127.0.0.1:{closed}"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("refused") && error.ends_with("(3 attempts)"), "{error}");
+
+    // Closed during the TLS handshake every time: three connections.
+    let (url, connections) = serve_raw(|mut stream| async move {
+        let _ = stream.read(&mut [0; 512]).await;
+    })
+    .await;
+    let error = ask(Outbound::of(reqwest::Client::builder().no_proxy()), url.replace("http://", "https://"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.ends_with("(3 attempts)"), "{error}");
+    assert_eq!(connections.load(Ordering::SeqCst), 3);
+
+    // Closed once the request was read, before any answer: asked once.
+    let (url, connections) = serve_raw(|mut stream| async move {
+        let mut request = Vec::new();
+        let mut buffer = [0; 4096];
+        while !String::from_utf8_lossy(&request).contains("\"messages\"") {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => request.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await;
+    let error = ask(Outbound::of(reqwest::Client::builder().no_proxy()), url).await.unwrap_err().to_string();
+    assert!(error.starts_with("the LLM endpoint") && !error.contains("attempts"), "{error}");
+    assert_eq!(connections.load(Ordering::SeqCst), 1);
+}
+
+/// A TCP server on a free loopback port running `handler` on each
+/// connection (closed when it returns); its `http://` URL and how many
+/// connections it accepted.
+async fn serve_raw<F, Fut>(handler: F) -> (String, Arc<AtomicUsize>)
+where
+    F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(handler(stream));
+        }
+    });
+    (url, accepted)
 }
 
 /// An endpoint that answers 200 with its error as the completion (some
