@@ -87,6 +87,7 @@ const MIGRATIONS: &[Migration] = &[
         include_str!("../migrations/0023_reviews_by_calibration_in_order.sql"),
         None,
     ),
+    ("0024_ledger_by_filter", include_str!("../migrations/0024_ledger_by_filter.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
