@@ -68,17 +68,30 @@ pub fn append(
     description: &str,
     batch_run_id: Option<&str>,
 ) -> rusqlite::Result<i64> {
+    append_entry(tx, user_id, kind, amount, description, batch_run_id).map(|(_, after)| after)
+}
+
+/// [`append`], giving the new entry's id too.
+fn append_entry(
+    tx: &rusqlite::Transaction<'_>,
+    user_id: &str,
+    kind: types::TransactionKind,
+    amount: i64,
+    description: &str,
+    batch_run_id: Option<&str>,
+) -> rusqlite::Result<(String, i64)> {
     // Only an admin's grant can come near the limit (admin_grant refuses
     // one that would pass it); nothing is written past it.
     let after = balance(tx, user_id)?.checked_add(amount).ok_or_else(|| {
         rusqlite::Error::ToSqlConversionFailure(format!("a balance past {} credits", i64::MAX).into())
     })?;
+    let id = ids::new_id("txn");
     tx.prepare_cached(
         "INSERT INTO transactions (id, user_id, kind, amount, balance_after, description, batch_run_id, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
-        ids::new_id("txn"),
+        id,
         user_id,
         kind.to_string(),
         amount,
@@ -87,7 +100,7 @@ pub fn append(
         batch_run_id,
         ids::format_time(&ids::now())
     ])?;
-    Ok(after)
+    Ok((id, after))
 }
 
 /// Records the server's starting grant, for users created from now on.
@@ -128,9 +141,11 @@ pub fn admin_grant_description(amount: i64) -> &'static str {
 /// `sparring admin grant-credits`: a `grant` (positive) or an `adjustment`
 /// (negative, never below zero) for the user with this email, or this
 /// `usr_…` id (a user who signed in with no verified address has no email),
-/// described as given or by [`admin_grant_description`]. Gives the user as
-/// named from here on (their stored email, or their id) and the new
-/// balance.
+/// described as given or by [`admin_grant_description`], with its activity
+/// record: by the system (the entry says "an administrator"), about the
+/// entry, and about the user, who reads it as they read their own records.
+/// Gives the user as named from here on (their stored email, or their id)
+/// and the new balance.
 pub fn admin_grant(
     tx: &rusqlite::Transaction<'_>,
     user: &str,
@@ -176,7 +191,32 @@ pub fn admin_grant(
         }
         Some(_) => {}
     }
-    Ok((email, append(tx, &user_id, kind, amount, description, None)?))
+    let (entry, after) = append_entry(tx, &user_id, kind, amount, description, None)?;
+    let (action, summary) = if amount >= 0 {
+        ("transaction.grant", format!("an administrator granted {amount} credits; balance {after}"))
+    } else {
+        ("transaction.adjust", format!("an administrator took away {} credits; balance {after}", amount.unsigned_abs()))
+    };
+    crate::activity::record_about(
+        tx,
+        &crate::auth::Actor::System,
+        Some(&user_id),
+        crate::activity::Record {
+            action,
+            resource_type: "transaction",
+            resource_id: &entry,
+            project_id: None,
+            summary,
+            changes: serde_json::json!({
+                "kind": kind.to_string(),
+                "amount": amount,
+                "balance_after": after,
+                "description": description,
+            })
+            .into(),
+        },
+    )?;
+    Ok((email, after))
 }
 
 /// [`admin_grant`] in its own write transaction: the user's stored email

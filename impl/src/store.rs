@@ -88,6 +88,7 @@ const MIGRATIONS: &[Migration] = &[
         None,
     ),
     ("0024_ledger_by_filter", include_str!("../migrations/0024_ledger_by_filter.sql"), None),
+    ("0025_activity_about_a_user", include_str!("../migrations/0025_activity_about_a_user.sql"), None),
 ];
 
 #[derive(Debug, thiserror::Error)]
