@@ -310,6 +310,49 @@ async fn admin_create_key_prints_the_key_alone() {
     assert!(!server.proc.stdout().contains("spk_"), "{}", server.proc.stdout());
 }
 
+/// A key `admin create-key` made for a user (without a server, or through
+/// the one running) is in that user's activity: its `api_key.create`
+/// record, by the system, was about no one's who could read it, so a user
+/// could not see that a key of theirs had been made. Another user sees
+/// only the records of their own keys.
+#[tokio::test]
+async fn a_key_an_administrator_made_is_in_its_users_activity() {
+    let dir = tempfile::tempdir().unwrap();
+    data_dir_at(dir.path());
+    let data_dir = dir.path().to_str().unwrap();
+    let key_for = |email: &str, label: &str| {
+        let (status, stdout, stderr) =
+            run(&["admin", "create-key", "--data-dir", data_dir, "--user", email, "--label", label]);
+        assert!(status.success(), "{stderr}");
+        stdout.trim().to_string()
+    };
+    let first = key_for("ops@example.com", "first");
+    let mut server = serve(dir.path());
+    key_for("ops@example.com", "second");
+    let other = key_for("someone@example.com", "theirs");
+    let get = |key: &str, path: &str| {
+        let request = http().get(server.url(path)).header("x-api-key", key);
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let keys = get(&first, "/v1/api-keys").await;
+    let key_ids: Vec<&Value> = keys["keys"].as_array().unwrap().iter().map(|k| &k["id"]).collect();
+    let created = |list: &Value| -> Vec<(Value, Value, Value)> {
+        list["activity"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["action"].clone(), r["resource_id"].clone(), r["actor"]["credential"].clone()))
+            .collect()
+    };
+    let made = |id: &Value| (Value::from("api_key.create"), id.clone(), Value::from("system"));
+    let mine = get(&first, "/v1/activity?resource_type=api_key").await;
+    assert_eq!(created(&mine), [made(key_ids[0]), made(key_ids[1])], "{mine:#}");
+    let theirs = get(&other, "/v1/activity?resource_type=api_key").await;
+    assert_eq!(created(&theirs).len(), 1, "{theirs:#}");
+    assert!(!created(&theirs).iter().any(|(_, id, _)| key_ids.contains(&id)), "{theirs:#}");
+    server.stop();
+}
+
 /// A data dir the server or an admin command creates is its owner's alone:
 /// it holds transcripts, emails and the secret key. One that exists keeps
 /// its mode.
