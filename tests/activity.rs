@@ -175,7 +175,7 @@ async fn pages_merge_own_records_and_each_projects() {
     let db = rusqlite::Connection::open(s.data_dir.path().join("sparring.db")).unwrap();
     let expected = |filter: &str| -> Vec<String> {
         let sql = format!(
-            "SELECT id FROM activity WHERE (actor_user_id = ?1
+            "SELECT id FROM activity WHERE (actor_user_id = ?1 OR subject_user_id = ?1
                OR project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)) {filter}
              ORDER BY id DESC"
         );
@@ -259,9 +259,13 @@ async fn a_page_of_records_ends_once_its_records_pass_8_mib() {
     }
     let all = paged(&s, &key, &format!("project_id={project_id}&limit=1")).await;
     assert_eq!(all.len(), 13, "a project.create, a scenario.create and 11 scenario.update");
+    // Outside the project: the record of the key made for them (the admin's).
+    let key_made = paged(&s, &key, "resource_type=api_key").await;
+    assert_eq!(key_made.len(), 1);
+    let everything = [all.clone(), key_made].concat();
     for (path, expected) in [
         (format!("/v1/activity?project_id={project_id}&limit=200"), all.clone()),
-        ("/v1/activity?limit=200".to_string(), all.clone()),
+        ("/v1/activity?limit=200".to_string(), everything),
         (format!("/v1/activity/resource/scenario/{id}?limit=200"), all[..12].to_vec()),
         (format!("/v1/activity/resource/scenario/{id}?order=asc&limit=200"), all[..12].iter().rev().cloned().collect()),
     ] {

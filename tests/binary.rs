@@ -310,6 +310,49 @@ async fn admin_create_key_prints_the_key_alone() {
     assert!(!server.proc.stdout().contains("spk_"), "{}", server.proc.stdout());
 }
 
+/// A key `admin create-key` made for a user (without a server, or through
+/// the one running) is in that user's activity: its `api_key.create`
+/// record, by the system, was about no one's who could read it, so a user
+/// could not see that a key of theirs had been made. Another user sees
+/// only the records of their own keys.
+#[tokio::test]
+async fn a_key_an_administrator_made_is_in_its_users_activity() {
+    let dir = tempfile::tempdir().unwrap();
+    data_dir_at(dir.path());
+    let data_dir = dir.path().to_str().unwrap();
+    let key_for = |email: &str, label: &str| {
+        let (status, stdout, stderr) =
+            run(&["admin", "create-key", "--data-dir", data_dir, "--user", email, "--label", label]);
+        assert!(status.success(), "{stderr}");
+        stdout.trim().to_string()
+    };
+    let first = key_for("ops@example.com", "first");
+    let mut server = serve(dir.path());
+    key_for("ops@example.com", "second");
+    let other = key_for("someone@example.com", "theirs");
+    let get = |key: &str, path: &str| {
+        let request = http().get(server.url(path)).header("x-api-key", key);
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let keys = get(&first, "/v1/api-keys").await;
+    let key_ids: Vec<&Value> = keys["keys"].as_array().unwrap().iter().map(|k| &k["id"]).collect();
+    let created = |list: &Value| -> Vec<(Value, Value, Value)> {
+        list["activity"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["action"].clone(), r["resource_id"].clone(), r["actor"]["credential"].clone()))
+            .collect()
+    };
+    let made = |id: &Value| (Value::from("api_key.create"), id.clone(), Value::from("system"));
+    let mine = get(&first, "/v1/activity?resource_type=api_key").await;
+    assert_eq!(created(&mine), [made(key_ids[0]), made(key_ids[1])], "{mine:#}");
+    let theirs = get(&other, "/v1/activity?resource_type=api_key").await;
+    assert_eq!(created(&theirs).len(), 1, "{theirs:#}");
+    assert!(!created(&theirs).iter().any(|(_, id, _)| key_ids.contains(&id)), "{theirs:#}");
+    server.stop();
+}
+
 /// A data dir the server or an admin command creates is its owner's alone:
 /// it holds transcripts, emails and the secret key. One that exists keeps
 /// its mode.
@@ -629,6 +672,75 @@ async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
             entry("grant", 1000, 1000, "starting credits")
         ]
     );
+    server.stop();
+}
+
+/// A grant (or a taking away) of credits is a mutation like any other: it
+/// writes one activity record, in its transaction, by the administrator (the
+/// system, as the ledger entry says "an administrator"), about the ledger
+/// entry it made, with the amount and the balance after. The user whose
+/// credits they are reads it through the activity operations, as they read
+/// their own records; no one else does. A refused grant records nothing.
+#[tokio::test]
+async fn admin_grant_credits_writes_an_activity_record_its_user_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    data_dir_at(dir.path());
+    let data_dir = dir.path().to_str().unwrap();
+    let key_for = |email: &str| {
+        let (status, stdout, stderr) =
+            run(&["admin", "create-key", "--data-dir", data_dir, "--user", email, "--label", "deploy"]);
+        assert!(status.success(), "{stderr}");
+        stdout.trim().to_string()
+    };
+    let grant = |amount: &str| {
+        run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", "ops@example.com", "--amount", amount])
+    };
+    let key = key_for("ops@example.com");
+    // Without a server, and beside one.
+    assert!(grant("250").0.success());
+    assert!(!grant("-5000").0.success(), "below zero: refused, nothing recorded");
+    let server = serve(dir.path());
+    assert!(grant("-50").0.success());
+    let other = key_for("someone@example.com");
+
+    let get = |key: String, path: String| {
+        let request = http().get(server.url(&path)).header("x-api-key", key);
+        async move {
+            let resp = request.send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap())
+        }
+    };
+    let (_, ledger) = get(key.clone(), "/v1/transactions".into()).await;
+    let entries = ledger["transactions"].as_array().unwrap();
+    let (taken, granted) = (&entries[0], &entries[1]);
+    assert_eq!((taken["amount"].as_i64(), granted["amount"].as_i64()), (Some(-50), Some(250)), "{ledger:#}");
+
+    let (status, listed) = get(key.clone(), "/v1/activity?resource_type=transaction".into()).await;
+    assert_eq!(status, 200, "{listed}");
+    let records = listed["activity"].as_array().unwrap();
+    assert_eq!(records.len(), 2, "one record per grant made, none for the refused one: {listed:#}");
+    for (record, entry, action, balance) in
+        [(&records[0], taken, "transaction.adjust", 1200), (&records[1], granted, "transaction.grant", 1250)]
+    {
+        assert_eq!(record["actor"], serde_json::json!({"user_id": null, "credential": "system", "api_key_id": null}));
+        assert_eq!(record["action"], action, "{record:#}");
+        assert_eq!(record["resource_id"], entry["id"], "{record:#}");
+        assert_eq!(record["project_id"], Value::Null);
+        assert_eq!(record["changes"]["amount"], entry["amount"], "{record:#}");
+        assert_eq!(record["changes"]["balance_after"], balance, "{record:#}");
+        assert_eq!(record["changes"]["description"], entry["description"], "{record:#}");
+        // One at a time, and as the entry's history, to its user only.
+        let id = record["id"].as_str().unwrap();
+        assert_eq!(get(key.clone(), format!("/v1/activity/{id}")).await, (200, record.clone()));
+        assert_eq!(get(other.clone(), format!("/v1/activity/{id}")).await.0, 404);
+        let history = format!("/v1/activity/resource/transaction/{}", entry["id"].as_str().unwrap());
+        assert_eq!(get(key.clone(), history.clone()).await.1["activity"], serde_json::json!([record]));
+        assert_eq!(get(other.clone(), history).await.1["activity"], serde_json::json!([]));
+    }
+    let (_, theirs) = get(other.clone(), "/v1/activity?resource_type=transaction".into()).await;
+    assert_eq!(theirs["activity"], serde_json::json!([]), "{theirs:#}");
+    let mut server = server;
     server.stop();
 }
 

@@ -1124,14 +1124,11 @@ async fn validation_replacement_deletion_locks_and_activity() {
         )
         .await;
     let c1 = id(&c1);
-    // A result is in at most one open calibration, given by id or drawn.
-    for body in [
-        calibration_by_ids(p, &[&rp0, &rf1], &[&reviewer_id]),
-        calibration_by_sample(p, json!({"test_id": ran.passing_test, "size": 50, "seed": 1}), &[&reviewer_id]),
-    ] {
-        let e = refused(&s, Method::POST, "/v1/reviews/calibration", &t.owner, Some(body), 409).await;
-        assert_eq!(e["error_code"], "in_calibration", "{e}");
-    }
+    // A result is in at most one open calibration (a sample passes over it:
+    // a_sample_draws_from_the_results_that_can_be_calibrated).
+    let body = calibration_by_ids(p, &[&rp0, &rf1], &[&reviewer_id]);
+    let e = refused(&s, Method::POST, "/v1/reviews/calibration", &t.owner, Some(body), 409).await;
+    assert_eq!(e["error_code"], "in_calibration", "{e}");
     let mut c1_reviews = Vec::new();
     for (key, result, passed) in
         [(&t.reviewer, &rp1, true), (&t.editor, &rp1, true), (&t.editor, &rf1, false), (&t.reviewer, &rf1, false)]
@@ -1161,23 +1158,24 @@ async fn validation_replacement_deletion_locks_and_activity() {
     assert!(late["calibration_id"].is_null());
     expected.push((id(&late), "review.create"));
 
-    // A sample of a test, larger than it: both its results. Not for the
-    // reviewer, whose label of rp1 is final in C1: they could never label
-    // it again, and the calibration would never complete.
-    let sample = json!({"test_id": ran.passing_test, "size": 50, "seed": 1});
+    // Not rp0 and rp1 for the reviewer, whose label of rp1 is final in C1:
+    // they could never label it again, and the calibration would never
+    // complete.
     let e = refused(
         &s,
         Method::POST,
         "/v1/reviews/calibration",
         &t.editor,
-        Some(calibration_by_sample(p, sample.clone(), &[&reviewer_id])),
+        Some(calibration_by_ids(p, &[&rp0, &rp1], &[&reviewer_id])),
         409,
     )
     .await;
     assert_eq!(e["error_code"], "review_locked", "{e}");
     assert!(e["message"].as_str().unwrap().contains(&c1), "{e}");
-    // For the owner; closed early, the label given is locked and the other
-    // result is free again.
+    // A sample of a test, larger than it: both its results, for the owner;
+    // closed early, the label given is locked and the other result is free
+    // again.
+    let sample = json!({"test_id": ran.passing_test, "size": 50, "seed": 1});
     let owner_id = user_with_role(&s, &t, "owner").await;
     let c2 = s
         .expect(
@@ -1263,6 +1261,94 @@ async fn validation_replacement_deletion_locks_and_activity() {
         assert_eq!(of(cal, "calibration.close"), 1, "{cal}: {records:#?}");
     }
     assert_eq!(of(&c4, "calibration.close"), 0);
+}
+
+/// A seeded sample draws from the results that can be calibrated: it leaves
+/// out a result in another open calibration review, and one a chosen
+/// reviewer labelled in a complete one (their label is final), and takes the
+/// next in the draw's order instead, so a sample of N is N whenever N can
+/// be. Fewer remaining give all of them; none gives 409 `nothing_to_draw`.
+/// Results named one by one are still refused (409) for either reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sample_draws_from_the_results_that_can_be_calibrated() {
+    let good = Agent::start(&[]);
+    let bad = Agent::start(&["--bug", "wrong-day"]);
+    let s = TestServer::start().await;
+    let t = s.team("sampling").await;
+    let p = &t.project_id;
+    let ran = run_batch(&s, &t, &good, &bad, 3, 2).await;
+    let brn = &ran.batch_run_id;
+    let owner_id = user_with_role(&s, &t, "owner").await;
+    let editor_id = user_with_role(&s, &t, "editor").await;
+    let reviewer_id = user_with_role(&s, &t, "reviewer").await;
+    let start = |body: Value| s.expect(Method::POST, "/v1/reviews/calibration", &t.editor, Some(body), 200);
+    let sample = |size: u32, seed: i64| json!({"batch_run_id": brn, "size": size, "seed": seed});
+
+    // The draw's whole order for seed 5, from nothing held back.
+    let whole = start(calibration_by_sample(p, sample(5, 5), &[&owner_id])).await;
+    let order = strings(&whole["test_result_ids"]);
+    assert_eq!(order.len(), 5);
+    close(&s, &t.editor, &id(&whole)).await;
+
+    // The first two of that order, in an open calibration for the editor.
+    let held = id(&start(calibration_by_ids(p, &[&order[0], &order[1]], &[&editor_id])).await);
+    // Named, they are refused as before.
+    let e = refused(
+        &s,
+        Method::POST,
+        "/v1/reviews/calibration",
+        &t.editor,
+        Some(calibration_by_ids(p, &[&order[1], &order[2]], &[&reviewer_id])),
+        409,
+    )
+    .await;
+    assert_eq!(e["error_code"], "in_calibration", "{e}");
+    // Drawn, they are passed over: a sample of 2 is the next two.
+    let two = start(calibration_by_sample(p, sample(2, 5), &[&reviewer_id])).await;
+    assert_eq!(strings(&two["test_result_ids"]), order[2..4]);
+    assert_eq!(two["sample"], sample(2, 5), "the sample asked for is kept as asked");
+    close(&s, &t.editor, &id(&two)).await;
+    // More than remain: all that remain.
+    let rest = start(calibration_by_sample(p, sample(5, 5), &[&reviewer_id])).await;
+    assert_eq!(strings(&rest["test_result_ids"]), order[2..]);
+    // None remain: refused, and nothing made.
+    let before = all_pages(&s, &t.owner, &format!("/v1/reviews/calibration?project_id={p}"), "calibrations").await;
+    let e = refused(
+        &s,
+        Method::POST,
+        "/v1/reviews/calibration",
+        &t.editor,
+        Some(calibration_by_sample(p, sample(1, 5), &[&reviewer_id])),
+        409,
+    )
+    .await;
+    assert_eq!(e["error_code"], "nothing_to_draw", "{e}");
+    assert!(e["message"].as_str().unwrap().contains(brn.as_str()), "{e}");
+    let after = all_pages(&s, &t.owner, &format!("/v1/reviews/calibration?project_id={p}"), "calibrations").await;
+    assert_eq!(after.len(), before.len());
+    close(&s, &t.editor, &id(&rest)).await;
+
+    // The editor labels the held two: complete, and those labels are final.
+    review(&s, &t.editor, &order[0], true, &[]).await;
+    review(&s, &t.editor, &order[1], true, &[]).await;
+    assert_eq!(get_calibration(&s, &t.owner, &held).await["status"], "complete");
+    let e = refused(
+        &s,
+        Method::POST,
+        "/v1/reviews/calibration",
+        &t.editor,
+        Some(calibration_by_ids(p, &[&order[0]], &[&editor_id])),
+        409,
+    )
+    .await;
+    assert_eq!(e["error_code"], "review_locked", "{e}");
+    // A sample for the editor (and another reviewer) passes over them; one
+    // for the reviewer alone draws them again.
+    let for_editor = start(calibration_by_sample(p, sample(2, 5), &[&reviewer_id, &editor_id])).await;
+    assert_eq!(strings(&for_editor["test_result_ids"]), order[2..4]);
+    close(&s, &t.editor, &id(&for_editor)).await;
+    let for_reviewer = start(calibration_by_sample(p, sample(2, 5), &[&reviewer_id])).await;
+    assert_eq!(strings(&for_reviewer["test_result_ids"]), order[..2]);
 }
 
 /// A result labelled blind in an open calibration stays blind in every other

@@ -39,11 +39,23 @@ impl From<serde_json::Value> for Changes {
 }
 
 pub fn record(tx: &rusqlite::Transaction<'_>, actor: &Actor, r: Record<'_>) -> Result<(), StoreError> {
+    record_about(tx, actor, None, r)
+}
+
+/// [`record`], about the user `subject` (outside any project, when it is not
+/// the actor: an administrator's grant of their credits), who reads it as
+/// they read their own records.
+pub fn record_about(
+    tx: &rusqlite::Transaction<'_>,
+    actor: &Actor,
+    subject: Option<&str>,
+    r: Record<'_>,
+) -> Result<(), StoreError> {
     // Every mutation runs this: prepared once per connection.
     tx.prepare_cached(
         "INSERT INTO activity (id, actor_user_id, credential, api_key_id, action, resource_type, resource_id,
-                               project_id, summary, changes, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                               project_id, summary, changes, created_at, subject_user_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )?
     .execute(params![
         ids::new_id("act"),
@@ -57,13 +69,15 @@ pub fn record(tx: &rusqlite::Transaction<'_>, actor: &Actor, r: Record<'_>) -> R
         r.summary,
         r.changes.0,
         ids::format_time(&ids::now()),
+        subject,
     ])?;
     Ok(())
 }
 
-// Reading the log. A record is visible to its actor and to the members of
-// its project (of a deleted project, to its members when it was deleted);
-// to anyone else it does not exist.
+// Reading the log. A record is visible to its actor, to the user it is
+// about (`subject_user_id`: as its actor), and to the members of its
+// project (of a deleted project, to its members when it was deleted); to
+// anyone else it does not exist.
 
 use rusqlite::OptionalExtension as _;
 use sparring_server::{params as p, types, Caller};
@@ -75,12 +89,12 @@ use crate::store::Store;
 const COLUMNS: &str = "a.id, a.actor_user_id, a.credential, a.api_key_id, a.action, a.resource_type, a.resource_id, \
                        a.project_id, a.summary, a.changes, a.created_at";
 
-/// Who may see a record: `?1` is the caller's user id. Its actor and the
-/// members of its project, but for what would give away, to a member
+/// Who may see a record: `?1` is the caller's user id. Its actor, the user
+/// it is about, and the members of its project, but for what would give away, to a member
 /// labelling blind, what the calibration hides (`reviews::blind`).
 static VISIBLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "((a.actor_user_id = ?1 OR a.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
+        "((a.actor_user_id = ?1 OR a.subject_user_id = ?1 OR a.project_id IN (SELECT project_id FROM project_members WHERE user_id = ?1)
             OR a.project_id IN (SELECT project_id FROM former_members WHERE user_id = ?1))
           AND NOT {})",
         *crate::reviews::blind::HIDDEN_ACTIVITY
@@ -140,8 +154,8 @@ fn page_request(query_limit: Option<i32>, cursor: Option<&str>) -> Result<PageRe
     PageRequest::parse(query_limit, cursor, "act").map_err(|e| Failure::invalid("cursor", e))
 }
 
-/// Where a visible record comes from: the caller made it, or it is in a
-/// project the caller is a member of.
+/// Where a visible record comes from: the caller made it, it is about
+/// them, or it is in a project the caller is a member of.
 #[derive(Clone, Copy)]
 enum Source {
     /// `?1`'s own records (`activity_by_actor`), in the project `?2` if it
@@ -149,6 +163,9 @@ enum Source {
     Actor,
     /// The records of the project `?2` (`activity_by_project`).
     Project,
+    /// The records about `?1` (`activity_by_subject`), in the project `?2`
+    /// if it is not NULL.
+    Subject,
 }
 
 /// The SQL of one source's share of a page of `GET /activity`: the ids of
@@ -162,6 +179,7 @@ fn source_sql(source: Source) -> PageSql {
     let source = match source {
         Source::Actor => "a.actor_user_id = ?1 AND (?2 IS NULL OR a.project_id = ?2)",
         Source::Project => "a.project_id = ?2",
+        Source::Subject => "a.subject_user_id = ?1 AND (?2 IS NULL OR a.project_id = ?2)",
     };
     PageSql::new(
         &format!(
@@ -176,15 +194,15 @@ fn source_sql(source: Source) -> PageSql {
 }
 
 /// [`source_sql`] for each source.
-static SOURCE_SQL: std::sync::LazyLock<[PageSql; 2]> =
-    std::sync::LazyLock::new(|| [Source::Actor, Source::Project].map(source_sql));
+static SOURCE_SQL: std::sync::LazyLock<[PageSql; 3]> =
+    std::sync::LazyLock::new(|| [Source::Actor, Source::Project, Source::Subject].map(source_sql));
 
 /// `GET /activity`: newest first, filtered by project, resource type,
 /// action and time.
 ///
-/// A page is merged from one walk per source (the caller's own records, and
-/// each project they are a member of; only the project when one is asked
-/// for and they are in it), each stopped at the page's size once that many
+/// A page is merged from one walk per source (the caller's own records, those
+/// about them, and each project they are a member of; only the project when
+/// one is asked for and they are in it), each stopped at the page's size once that many
 /// records pass the filters: with no filter, or a filter most records pass,
 /// a page reads about its size per source, however long the log. (One
 /// statement with `actor OR project IN (…)` read every record the caller
@@ -215,8 +233,8 @@ pub async fn list(store: &Store, caller: Caller, query: p::ListActivityQuery) ->
             // records there too: it is the only source then.
             let own = (query.project_id.is_none() || projects.is_empty()).then_some(query.project_id.as_deref());
             let sources = own
-                .map(|project| (Source::Actor, project))
                 .into_iter()
+                .flat_map(|project| [(Source::Actor, project), (Source::Subject, project)])
                 .chain(projects.iter().map(|p| (Source::Project, Some(p.as_str()))));
             for (source, project) in sources {
                 let mut statement = tx.prepare_cached(sql[source as usize].of(&page))?;
@@ -333,6 +351,7 @@ mod tests {
             for (source, index, column) in [
                 (Source::Actor, "activity_by_actor", "actor_user_id"),
                 (Source::Project, "activity_by_project", "project_id"),
+                (Source::Subject, "activity_by_subject", "subject_user_id"),
             ] {
                 for (after, range) in [(false, ""), (true, " AND id<?")] {
                     let sql = source_sql(source).of_cursor(after).to_string();

@@ -213,9 +213,13 @@ pub fn insert(
         "INSERT INTO api_keys (id, user_id, label, prefix, key_hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![key.id, key.user_id, key.label, key.prefix, &raw.hash()[..], ids::format_time(&key.created_at)],
     )?;
-    activity::record(
+    // A key made for a user by someone else (the admin CLI, the first
+    // start) is about them: they read its record as their own.
+    let about = (actor.user_id() != Some(user_id)).then_some(user_id);
+    activity::record_about(
         tx,
         actor,
+        about,
         Record {
             action: "api_key.create",
             resource_type: "api_key",

@@ -68,17 +68,30 @@ pub fn append(
     description: &str,
     batch_run_id: Option<&str>,
 ) -> rusqlite::Result<i64> {
+    append_entry(tx, user_id, kind, amount, description, batch_run_id).map(|(_, after)| after)
+}
+
+/// [`append`], giving the new entry's id too.
+fn append_entry(
+    tx: &rusqlite::Transaction<'_>,
+    user_id: &str,
+    kind: types::TransactionKind,
+    amount: i64,
+    description: &str,
+    batch_run_id: Option<&str>,
+) -> rusqlite::Result<(String, i64)> {
     // Only an admin's grant can come near the limit (admin_grant refuses
     // one that would pass it); nothing is written past it.
     let after = balance(tx, user_id)?.checked_add(amount).ok_or_else(|| {
         rusqlite::Error::ToSqlConversionFailure(format!("a balance past {} credits", i64::MAX).into())
     })?;
+    let id = ids::new_id("txn");
     tx.prepare_cached(
         "INSERT INTO transactions (id, user_id, kind, amount, balance_after, description, batch_run_id, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
-        ids::new_id("txn"),
+        id,
         user_id,
         kind.to_string(),
         amount,
@@ -87,7 +100,7 @@ pub fn append(
         batch_run_id,
         ids::format_time(&ids::now())
     ])?;
-    Ok(after)
+    Ok((id, after))
 }
 
 /// Records the server's starting grant, for users created from now on.
@@ -128,9 +141,11 @@ pub fn admin_grant_description(amount: i64) -> &'static str {
 /// `sparring admin grant-credits`: a `grant` (positive) or an `adjustment`
 /// (negative, never below zero) for the user with this email, or this
 /// `usr_…` id (a user who signed in with no verified address has no email),
-/// described as given or by [`admin_grant_description`]. Gives the user as
-/// named from here on (their stored email, or their id) and the new
-/// balance.
+/// described as given or by [`admin_grant_description`], with its activity
+/// record: by the system (the entry says "an administrator"), about the
+/// entry, and about the user, who reads it as they read their own records.
+/// Gives the user as named from here on (their stored email, or their id)
+/// and the new balance.
 pub fn admin_grant(
     tx: &rusqlite::Transaction<'_>,
     user: &str,
@@ -176,7 +191,32 @@ pub fn admin_grant(
         }
         Some(_) => {}
     }
-    Ok((email, append(tx, &user_id, kind, amount, description, None)?))
+    let (entry, after) = append_entry(tx, &user_id, kind, amount, description, None)?;
+    let (action, summary) = if amount >= 0 {
+        ("transaction.grant", format!("an administrator granted {amount} credits; balance {after}"))
+    } else {
+        ("transaction.adjust", format!("an administrator took away {} credits; balance {after}", amount.unsigned_abs()))
+    };
+    crate::activity::record_about(
+        tx,
+        &crate::auth::Actor::System,
+        Some(&user_id),
+        crate::activity::Record {
+            action,
+            resource_type: "transaction",
+            resource_id: &entry,
+            project_id: None,
+            summary,
+            changes: serde_json::json!({
+                "kind": kind.to_string(),
+                "amount": amount,
+                "balance_after": after,
+                "description": description,
+            })
+            .into(),
+        },
+    )?;
+    Ok((email, after))
 }
 
 /// [`admin_grant`] in its own write transaction: the user's stored email
@@ -227,18 +267,53 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<types::Transaction> {
 /// `balance_after` follows), not by id: an id is its writer's clock, and
 /// the ledger has two writers (the server, and `admin grant-credits`
 /// beside it) and outlives a clock set back. The cursor is the last
-/// entry's id; `?4` is its `seq`.
-pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| {
+/// entry's id; `?4` is its `seq`. Of the kind `?2` and about the batch run
+/// `?3` (each all when NULL), read from the index of the filter named `by`
+/// (see [`page_sql`]), or, without one, from `transactions_by_user`: in
+/// order, no sort, and the walk stops at the limit.
+fn list_sql(by: Option<&str>) -> PageSql {
+    let filter = |column: &str, param: &str| {
+        if by == Some(column) {
+            format!("{column} = {param}")
+        } else if by.is_some() {
+            // Only a check on what the index read by finds (`+`: no
+            // index's).
+            format!("({param} IS NULL OR +{column} = {param})")
+        } else {
+            format!("({param} IS NULL OR {column} = {param})")
+        }
+    };
     PageSql::new(
         &format!(
             "SELECT {COLUMNS} FROM transactions
-             WHERE user_id = ?1 AND (?2 IS NULL OR kind = ?2) AND (?3 IS NULL OR batch_run_id = ?3)
+             WHERE user_id = ?1 AND {} AND {}
                {AFTER}
-             ORDER BY seq DESC LIMIT ?5"
+             ORDER BY seq DESC LIMIT ?5",
+            filter("kind", "?2"),
+            filter("batch_run_id", "?3"),
         ),
         "AND seq < ?4",
     )
-});
+}
+
+/// A page of the ledger without a filter that finds its entries.
+pub(crate) static LIST_SQL: LazyLock<PageSql> = LazyLock::new(|| list_sql(None));
+/// …about one batch run, in order from `transactions_by_batch_run`.
+static BY_BATCH_RUN_SQL: LazyLock<PageSql> = LazyLock::new(|| list_sql(Some("batch_run_id")));
+/// …of one kind, in order from `transactions_by_kind`.
+static BY_KIND_SQL: LazyLock<PageSql> = LazyLock::new(|| list_sql(Some("kind")));
+
+/// The statement of a page of the ledger filtered by these: read by the
+/// filter that finds the fewest (a batch run has a few entries: its
+/// reservation and refund), so that a page costs about what passes its
+/// filters, not a walk of the user's whole ledger to find them.
+fn page_sql(kind: Option<&str>, batch_run_id: Option<&str>) -> &'static PageSql {
+    match (batch_run_id, kind) {
+        (Some(_), _) => &BY_BATCH_RUN_SQL,
+        (None, Some(_)) => &BY_KIND_SQL,
+        (None, None) => &LIST_SQL,
+    }
+}
 
 pub async fn list(state: &AppState, caller: Caller, query: p::ListTransactionsQuery) -> Result<types::TransactionList> {
     let page =
@@ -271,7 +346,7 @@ fn list_page(
         ),
     };
     let rows = tx
-        .prepare_cached(LIST_SQL.of(&page))?
+        .prepare_cached(page_sql(kind, batch_run_id).of(&page))?
         .query_map(params![user_id, kind, batch_run_id, after, page.fetch_limit()], from_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let page = page.finish(rows, |t| t.id.clone());
@@ -383,6 +458,86 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    /// SQLite's virtual machine steps (which no machine's noise moves) to
+    /// read a page of `usr_1`'s ledger filtered by `kind` and
+    /// `batch_run_id`, which two entries pass (the oldest two, so that a walk
+    /// of the ledger newest first meets them last), beside `others` entries
+    /// of theirs that pass neither: the first page, and the page after a
+    /// cursor at the first of the two.
+    fn steps_of_a_filtered_page(kind: Option<&str>, batch_run_id: Option<&str>, others: usize) -> (i32, i32) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .write_blocking::<_, Failure, _>(move |tx| {
+                tx.execute("INSERT INTO users (id, email, name, created_at) VALUES ('usr_1', 'a@b.c', 'a', 't')", [])?;
+                for _ in 0..2 {
+                    append(tx, "usr_1", types::TransactionKind::Purchase, 10, "bought", Some("brn_1"))?;
+                }
+                for i in 0..others {
+                    let other = format!("brn_x{i:06}");
+                    append(tx, "usr_1", types::TransactionKind::Grant, 1, "granted", Some(&other))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        store
+            .read_blocking::<_, Failure, _>(move |tx| {
+                let mut steps = Vec::new();
+                let mut cursor = None::<String>;
+                for (limit, want) in [(1, 1), (50, 1)] {
+                    let page = PageRequest::parse(Some(limit), cursor.as_deref(), "txn").unwrap();
+                    let after: Option<i64> = match &page.after {
+                        None => None,
+                        Some(id) => {
+                            Some(tx.query_row("SELECT seq FROM transactions WHERE id = ?1", [id], |r| r.get(0))?)
+                        }
+                    };
+                    let mut read = tx.prepare(page_sql(kind, batch_run_id).of(&page))?;
+                    let rows = read
+                        .query_map(params!["usr_1", kind, batch_run_id, after, page.fetch_limit()], from_row)?
+                        .collect::<rusqlite::Result<Vec<_>>>()?;
+                    steps.push(read.get_status(rusqlite::StatementStatus::VmStep));
+                    let page = page.finish(rows, |t| t.id.clone());
+                    assert_eq!(page.items.len(), want, "{kind:?} {batch_run_id:?}");
+                    cursor = page.next_cursor;
+                }
+                Ok((steps[0], steps[1]))
+            })
+            .unwrap()
+    }
+
+    /// A page of the ledger of one kind, or about one batch run, costs
+    /// about what it holds, however long the rest of the ledger: not a walk
+    /// of every entry of the user's to find those few.
+    #[test]
+    fn a_filtered_page_of_the_ledger_reads_only_what_passes_its_filter() {
+        for (kind, batch_run_id) in [(Some("purchase"), None), (None, Some("brn_1")), (Some("purchase"), Some("brn_1"))]
+        {
+            let few = steps_of_a_filtered_page(kind, batch_run_id, 10);
+            let many = steps_of_a_filtered_page(kind, batch_run_id, 2_000);
+            assert_eq!(few, many, "{kind:?} {batch_run_id:?}: (first page, next) beside 10 other entries, and 2,000");
+        }
+    }
+
+    /// Each filter's statement reads its index from the cursor on, in the
+    /// ledger's order (no sort), not the user's whole ledger.
+    #[test]
+    fn a_filtered_page_of_the_ledger_reads_its_filters_index() {
+        crate::pagination::tests::on_schema(|tx| {
+            for (sql, index, column) in [
+                (&BY_KIND_SQL, "transactions_by_kind", "kind"),
+                (&BY_BATCH_RUN_SQL, "transactions_by_batch_run", "batch_run_id"),
+            ] {
+                for (after, range) in [(false, ""), (true, " AND seq<?")] {
+                    let plan = crate::pagination::tests::plan(tx, sql.of_cursor(after))?;
+                    let step = format!("SEARCH transactions USING INDEX {index} (user_id=? AND {column}=?{range})");
+                    assert_eq!(plan, [step], "{}", sql.of_cursor(after));
+                }
+            }
+            Ok(())
+        });
     }
 
     #[test]

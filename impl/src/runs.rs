@@ -6,8 +6,9 @@
 //! runs (test × persona × iteration), the worst case is priced (every
 //! conversation lasting its longest: the smallest of the scenario's, the
 //! channel's and the project's limits, 1 credit per started minute) and
-//! reserved from the caller's credits, and the batch run and its runs are
-//! written. The price is known from what tests and scenarios keep beside
+//! reserved from the credits of the project's payer (`credits::payer_of`,
+//! fixed in `batch_runs.payer_id`, who gets the refund), whoever starts it,
+//! and the batch run and its runs are written. The price is known from what tests and scenarios keep beside
 //! their documents (`price`), before any document is read: when the credits
 //! do not cover it, the batch run is recorded as `insufficient_credits` with
 //! each test's name and pass threshold, nothing is queued, and the answer

@@ -92,6 +92,8 @@ const MIGRATIONS: &[Migration] = &[
         include_str!("../migrations/0024_results_without_a_call.sql"),
         Some(results_without_a_call),
     ),
+    ("0025_ledger_by_filter", include_str!("../migrations/0025_ledger_by_filter.sql"), None),
+    ("0026_activity_about_a_user", include_str!("../migrations/0026_activity_about_a_user.sql"), None),
 ];
 
 /// Migration 0024's step, after its SQL made `test_results.call_id`

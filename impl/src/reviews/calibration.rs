@@ -4,7 +4,10 @@
 //! Editors and owners create and close them; every member reads them. The
 //! results are given by id or drawn as a seeded sample (see [`draw`]); a
 //! result is in at most one open calibration at a time (409
-//! `in_calibration`), so a review never has to choose between two. The
+//! `in_calibration`), so a review never has to choose between two, and a
+//! reviewer's label counted in a complete one is final (409
+//! `review_locked`). A sample passes over such results and draws the next
+//! in its order instead (409 `nothing_to_draw` when none is left). The
 //! reviewers must be members with the reviewer, editor or owner role.
 //!
 //! Metrics come from the reviews that carry the calibration's id, over two
@@ -50,6 +53,14 @@ pub const MAX_REVIEWERS: usize = 50;
 /// seed as 8 little-endian bytes, the id). The same seed over the same ids
 /// always draws the same sample, whatever order they come in.
 pub fn draw(ids: Vec<String>, size: usize, seed: i64) -> Vec<String> {
+    let mut order = draw_order(ids, seed);
+    order.truncate(size);
+    order
+}
+
+/// Every id, in the order the seed draws them: by blake3 hash of (the seed
+/// as 8 little-endian bytes, the id).
+fn draw_order(ids: Vec<String>, seed: i64) -> Vec<String> {
     let mut keyed: Vec<([u8; 32], String)> = ids
         .into_iter()
         .map(|id| {
@@ -60,7 +71,6 @@ pub fn draw(ids: Vec<String>, size: usize, seed: i64) -> Vec<String> {
         })
         .collect();
     keyed.sort();
-    keyed.truncate(size);
     keyed.into_iter().map(|(_, id)| id).collect()
 }
 
@@ -114,7 +124,44 @@ fn check_shape(body: &types::CreateCalibrationRequest) -> Result<()> {
     Ok(())
 }
 
+/// The open calibration review `result` is in, if any.
+fn open_calibration_of(tx: &rusqlite::Transaction<'_>, result: &str) -> Result<Option<String>> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT c.id FROM calibration_results cr
+             JOIN calibrations c ON c.id = cr.calibration_id AND c.status = 'open'
+             WHERE cr.test_result_id = ?1 LIMIT 1",
+        )?
+        .query_row(params![result], |r| r.get(0))
+        .optional()?)
+}
+
+/// One of `reviewers` who labelled `result` in a complete calibration
+/// review, and that review: `(reviewer, calibration)`. One review per
+/// reviewer per result, and one counted toward a complete calibration is
+/// final: that reviewer could never label the result in another, which
+/// would stay open with them blind to it.
+fn locked_label(
+    tx: &rusqlite::Transaction<'_>,
+    result: &str,
+    reviewers: &[String],
+) -> Result<Option<(String, String)>> {
+    let mut locked = tx.prepare_cached(
+        "SELECT c.id FROM reviews r JOIN calibrations c ON c.id = r.calibration_id AND c.status = 'complete'
+         WHERE r.test_result_id = ?1 AND r.reviewer_id = ?2",
+    )?;
+    for reviewer in reviewers {
+        if let Some(other) = locked.query_row(params![result, reviewer], |r| r.get::<_, String>(0)).optional()? {
+            return Ok(Some((reviewer.clone(), other)));
+        }
+    }
+    Ok(None)
+}
+
 /// The results the request names or draws, checked against the project.
+/// Named results that cannot be calibrated (in another open calibration,
+/// or labelled for good by a chosen reviewer) refuse the request (409); a
+/// sample passes over them and draws the next in its order, up to `size`.
 fn results_of(
     tx: &rusqlite::Transaction<'_>,
     project_id: &str,
@@ -123,6 +170,27 @@ fn results_of(
     let Some(sample) = &body.sample else {
         for (i, id) in body.test_result_ids.iter().enumerate() {
             access::require_reference(tx, "test_results", &format!("test_result_ids[{i}]"), id, project_id)?;
+        }
+        for result in &body.test_result_ids {
+            if let Some(other) = open_calibration_of(tx, result)? {
+                return Err(Failure::Conflict {
+                    code: "in_calibration",
+                    message: format!(
+                        "test result `{result}` is already in open calibration review `{other}`; close that one first"
+                    ),
+                });
+            }
+        }
+        for result in &body.test_result_ids {
+            if let Some((reviewer, other)) = locked_label(tx, result, &body.reviewer_ids)? {
+                return Err(Failure::Conflict {
+                    code: "review_locked",
+                    message: format!(
+                        "reviewer `{reviewer}` labelled test result `{result}` in complete calibration \
+                         review `{other}`, and those labels are final: leave that reviewer or that result out"
+                    ),
+                });
+            }
         }
         return Ok(body.test_result_ids.clone());
     };
@@ -139,7 +207,26 @@ fn results_of(
     if all.is_empty() {
         return Err(Failure::invalid(field, format_args!("`{source}` has no test results to draw from yet")));
     }
-    Ok(draw(all, sample.size.get() as usize, sample.seed))
+    let size = sample.size.get() as usize;
+    let mut drawn = Vec::with_capacity(size.min(all.len()));
+    for result in draw_order(all, sample.seed) {
+        if drawn.len() == size {
+            break;
+        }
+        if open_calibration_of(tx, &result)?.is_none() && locked_label(tx, &result, &body.reviewer_ids)?.is_none() {
+            drawn.push(result);
+        }
+    }
+    if drawn.is_empty() {
+        return Err(Failure::Conflict {
+            code: "nothing_to_draw",
+            message: format!(
+                "{field}: every test result of `{source}` is in an open calibration review, or was labelled \
+                 by one of reviewer_ids in a complete one (those labels are final)"
+            ),
+        });
+    }
+    Ok(drawn)
 }
 
 /// `POST /reviews/calibration`.
@@ -161,54 +248,14 @@ pub async fn create(
                     _ => {
                         return Err(Failure::invalid(
                             &format!("reviewer_ids[{i}]"),
-                            format_args!("`{reviewer}` is not a member of this project with the reviewer, editor or owner role"),
+                            format_args!(
+                                "`{reviewer}` is not a member of this project with the reviewer, editor or owner role"
+                            ),
                         ))
                     }
                 }
             }
             let results = results_of(tx, &project_id, &body)?;
-            for result in &results {
-                let open: Option<String> = tx
-                    .prepare_cached(
-                        "SELECT c.id FROM calibration_results cr
-                         JOIN calibrations c ON c.id = cr.calibration_id AND c.status = 'open'
-                         WHERE cr.test_result_id = ?1 LIMIT 1",
-                    )?
-                    .query_row(params![result], |r| r.get(0))
-                    .optional()?;
-                if let Some(other) = open {
-                    return Err(Failure::Conflict {
-                        code: "in_calibration",
-                        message: format!(
-                            "test result `{result}` is already in open calibration review `{other}`; close that one first"
-                        ),
-                    });
-                }
-            }
-            // One review per reviewer per result, and one counted toward a
-            // complete calibration is final: a reviewer who gave it could
-            // never label that result here, and the calibration would stay
-            // open with them blind to it.
-            {
-                let mut locked = tx.prepare_cached(
-                    "SELECT c.id FROM reviews r JOIN calibrations c ON c.id = r.calibration_id AND c.status = 'complete'
-                     WHERE r.test_result_id = ?1 AND r.reviewer_id = ?2",
-                )?;
-                for result in &results {
-                    for reviewer in &body.reviewer_ids {
-                        let done: Option<String> = locked.query_row(params![result, reviewer], |r| r.get(0)).optional()?;
-                        if let Some(other) = done {
-                            return Err(Failure::Conflict {
-                                code: "review_locked",
-                                message: format!(
-                                    "reviewer `{reviewer}` labelled test result `{result}` in complete calibration \
-                                     review `{other}`, and those labels are final: leave that reviewer or that result out"
-                                ),
-                            });
-                        }
-                    }
-                }
-            }
             let sample = body.sample.as_ref().map(serde_json::to_string).transpose().map_err(|e| conversion(0, e))?;
             tx.execute(
                 "INSERT INTO calibrations (id, project_id, created_by, status, sample, created_at)
@@ -246,7 +293,8 @@ pub async fn create(
                         "test_result_ids": results,
                         "reviewer_ids": body.reviewer_ids,
                         "sample": body.sample,
-                    }).into(),
+                    })
+                    .into(),
                 },
             )?;
             view(tx, &caller.user_id, &id)
