@@ -94,6 +94,7 @@ const MIGRATIONS: &[Migration] = &[
     ),
     ("0025_ledger_by_filter", include_str!("../migrations/0025_ledger_by_filter.sql"), None),
     ("0026_activity_about_a_user", include_str!("../migrations/0026_activity_about_a_user.sql"), None),
+    ("0027_reviews_by_filter_and_project", include_str!("../migrations/0027_reviews_by_filter_and_project.sql"), None),
 ];
 
 /// Migration 0024's step, after its SQL made `test_results.call_id`

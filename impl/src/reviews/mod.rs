@@ -360,9 +360,11 @@ fn list_sql(by: Option<&str>) -> PageSql {
             format!("({param} IS NULL OR r.{column} = {param})")
         }
     };
-    // With a filter to read by, the project (`+`: no index's) only checks
-    // what that filter's index finds.
-    let project = if by.is_some() { "+r.project_id = ?1" } else { "r.project_id = ?1" };
+    // A result's few reviews are found by its key, the project (`+`: no
+    // index's) only checking them; a reviewer's and a calibration's
+    // indexes hold the project after them, so that the walk of a project
+    // where they have no review reads none of theirs elsewhere.
+    let project = if by == Some("test_result_id") { "+r.project_id = ?1" } else { "r.project_id = ?1" };
     PageSql::new(
         &format!(
             "SELECT r.id FROM reviews r
@@ -450,6 +452,13 @@ mod tests {
     /// reviews pass, in a project holding `others` other reviews (by the
     /// same reviewers, of other results, outside the calibration).
     fn steps_of_a_filtered_page(filter: &str, others: usize) -> i32 {
+        steps_of_a_filtered_walk(filter, others, "prj_1")
+    }
+
+    /// The same page's walk of `project`: `prj_1`, which holds the
+    /// reviews, or `prj_2`, which holds none, as a page across the
+    /// caller's projects walks each of them (`pagination::merge_walks`).
+    fn steps_of_a_filtered_walk(filter: &str, others: usize, project: &'static str) -> i32 {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::Store::open(&dir.path().join("t.db")).unwrap();
         store
@@ -457,10 +466,11 @@ mod tests {
                 tx.execute_batch(
                     "INSERT INTO users (id, name, created_at) VALUES ('usr_a', 'a', 't'), ('usr_b', 'b', 't'),
                                                                      ('usr_c', 'c', 't');
-                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', NULL);
+                     INSERT INTO projects VALUES ('prj_1', 'p', '', NULL, NULL, 600, 10, 't', 't', NULL),
+                                                 ('prj_2', 'q', '', NULL, NULL, 600, 10, 't', 't', NULL);
                      INSERT INTO project_members (project_id, user_id, role, added_at)
                      VALUES ('prj_1', 'usr_a', 'reviewer', 't'), ('prj_1', 'usr_b', 'reviewer', 't'),
-                            ('prj_1', 'usr_c', 'reviewer', 't');
+                            ('prj_1', 'usr_c', 'reviewer', 't'), ('prj_2', 'usr_c', 'reviewer', 't');
                      INSERT INTO calibrations (id, project_id, created_by, status, created_at)
                      VALUES ('cal_1', 'prj_1', 'usr_c', 'complete', 't');",
                 )?;
@@ -481,10 +491,15 @@ mod tests {
                     result.execute(params![id])?;
                     review.execute(params![id, "usr_a", "cal_1"])?;
                 }
+                // Walking `prj_2`, the others are `usr_a`'s reviews in
+                // `cal_1`, all in `prj_1`; walking `prj_1`, other people's.
                 for i in 0..others {
                     let id = format!("trs_x{i:06}");
                     result.execute(params![id])?;
-                    review.execute(params![id, ["usr_b", "usr_c"][i % 2], None::<String>])?;
+                    match project {
+                        "prj_1" => review.execute(params![id, ["usr_b", "usr_c"][i % 2], None::<String>])?,
+                        _ => review.execute(params![id, "usr_a", "cal_1"])?,
+                    };
                 }
                 Ok(())
             })
@@ -500,11 +515,15 @@ mod tests {
                 let mut read = tx.prepare(page_sql(result, reviewer, calibration).of(&page))?;
                 let ids = read
                     .query_map(
-                        params!["prj_1", "usr_c", result, reviewer, calibration, None::<String>, page.after, 51],
+                        params![project, "usr_c", result, reviewer, calibration, None::<String>, page.after, 51],
                         |r| r.get::<_, String>(0),
                     )?
                     .collect::<rusqlite::Result<Vec<_>>>()?;
-                let want = if filter == "test_result_id" { 1 } else { 2 };
+                let want = match (project, filter) {
+                    ("prj_2", _) => 0,
+                    (_, "test_result_id") => 1,
+                    _ => 2,
+                };
                 assert_eq!(ids.len(), want, "{filter}: {ids:?}");
                 Ok(read.get_status(rusqlite::StatementStatus::VmStep))
             })
@@ -518,8 +537,14 @@ mod tests {
         crate::pagination::tests::on_schema(|tx| {
             for (sql, step) in [
                 (&BY_RESULT_SQL, "SEARCH r USING INDEX sqlite_autoindex_reviews_2 (test_result_id=?)"),
-                (&BY_CALIBRATION_SQL, "SEARCH r USING INDEX reviews_by_calibration (calibration_id=? AND id<?)"),
-                (&BY_REVIEWER_SQL, "SEARCH r USING INDEX reviews_by_reviewer (reviewer_id=? AND id<?)"),
+                (
+                    &BY_CALIBRATION_SQL,
+                    "SEARCH r USING INDEX reviews_by_calibration (calibration_id=? AND project_id=? AND id<?)",
+                ),
+                (
+                    &BY_REVIEWER_SQL,
+                    "SEARCH r USING INDEX reviews_by_reviewer (reviewer_id=? AND project_id=? AND id<?)",
+                ),
             ] {
                 let plan = crate::pagination::tests::plan(tx, sql.of_cursor(true))?;
                 assert!(plan.iter().any(|s| s == step), "{step}\n{plan:#?}");
@@ -537,6 +562,19 @@ mod tests {
         for filter in ["test_result_id", "reviewer_id", "calibration_id"] {
             let (few, many) = (steps_of_a_filtered_page(filter, 10), steps_of_a_filtered_page(filter, 2_000));
             assert_eq!(few, many, "{filter}: {few} steps beside 10 other reviews, {many} beside 2,000");
+        }
+    }
+
+    /// A page across the caller's projects walks each of them: the walk of
+    /// a project where the reviewer or the calibration has no review costs
+    /// the same however many they have in another. Read from (reviewer_id,
+    /// id) or (calibration_id, id), it read every one of them to find none.
+    #[test]
+    fn a_filtered_walk_of_a_project_without_them_reads_none_of_their_reviews_elsewhere() {
+        for filter in ["reviewer_id", "calibration_id"] {
+            let few = steps_of_a_filtered_walk(filter, 10, "prj_2");
+            let many = steps_of_a_filtered_walk(filter, 2_000, "prj_2");
+            assert_eq!(few, many, "{filter}: {few} steps beside 10 reviews elsewhere, {many} beside 2,000");
         }
     }
 }

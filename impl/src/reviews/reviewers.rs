@@ -229,7 +229,7 @@ mod tests {
             }
             let settled = plan(tx, &SETTLED_SQL)?;
             for step in [
-                "SEARCH mine USING INDEX reviews_by_reviewer (reviewer_id=?)",
+                "SEARCH mine USING INDEX reviews_by_reviewer (reviewer_id=? AND project_id=?)",
                 "SEARCH r USING INDEX sqlite_autoindex_reviews_2 (test_result_id=?)",
             ] {
                 assert!(settled.iter().any(|s| s == step), "{step}\n{settled:#?}");
