@@ -149,8 +149,9 @@ struct ServeArgs {
     secret_key_file: Option<PathBuf>,
     /// Conversations held at once by this server (they mostly wait on the
     /// network, so hundreds are normal).
+    // At most what `GET /queue/stats` can say (`workers`, an int32).
     #[arg(long, env = "SPARRING_WORKERS", default_value_t = sparring_impl::engine::worker::DEFAULT_WORKERS,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
     workers: u32,
     /// Conversations held at once for one user, so one user's big batch
     /// cannot starve the others.

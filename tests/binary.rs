@@ -380,6 +380,20 @@ async fn a_new_data_dir_is_readable_by_its_owner_only() {
     server.stop();
 }
 
+/// `--workers` is refused past what `GET /queue/stats` can say (`workers`
+/// is an int32): 3,000,000,000 started a server whose stats said
+/// -1,294,967,296 workers.
+#[test]
+fn workers_past_what_the_stats_can_say_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("sparring-data");
+    let args = ["serve", "--data-dir", data_dir.to_str().unwrap(), "--workers", "3000000000"];
+    let (status, _, stderr) = run(&args);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--workers") && stderr.contains("2147483647"), "{stderr}");
+    assert!(!data_dir.exists(), "a refused start made a data dir");
+}
+
 /// The admin commands work on a server's data dir: one that is not there
 /// (a typo, another working directory than the server's) is refused, not
 /// made, so that no key is printed that works nowhere.
