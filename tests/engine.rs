@@ -656,14 +656,18 @@ async fn cancel_stops_queued_runs_at_once_and_running_ones_at_their_next_turn() 
     .await;
     let run = s.expect(Method::POST, &format!("/v1/batches/{batch}/run"), &t.editor, Some(json!({})), 200).await;
     let id = run["id"].as_str().unwrap();
-    // Wait until two are talking.
+    // Wait until two are talking: claimed (`running`), and their calls
+    // begun at the agent. A run claimed whose call has not begun when the
+    // cancel comes ends before its call, charged nothing (see
+    // `engine::worker::hold`), and the ledger below expects two calls.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let now = s.expect(Method::GET, &format!("/v1/batch-runs/{id}"), &t.viewer, None, 200).await;
-        if now["counts"]["running"] == 2 {
+        let stats = agent.stats().await;
+        if now["counts"]["running"] == 2 && stats["active_calls"] == 2 {
             break;
         }
-        assert!(Instant::now() < deadline, "never two running: {now}");
+        assert!(Instant::now() < deadline, "never two running: {now} {stats}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Viewers and reviewers may not cancel; outsiders do not see it.
