@@ -70,8 +70,9 @@ where
 }
 
 /// The answer for a request that reached a bridged route but none of its
-/// operations: what dropshot's router answers for a path it does not hold
-/// with this method. `allow` is the methods that other operations serve at
+/// operations, or that dropshot's router refused (see `routes`): what the
+/// router answers for a path it does not hold with this method, with an
+/// error code. `allow` is the methods that other operations serve at
 /// this very path (sorted, as dropshot lists them): none is a 404, some a
 /// 405 with one `Allow` header each.
 pub fn no_route(allow: &[&str]) -> HttpError {

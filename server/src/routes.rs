@@ -24,7 +24,7 @@ use dropshot::semver::Version;
 use dropshot::{ApiDescription, DynamicVersionPolicy, ErrorStatusCode, HttpError, ServerContext, VersionPolicy};
 use http::Method;
 
-use crate::{ApiError, ErrorCode};
+use crate::{no_route, ApiError, ErrorCode};
 
 /// What dropshot logs when a policy refuses a request; `known_routes`
 /// refuses only what the router would, which dropshot logs as a completed
@@ -75,24 +75,30 @@ impl DynamicVersionPolicy for KnownRoutes {
     }
 }
 
-/// The router's refusal with the API's `error_code` and a message that says
-/// what was refused; the status and headers (`Allow`) as the router set them.
+/// The router's refusal with the API's `error_code`: a 404 or 405 as a
+/// bridged route answers one ([`no_route`], with the methods the router's
+/// `Allow` names), anything else (a path whose segments are not UTF-8 once
+/// decoded, or `.`/`..`) as an invalid path; the router's reason kept for
+/// the log.
 fn with_error_code(refused: HttpError) -> HttpError {
-    let (code, message) = match refused.status_code {
-        ErrorStatusCode::NOT_FOUND => (ErrorCode::NOT_FOUND, "no route matches this path".to_string()),
-        ErrorStatusCode::METHOD_NOT_ALLOWED => {
-            let allow: Vec<&str> = match &refused.headers {
-                Some(headers) => headers.get_all(http::header::ALLOW).iter().filter_map(|v| v.to_str().ok()).collect(),
-                None => Vec::new(),
-            };
-            (ErrorCode::METHOD_NOT_ALLOWED, format!("this path takes only {}", allow.join(", ")))
+    let mut coded = match refused.status_code {
+        ErrorStatusCode::NOT_FOUND | ErrorStatusCode::METHOD_NOT_ALLOWED => {
+            let allow: Vec<&str> = refused
+                .headers
+                .iter()
+                .flat_map(|headers| headers.get_all(http::header::ALLOW))
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            no_route(&allow)
         }
-        // A path whose segments are not UTF-8 once decoded, or `.`/`..`.
-        _ => (ErrorCode::INVALID_PATH, format!("the path is not valid: {}", refused.external_message)),
+        status => ApiError::<()>::new(
+            status,
+            ErrorCode::INVALID_PATH,
+            format!("the path is not valid: {}", refused.external_message),
+        )
+        .into(),
     };
-    let mut coded: HttpError = ApiError::<()>::new(refused.status_code, code, message).into();
     coded.internal_message = refused.internal_message;
-    coded.headers = refused.headers;
     coded
 }
 
