@@ -58,21 +58,9 @@ pub fn batch_run_named(tx: &rusqlite::Connection, batch_run_id: &str, project_id
     Ok(format!("batch run {batch_run_id} in project \"{name}\" ({project_id})"))
 }
 
-/// Appends an entry; fails (and so rolls the transaction back) if it would
-/// take the balance below zero.
+/// Appends an entry, giving its id and the balance after it; fails (and so
+/// rolls the transaction back) if it would take the balance below zero.
 pub fn append(
-    tx: &rusqlite::Transaction<'_>,
-    user_id: &str,
-    kind: types::TransactionKind,
-    amount: i64,
-    description: &str,
-    batch_run_id: Option<&str>,
-) -> rusqlite::Result<i64> {
-    append_entry(tx, user_id, kind, amount, description, batch_run_id).map(|(_, after)| after)
-}
-
-/// [`append`], giving the new entry's id too.
-fn append_entry(
     tx: &rusqlite::Transaction<'_>,
     user_id: &str,
     kind: types::TransactionKind,
@@ -160,7 +148,8 @@ pub fn admin_grant(
     crate::validate::check_name("--description", description).map_err(|e| anyhow::anyhow!("{e}"))?;
     // The user is named by their stored address from here on, not as typed
     // (by their id when they have none).
-    let found: Option<(String, String)> = if crate::ids::is_id(user, "usr") {
+    let by_id = crate::ids::is_id(user, "usr");
+    let found: Option<(String, String)> = if by_id {
         tx.query_row("SELECT id, coalesce(email, id) FROM users WHERE id = ?1", params![user], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
@@ -174,7 +163,7 @@ pub fn admin_grant(
         .optional()?
     };
     let (user_id, email) = found.ok_or_else(|| {
-        if crate::ids::is_id(user, "usr") {
+        if by_id {
             anyhow::anyhow!("no user with id {user}")
         } else {
             anyhow::anyhow!("no user with email {user}")
@@ -191,7 +180,7 @@ pub fn admin_grant(
         }
         Some(_) => {}
     }
-    let (entry, after) = append_entry(tx, &user_id, kind, amount, description, None)?;
+    let (entry, after) = append(tx, &user_id, kind, amount, description, None)?;
     let (action, summary) = if amount >= 0 {
         ("transaction.grant", format!("an administrator granted {amount} credits; balance {after}"))
     } else {
