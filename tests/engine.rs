@@ -2403,3 +2403,44 @@ async fn a_run_being_judged_when_the_server_stops_is_recorded_not_run_again() {
     let batch_run: String = db.query_row("SELECT status FROM batch_runs WHERE id = ?1", [&id], |r| r.get(0)).unwrap();
     assert_eq!(batch_run, "completed");
 }
+
+/// A run whose task panics (a fault of the service, made here by the
+/// test's name with the test builds' `fault-injection`) ends as an error
+/// that says so, charged nothing, and gives its worker back: with one
+/// worker, the test run after it runs. Before, the run stayed `running`
+/// (its lease renewed as long as the server ran, its batch run never
+/// ending) and held the only worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_task_panics_ends_as_an_error_and_frees_its_worker() {
+    use sparring_impl::engine::worker::{PANICKED, PANIC_AFTER_THE_CALL};
+    let agent = Agent::start(&[]);
+    let s = TestServer::start_configured(Vec::new(), |c| c.engine.workers = 1).await;
+    let t = s.team("panics").await;
+    let p = &t.project_id;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let faulty = test_body(p, &format!("{PANIC_AFTER_THE_CALL}: once"), &ch, &scenario, 1);
+    let faulty = create(&s, &t.editor, "/v1/tests", faulty).await;
+    let fine = create(&s, &t.editor, "/v1/tests", test_body(p, "fine", &ch, &scenario, 1)).await;
+    let before = ledger_balances(&all_pages(&s, &t.owner, "/v1/transactions", "transactions").await);
+
+    let started = s.expect(Method::POST, &format!("/v1/tests/{faulty}/run"), &t.editor, None, 200).await;
+    let id = started["id"].as_str().unwrap();
+    let done = wait_for_end(&s, &t.viewer, id).await;
+    assert_eq!(
+        (done["status"].as_str(), done["counts"]["errored"].as_i64(), done["credits_charged"].as_i64()),
+        (Some("completed"), Some(1), Some(0)),
+        "{done:#}"
+    );
+    let tests = s.expect(Method::GET, &format!("/v1/batch-runs/{id}/tests"), &t.viewer, None, 200).await;
+    let failure = &tests["tests"][0]["failures"][0];
+    assert_eq!((failure["status"].as_str(), failure["failure_reason"].as_str()), (Some("error"), Some(PANICKED)));
+    let runs = all_pages(&s, &t.viewer, &format!("/v1/batch-runs/{id}/runs"), "runs").await;
+    assert!(runs[0]["test_result_id"].is_null() && runs[0]["call_id"].is_string(), "{runs:#?}");
+    let after = ledger_balances(&all_pages(&s, &t.owner, "/v1/transactions", "transactions").await);
+    assert_eq!(after, before, "its reservation was given back whole");
+
+    let again = s.expect(Method::POST, &format!("/v1/tests/{fine}/run"), &t.editor, None, 200).await;
+    let done = wait_for_end(&s, &t.viewer, again["id"].as_str().unwrap()).await;
+    assert_eq!(done["counts"]["passed"].as_i64(), Some(1), "the one worker ran it: {done:#}");
+}

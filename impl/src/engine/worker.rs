@@ -20,6 +20,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use rusqlite::{params, OptionalExtension as _};
 use serde_json::{Map, Value};
 use sparring_server::types;
@@ -286,7 +287,14 @@ async fn dispatch(state: Arc<AppState>) {
             let state = state.clone();
             engine.holding.spawn(async move {
                 let (run_id, call_id) = (run.run_id.clone(), run.call_id.clone());
-                hold(&state, run, token).await;
+                // A panic in the run's task (a defect of ours) would
+                // otherwise end the task here with the run still in
+                // `running`: its slot taken and its lease renewed for as
+                // long as the server runs, its batch run never ending.
+                let held = std::panic::AssertUnwindSafe(hold(&state, run.clone(), token)).catch_unwind().await;
+                if held.is_err() {
+                    end_after_a_panic(&state, &run).await;
+                }
                 let mut running = state.engine.running.lock().expect("not poisoned");
                 if running.get(&run_id).is_some_and(|(held, _)| *held == call_id) {
                     running.remove(&run_id);
@@ -569,6 +577,43 @@ async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
     }
 }
 
+/// Ends a run whose task panicked (its panic already written to stderr by
+/// the panic hook): as an error, charged nothing, since what it cost is
+/// unknown and the fault is ours. Its call id is kept: the agent may have
+/// had the call. Written only if the run is still this server's.
+async fn end_after_a_panic(state: &Arc<AppState>, run: &Claimed) {
+    slog::error!(state.log, "a run's task panicked; the run ends as an error, charged nothing";
+                 "run_id" => &run.run_id);
+    let (owner, held) = (state.engine.owner.clone(), run.clone());
+    let ended = state
+        .store
+        .write(move |tx| {
+            let end = Finish {
+                status: types::RunStatus::Error,
+                result: None,
+                error: Some(PANICKED),
+                credits: 0,
+                call_made: true,
+            };
+            queue::finish(tx, &owner, &held, end)
+        })
+        .await;
+    if let Err(e) = ended {
+        slog::error!(state.log, "recording the end of a run whose task panicked failed";
+                     "run_id" => &run.run_id, "error" => %e);
+    }
+}
+
+/// With the `fault-injection` feature (test builds only), a run of a test
+/// whose name starts with this panics after its call, before it is judged:
+/// how the engine's tests make a run's task panic.
+#[cfg(feature = "fault-injection")]
+pub const PANIC_AFTER_THE_CALL: &str = "fault injection: panic after the call";
+
+/// The `error` of a run whose task panicked.
+pub const PANICKED: &str = "Sparring failed while running this call (a fault of the service, not of the agent); \
+                            the run was not charged";
+
 /// Ends a held run that made no call, and so has no result and costs
 /// nothing, saying `why`.
 async fn end_without_call(
@@ -596,6 +641,10 @@ async fn converse_and_judge(
     token: &CancellationToken,
 ) -> (types::TestResult, bool) {
     let mut outcome = conversation::converse(&engine.http, &loaded.plan, token).await;
+    #[cfg(feature = "fault-injection")]
+    if loaded.test.name.starts_with(PANIC_AFTER_THE_CALL) {
+        panic!("a fault injected by the test {:?}, after its call", loaded.test.name);
+    }
     // What the engine keeps and evaluates from what an agent or an LLM
     // answered holds none of the secrets it was sent with.
     let secrets = loaded.secrets();
