@@ -86,13 +86,18 @@ pub enum LlmError {
     StatusTooLarge(u16),
     #[error("{error} ({attempts} attempts)")]
     Retried { error: Box<LlmError>, attempts: u32 },
+    /// A busy endpoint whose `Retry-After` is longer than [`MAX_PAUSE`]:
+    /// not asked again before it said, so not asked again at all.
+    #[error("{error} (it asked not to be asked again for {wait_s} s, longer than a conversation waits)")]
+    WaitTooLong { error: Box<LlmError>, wait_s: u64 },
 }
 
 /// How many times a busy (or unreachable, see [`never_sent`]) endpoint is
 /// asked, in all.
 const ATTEMPTS: u32 = 3;
-/// The longest pause before asking a busy endpoint again, whatever its
-/// `Retry-After` says.
+/// The longest pause before asking a busy endpoint again. One whose
+/// `Retry-After` asks for longer is not asked again: asking sooner than it
+/// said would only be refused again, and counts against the caller's key.
 const MAX_PAUSE: Duration = Duration::from_secs(10);
 
 /// An endpoint busy for now (a rate limit, a gateway, the model
@@ -165,8 +170,9 @@ struct AnswerMessage {
 /// `timeout` in all. An endpoint that answers it is busy (429, 502, 503,
 /// 504: many simulated callers at once meet rate limits), or that could not
 /// be sent the request at all (see [`never_sent`]), is asked again after
-/// its `Retry-After` (at most [`MAX_PAUSE`]) or half a second, then a
-/// second: [`ATTEMPTS`] times in all, while time is left.
+/// its `Retry-After` or half a second, then a second: [`ATTEMPTS`] times
+/// in all, while time is left. One that asks to wait longer than
+/// [`MAX_PAUSE`] is not asked again.
 pub async fn complete(
     http: &Outbound,
     llm: &LlmEndpoint,
@@ -179,8 +185,11 @@ pub async fn complete(
         let left = timeout.saturating_sub(start.elapsed());
         let (error, pause) = match ask(http, llm, messages, left, timeout).await {
             Ok(text) => return Ok(text),
+            Err(Failure::Busy(error, Some(wait))) if wait > MAX_PAUSE => {
+                (LlmError::WaitTooLong { error: Box::new(error), wait_s: wait.as_secs_f64().ceil() as u64 }, None)
+            }
             Err(Failure::Busy(error, retry_after)) => {
-                (error, Some(retry_after.unwrap_or(Duration::from_millis(500) * 2u32.pow(attempt - 1)).min(MAX_PAUSE)))
+                (error, Some(retry_after.unwrap_or(Duration::from_millis(500) * 2u32.pow(attempt - 1))))
             }
             Err(Failure::Final(error)) => (error, None),
         };
@@ -192,6 +201,18 @@ pub async fn complete(
             _ if attempt == 1 => return Err(error),
             _ => return Err(LlmError::Retried { error: Box::new(error), attempts: attempt }),
         }
+    }
+}
+
+/// The wait a `Retry-After` asks for: its seconds, or the time until its
+/// HTTP date (none once that has passed). `None` when it is neither.
+fn wait_of(retry_after: &str) -> Option<Duration> {
+    let retry_after = retry_after.trim();
+    match retry_after.parse::<u64>() {
+        Ok(seconds) => Some(Duration::from_secs(seconds)),
+        Err(_) => httpdate::parse_http_date(retry_after)
+            .ok()
+            .map(|at| at.duration_since(std::time::SystemTime::now()).unwrap_or_default()),
     }
 }
 
@@ -241,12 +262,8 @@ async fn ask(
     // A redirect the client did not follow (see `Outbound`): where it
     // pointed, for the reason.
     let location = super::redirect_location(status, response.headers());
-    let retry_after = response
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_secs);
+    let retry_after =
+        response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(wait_of);
     let Some(bytes) = super::body_at_most(&mut response, MAX_ANSWER_BYTES).await.map_err(failed)? else {
         // An error page too large to read still has its status said (and
         // a busy one is asked again).
@@ -454,6 +471,18 @@ mod tests {
         // An object left open around a whole one.
         let found = first_json_object("{\"a\": {\"say\": \"hi\"} and then it stops").unwrap();
         assert_eq!(found["say"], "hi");
+    }
+
+    #[test]
+    fn a_retry_after_is_seconds_or_a_date() {
+        use std::time::{Duration, SystemTime};
+        assert_eq!(wait_of(" 7 "), Some(Duration::from_secs(7)));
+        let later = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(120));
+        let wait = wait_of(&later).unwrap();
+        assert!(wait > Duration::from_secs(118) && wait <= Duration::from_secs(120), "{wait:?}");
+        assert_eq!(wait_of("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO), "passed: at once");
+        assert_eq!(wait_of("soon"), None);
+        assert_eq!(wait_of("-3"), None);
     }
 
     #[test]

@@ -42,6 +42,8 @@ enum Act {
     Redirect(u16, &'static str),
     /// Never answers.
     Hang,
+    /// A status and body with a `Retry-After`.
+    Busy(u16, &'static str, String),
 }
 
 /// One request a loopback HTTP server received.
@@ -76,15 +78,16 @@ where
                     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
                     let act = handler(&body);
                     log.lock().unwrap().push(Seen { headers: parts.headers, body });
-                    let (status, text, location) = match act {
+                    let (status, text, header) = match act {
                         Act::Json(value) => (200, value.to_string(), None),
                         Act::Raw(status, text) => (status, text, None),
-                        Act::Redirect(status, location) => (status, String::new(), Some(location)),
+                        Act::Redirect(status, location) => (status, String::new(), Some(("location", location.into()))),
+                        Act::Busy(status, text, after) => (status, text.into(), Some(("retry-after", after))),
                         Act::Hang => std::future::pending().await,
                     };
                     let mut response = hyper::Response::builder().status(status);
-                    if let Some(location) = location {
-                        response = response.header("location", location);
+                    if let Some((name, value)) = header {
+                        response = response.header(name, value);
                     }
                     Ok::<_, Infallible>(response.body(Full::new(Bytes::from(text))).unwrap())
                 }
@@ -1775,6 +1778,53 @@ async fn simulated_caller_llm_failure_is_a_caller_error() {
         .error
         .unwrap()
         .starts_with("the simulated caller's LLM failed: its answer has neither a line to say nor \"done\": true: "));
+}
+
+/// A busy LLM endpoint's `Retry-After` is kept to: asked again no sooner
+/// than it says (in seconds or as a date), and not at all when it asks for
+/// longer than a conversation waits, rather than sooner than it said.
+#[tokio::test]
+async fn a_busy_llms_retry_after_is_kept_to() {
+    let (agent, _) = serve_http(booking_http).await;
+    let answers = |first: Act| {
+        let count = AtomicUsize::new(0);
+        let first = Mutex::new(Some(first));
+        move |_: &Value| match count.fetch_add(1, Ordering::SeqCst) {
+            0 => first.lock().unwrap().take().unwrap(),
+            1 => Act::Json(json!({"choices": [{"message": {"role": "assistant",
+                                                            "content": "{\"say\": \"Tuesday\", \"done\": true}"}}]})),
+            _ => Act::Json(json!({"choices": [{"message": {"role": "assistant", "content": "{\"done\": true}"}}]})),
+        }
+    };
+
+    // 60 s: not asked again, and the reason says why.
+    let (llm, asked) = serve_http(answers(Act::Busy(429, "rate limited", "60".into()))).await;
+    let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+    assert!(outcome.caller_error);
+    assert_eq!(
+        outcome.error.as_deref(),
+        Some(
+            "the simulated caller's LLM failed: the LLM endpoint answered HTTP 429: rate limited (it asked not to \
+             be asked again for 60 s, longer than a conversation waits)"
+        )
+    );
+    assert_eq!(asked.lock().unwrap().len(), 1, "asked once");
+
+    // 2 s, in seconds or as a date: asked again, no sooner.
+    for as_date in [false, true] {
+        let after = match as_date {
+            false => "2".to_string(),
+            true => httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3)),
+        };
+        let (llm, asked) = serve_http(answers(Act::Busy(503, "overloaded", after.clone()))).await;
+        let started = std::time::Instant::now();
+        let outcome = run(&simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"))).await;
+        assert!(!outcome.caller_error, "{after}: {:?}", outcome.error);
+        assert_eq!(lines(&outcome)[2], ("caller", s("Tuesday")), "{after}");
+        assert!(asked.lock().unwrap().len() >= 2, "{after}");
+        // A date has whole seconds: 3 s ahead is at least 2 s ahead.
+        assert!(started.elapsed() >= Duration::from_secs(2), "{after}: asked again after {:?}", started.elapsed());
+    }
 }
 
 /// A resolver double: the first `first` lookups of any name give `before`,
