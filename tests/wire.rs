@@ -390,12 +390,13 @@ async fn a_path_no_bridged_operation_has_is_a_404_or_405_whatever_its_query_and_
         assert!(e["message"].as_str().unwrap().contains("no route"), "{method} {path}: {e}");
         assert!(allow.is_empty(), "{method} {path}: {allow:?}");
     }
-    // `/reviews/{id}` takes DELETE (a review) for any id, and GET for the
-    // literals `calibration` and `reviewers`; only `calibration` takes POST.
+    // `/reviews/{id}` takes DELETE (a review); the documented paths
+    // `/reviews/calibration` (GET, POST) and `/reviews/reviewers` (GET),
+    // literals, are those paths and not `/reviews/{id}`.
     for (method, path, content_type, body, allowed) in [
         (Method::POST, "/v1/reviews/foo", json, r#"{"x": 1}"#, vec!["DELETE"]),
         (Method::POST, "/v1/reviews/foo", "text/plain", "x", vec!["DELETE"]),
-        (Method::POST, "/v1/reviews/reviewers", json, "{}", vec!["DELETE", "GET"]),
+        (Method::POST, "/v1/reviews/reviewers", json, "{}", vec!["GET"]),
         (Method::GET, "/v1/reviews/foo?limit=abc", json, "", vec!["DELETE"]),
     ] {
         let (status, allow, e) = send(method.clone(), path, content_type, body).await;
@@ -411,7 +412,8 @@ async fn a_path_no_bridged_operation_has_is_a_404_or_405_whatever_its_query_and_
         (Method::GET, "/v1/reviews/other/cal_1", 404, vec![]),
         (Method::POST, "/v1/reviews/other/cal_1/close", 404, vec![]),
         (Method::POST, "/v1/reviews/foo", 405, vec!["DELETE"]),
-        (Method::POST, "/v1/reviews/reviewers", 405, vec!["DELETE", "GET"]),
+        (Method::POST, "/v1/reviews/reviewers", 405, vec!["GET"]),
+        (Method::DELETE, "/v1/reviews/reviewers", 405, vec!["GET"]),
         (Method::GET, "/v1/reviews/foo", 405, vec!["DELETE"]),
         (Method::GET, "/v1/reviews/rev_123?limit=abc", 405, vec!["DELETE"]),
         (Method::GET, "/v1/tests/tst_1/foo", 404, vec![]),
@@ -462,6 +464,20 @@ async fn the_routers_own_refusals_have_an_error_code() {
             (Method::PATCH, "/v1/api-keys", 405, "method_not_allowed", vec!["GET", "POST"]),
             (Method::PUT, "/v1/tests/tst_1", 405, "method_not_allowed", vec!["DELETE", "GET", "PATCH"]),
             (Method::GET, "/v1/tests/%ff", 400, "invalid_path", vec![]),
+            // Documented paths that dropshot routes as one (`/reviews/{id}`):
+            // each is its own path, a literal segment before a variable,
+            // and allows its own methods.
+            (Method::DELETE, "/v1/reviews/reviewers", 405, "method_not_allowed", vec!["GET"]),
+            (Method::PUT, "/v1/reviews/reviewers", 405, "method_not_allowed", vec!["GET"]),
+            (Method::POST, "/v1/reviews/reviewers", 405, "method_not_allowed", vec!["GET"]),
+            (Method::DELETE, "/v1/reviews/calibration", 405, "method_not_allowed", vec!["GET", "POST"]),
+            (Method::PUT, "/v1/reviews/calibration", 405, "method_not_allowed", vec!["GET", "POST"]),
+            (Method::GET, "/v1/reviews/rev_1", 405, "method_not_allowed", vec!["DELETE"]),
+            // No documented path is `/test-results/by-call`: it is a result's id.
+            (Method::PUT, "/v1/test-results/by-call", 405, "method_not_allowed", vec!["GET"]),
+            (Method::GET, "/v1/activity/other/chn/chn_1", 404, "not_found", vec![]),
+            (Method::DELETE, "/v1/test-results/a/b", 404, "not_found", vec![]),
+            (Method::DELETE, "/v1/test-results/by-call/call_1", 405, "method_not_allowed", vec!["GET"]),
         ] {
             let mut request = s.http.request(method.clone(), s.url(path));
             if let Some(key) = key {

@@ -13,12 +13,18 @@
 //! other request through (the API has one version, so the one it names is
 //! any).
 //!
-//! The refusal is found by the router itself, a second copy of the server's:
-//! its lookup is the same code over the same routes, so the status and
-//! `Allow` are the router's own. A lookup allocates every segment of the
-//! path, so a request is first walked over [`Routes`], a table of the same
-//! routes that only compares the path's segments: one it matches, with its
-//! method, goes through without the lookup.
+//! A request is walked over [`Routes`], a table of the paths as the spec
+//! documents them that only compares the path's segments (no allocation). A
+//! path matches the most specific documented path, a literal segment before
+//! a variable (OpenAPI's rule: `/reviews/reviewers` is that path, not
+//! `/reviews/{id}`), so the answer follows the documented paths where
+//! dropshot's routes merge them (see `bridge`): `DELETE /reviews/reviewers`
+//! is a 405 that allows `GET`, where the router would hand it to
+//! `DELETE /reviews/{id}`, and a 405's `Allow` names the methods of that
+//! path alone, not of every operation the route serves. A request the walk
+//! cannot be sure of (an encoded or dot segment, a route taking the rest of
+//! the path) is left to a second copy of the server's router, whose
+//! refusal is answered with its own status and `Allow`.
 
 use dropshot::semver::Version;
 use dropshot::{ApiDescription, DynamicVersionPolicy, ErrorStatusCode, HttpError, ServerContext, VersionPolicy};
@@ -40,9 +46,25 @@ const VERSION: Version = Version::new(1, 0, 0);
 /// same description the server is built from, built a second time.
 pub fn known_routes<C: ServerContext>(api: ApiDescription<C>) -> VersionPolicy {
     let router = api.into_router();
-    let routes = Routes::new(router.endpoints(None).map(|(path, method, _)| (path, method)));
+    let routes = Routes::new(router.endpoints(None).flat_map(|(path, method, _)| documented(path, method)));
     let lookup = move |method: &Method, path: &str| router.lookup_route(method, path.into(), Some(&VERSION)).err();
     VersionPolicy::Dynamic(Box::new(KnownRoutes { routes, lookup: Box::new(lookup) }))
+}
+
+/// The documented paths a route of dropshot's serves with `method`: those
+/// of the operations bridged onto it (several, where operations with
+/// literal segments share one route), or its own.
+fn documented(path: String, method: String) -> Vec<(String, String)> {
+    let bridged: Vec<(String, String)> = crate::BRIDGED_ROUTES
+        .iter()
+        .filter(|b| b.route_path == path && b.method == method)
+        .map(|b| (b.spec_path.to_string(), method.clone()))
+        .collect();
+    if bridged.is_empty() {
+        vec![(path, method)]
+    } else {
+        bridged
+    }
 }
 
 type Lookup = Box<dyn Fn(&Method, &str) -> Option<HttpError> + Send + Sync>;
@@ -65,12 +87,22 @@ impl DynamicVersionPolicy for KnownRoutes {
         _log: &slog::Logger,
     ) -> Result<Version, HttpError> {
         let (method, path) = (request.method(), request.uri().path());
-        if self.routes.holds(method, path) {
-            return Ok(VERSION);
-        }
-        match (self.lookup)(method, path) {
-            None => Ok(VERSION),
-            Some(refused) => Err(with_error_code(refused)),
+        match self.routes.find(path) {
+            Found::Path(methods) if methods.contains(method) => Ok(VERSION),
+            Found::Path(methods) => {
+                let mut refused = no_route(&methods.iter().map(Method::as_str).collect::<Vec<_>>());
+                refused.internal_message = format!("{method} is not a method of the documented path of {path}");
+                Err(refused)
+            }
+            Found::None => {
+                let mut refused = no_route(&[]);
+                refused.internal_message = format!("no documented path matches {path}");
+                Err(refused)
+            }
+            Found::Unsure => match (self.lookup)(method, path) {
+                None => Ok(VERSION),
+                Some(refused) => Err(with_error_code(refused)),
+            },
         }
     }
 }
@@ -102,10 +134,10 @@ fn with_error_code(refused: HttpError) -> HttpError {
     coded
 }
 
-/// The routes, as a tree of path segments, for a walk that allocates
-/// nothing. Only a match counts: anything it is unsure of (a segment with a
-/// `%`, a dot segment, a route ending in a `{rest:.*}` variable) is left to
-/// the router's lookup.
+/// The documented paths, as a tree of path segments, for a walk that
+/// allocates nothing. What it is unsure of (a segment with a `%`, a dot
+/// segment, a route ending in a `{rest:.*}` variable) is left to the
+/// router's lookup.
 #[derive(Debug, Default)]
 struct Routes {
     /// Literal segments and what follows them.
@@ -141,30 +173,59 @@ impl Routes {
                     node = &mut node.literals[at].1;
                 }
             }
-            if let Ok(method) = method.parse() {
+            if let Ok(method) = method.parse::<Method>() {
                 node.methods.push(method);
+                node.methods.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+                node.methods.dedup();
             }
         }
         root
     }
 
-    /// Whether a route surely takes `method` at `path`.
-    fn holds(&self, method: &Method, path: &str) -> bool {
-        let mut node = self;
-        for segment in path.split('/').filter(|s| !s.is_empty()) {
-            if node.rest || segment.contains('%') || segment == "." || segment == ".." {
-                return false;
-            }
-            node = match node.literals.iter().find(|(s, _)| &**s == segment) {
-                Some((_, next)) => next,
-                None => match &node.variable {
-                    Some(next) => next,
-                    None => return false,
-                },
-            };
+    /// The documented path `path` is, most specific first: at each segment
+    /// a literal before a variable, and the variable tried when the literal
+    /// leads to no path.
+    fn find(&self, path: &str) -> Found<'_> {
+        let mut segments = path.split('/').filter(|s| !s.is_empty());
+        match self.walk(&mut segments.clone()) {
+            Found::None if segments.any(|s| s.contains('%') || s == "." || s == "..") => Found::Unsure,
+            found => found,
         }
-        !node.rest && node.methods.contains(method)
     }
+
+    fn walk<'a, 'p>(&'a self, segments: &mut (impl Iterator<Item = &'p str> + Clone)) -> Found<'a> {
+        let Some(segment) = segments.next() else {
+            return match (self.rest, self.methods.is_empty()) {
+                (true, _) => Found::Unsure,
+                (false, true) => Found::None,
+                (false, false) => Found::Path(&self.methods),
+            };
+        };
+        if self.rest || segment.contains('%') || segment == "." || segment == ".." {
+            return Found::Unsure;
+        }
+        if let Some((_, next)) = self.literals.iter().find(|(s, _)| &**s == segment) {
+            match next.walk(&mut segments.clone()) {
+                Found::None => {}
+                found => return found,
+            }
+        }
+        match &self.variable {
+            Some(next) => next.walk(segments),
+            None => Found::None,
+        }
+    }
+}
+
+/// Which documented path a request's path is.
+#[derive(Debug, PartialEq)]
+enum Found<'a> {
+    /// This one, which takes these methods.
+    Path(&'a [Method]),
+    /// None: a 404.
+    None,
+    /// Left to the router.
+    Unsure,
 }
 
 #[cfg(test)]
@@ -179,37 +240,53 @@ mod tests {
                 ("/v1/tests/{id}", "GET"),
                 ("/v1/tests/{id}/results", "GET"),
                 ("/v1/files/{rest:.*}", "GET"),
+                ("/v1/reviews/reviewers", "GET"),
+                ("/v1/reviews/calibration", "GET"),
+                ("/v1/reviews/calibration", "POST"),
+                ("/v1/reviews/{id}", "DELETE"),
+                ("/v1/test-results/{id}", "GET"),
+                ("/v1/test-results/by-call/{callId}", "GET"),
             ]
             .map(|(p, m)| (p.to_string(), m.to_string())),
         )
     }
 
     #[test]
-    fn a_route_s_path_and_method_are_held_and_nothing_else_is() {
+    fn a_path_is_the_most_specific_documented_path_it_matches() {
         let r = routes();
-        for (method, path) in [
-            (Method::GET, "/v1/tests"),
-            (Method::POST, "/v1/tests"),
-            (Method::GET, "/v1/tests/tst_1"),
-            (Method::GET, "/v1/tests/tst_1/results"),
-            (Method::GET, "//v1//tests/"),
+        let (get, post, delete) = (Method::GET, Method::POST, Method::DELETE);
+        for (path, methods) in [
+            ("/v1/tests", vec![get.clone(), post.clone()]),
+            ("/v1/tests/tst_1", vec![get.clone()]),
+            ("/v1/tests/tst_1/results", vec![get.clone()]),
+            ("//v1//tests/", vec![get.clone(), post.clone()]),
+            // A literal before a variable: these are not `/v1/reviews/{id}`.
+            ("/v1/reviews/reviewers", vec![get.clone()]),
+            ("/v1/reviews/calibration", vec![get.clone(), post.clone()]),
+            ("/v1/reviews/rev_1", vec![delete.clone()]),
+            // A literal that leads to no documented path: the variable.
+            ("/v1/test-results/by-call", vec![get.clone()]),
+            ("/v1/test-results/by-call/call_1", vec![get.clone()]),
         ] {
-            assert!(r.holds(&method, path), "{method} {path}");
+            assert_eq!(r.find(path), Found::Path(&methods), "{path}");
         }
-        for (method, path) in [
-            (Method::DELETE, "/v1/tests"),
-            (Method::GET, "/v1"),
-            (Method::GET, "/"),
-            (Method::GET, "/v1/tests/tst_1/other"),
-            (Method::GET, "/v1/tests/tst_1/results/more"),
-            (Method::GET, "/v2/tests"),
-            // Left to the router: it decodes, and refuses dot segments.
-            (Method::GET, "/v1/t%65sts"),
-            (Method::GET, "/v1/tests/../tests"),
-            (Method::GET, "/v1/files/a/b"),
-            (Method::GET, "/v1/files"),
-        ] {
-            assert!(!r.holds(&method, path), "{method} {path}");
+        for path in ["/v1", "/", "/v1/tests/tst_1/other", "/v1/tests/tst_1/results/more", "/v2/tests"] {
+            assert_eq!(r.find(path), Found::None, "{path}");
         }
+        // Left to the router: it decodes, and refuses dot segments.
+        for path in ["/v1/t%65sts", "/v1/tests/../tests", "/v1/files/a/b", "/v1/files", "/v2/t%65sts"] {
+            assert_eq!(r.find(path), Found::Unsure, "{path}");
+        }
+    }
+
+    /// Operations bridged onto one route each keep their documented path.
+    #[test]
+    fn a_bridged_route_is_its_operations_documented_paths() {
+        let shared = crate::BRIDGED_ROUTES.iter().find(|b| b.operation_id == "list_reviewers").unwrap();
+        let paths = documented(shared.route_path.to_string(), "GET".to_string());
+        let paths: Vec<&str> = paths.iter().map(|(p, _)| p.as_str()).collect();
+        assert!(paths.contains(&"/v1/reviews/reviewers") && paths.contains(&"/v1/reviews/calibration"), "{paths:?}");
+        assert!(!paths.contains(&shared.route_path), "{paths:?}");
+        assert_eq!(documented("/v1/tests".into(), "GET".into()), [("/v1/tests".to_string(), "GET".to_string())]);
     }
 }
