@@ -8,20 +8,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use base64::Engine as _;
+use common::oidc::{jwks_of, sign, signing_key, valid, Token, AUDIENCE, ISSUER_KEY, OTHER_KEY};
 use common::{error_body, TestServer};
 use dropshot::{ApiDescription, HttpError, HttpResponseOk, RequestContext, ServerBuilder};
-use openidconnect::core::{
-    CoreIdToken, CoreIdTokenClaims, CoreJsonWebKeySet, CoreJwsSigningAlgorithm, CoreRsaPrivateSigningKey,
-};
-use openidconnect::{
-    Audience, EmptyAdditionalClaims, EndUserEmail, IssuerUrl, JsonWebKeyId, PrivateSigningKey as _, StandardClaims,
-    SubjectIdentifier,
-};
+use openidconnect::core::{CoreJsonWebKeySet, CoreJwsSigningAlgorithm};
+use openidconnect::PrivateSigningKey as _;
 use sparring_impl::oidc::IssuerConfig;
-
-const AUDIENCE: &str = "sparring-test";
-const ISSUER_KEY: &str = include_str!("fixtures/issuer-key.pem");
-const OTHER_KEY: &str = include_str!("fixtures/other-key.pem");
 
 struct Issuer {
     /// Set once the server has bound its port.
@@ -60,16 +52,8 @@ async fn jwks_document(rqctx: RequestContext<Arc<Issuer>>) -> Result<HttpRespons
     Ok(HttpResponseOk(rqctx.context().jwks.lock().unwrap().clone()))
 }
 
-fn signing_key(pem: &str, kid: &str) -> CoreRsaPrivateSigningKey {
-    CoreRsaPrivateSigningKey::from_pem(pem, Some(JsonWebKeyId::new(kid.to_string()))).unwrap()
-}
-
 fn published_jwks() -> serde_json::Value {
     jwks_of(ISSUER_KEY, "k1")
-}
-
-fn jwks_of(pem: &str, kid: &str) -> serde_json::Value {
-    serde_json::to_value(CoreJsonWebKeySet::new(vec![signing_key(pem, kid).as_verification_key()])).unwrap()
 }
 
 /// Starts the loopback issuer; returns it and its URL.
@@ -93,50 +77,6 @@ async fn start_issuer() -> (Arc<Issuer>, dropshot::HttpServer<Arc<Issuer>>) {
     // asks for them before this returns.
     issuer.url.set(format!("http://{}", server.local_addr())).unwrap();
     (issuer, server)
-}
-
-struct Token<'a> {
-    issuer: &'a str,
-    audience: &'a str,
-    subject: &'a str,
-    expires_in: i64,
-    key_pem: &'a str,
-    kid: &'a str,
-    /// `<subject>@example.com` unless given.
-    email: Option<&'a str>,
-    email_verified: bool,
-}
-
-fn sign(t: Token<'_>) -> String {
-    let now = chrono::Utc::now();
-    let claims = CoreIdTokenClaims::new(
-        IssuerUrl::new(t.issuer.to_string()).unwrap(),
-        vec![Audience::new(t.audience.to_string())],
-        now + chrono::Duration::seconds(t.expires_in),
-        now - chrono::Duration::seconds(60),
-        StandardClaims::new(SubjectIdentifier::new(t.subject.to_string()))
-            .set_email(Some(EndUserEmail::new(
-                t.email.map_or_else(|| format!("{}@example.com", t.subject), str::to_string),
-            )))
-            .set_email_verified(Some(t.email_verified)),
-        EmptyAdditionalClaims {},
-    );
-    CoreIdToken::new(claims, &signing_key(t.key_pem, t.kid), CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256, None, None)
-        .unwrap()
-        .to_string()
-}
-
-fn valid<'a>(issuer: &'a str, subject: &'a str) -> Token<'a> {
-    Token {
-        issuer,
-        audience: AUDIENCE,
-        subject,
-        expires_in: 600,
-        key_pem: ISSUER_KEY,
-        kid: "k1",
-        email: None,
-        email_verified: true,
-    }
 }
 
 async fn status_with_token(s: &TestServer, token: &str) -> u16 {

@@ -10,11 +10,10 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::engine::{channel, create, wait_for_end, Agent, Recorder};
-use common::TestServer;
+use common::spec::{operations, Operation};
+use common::{missing_id as fake, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
-
-const SPEC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/spec/openapi.json");
 
 /// In every name and email of A's, so that a body naming A's data shows.
 const MARK: &str = "alphamark";
@@ -181,44 +180,6 @@ fn filter_value<'a>(name: &str, ids: &'a Ids) -> Option<&'a str> {
     })
 }
 
-struct Operation {
-    method: Method,
-    path: String,
-    id: String,
-    has_body: bool,
-    /// Documented statuses.
-    statuses: Vec<String>,
-    /// The names of its query parameters.
-    query: Vec<String>,
-}
-
-fn operations() -> Vec<Operation> {
-    let spec: Value = serde_json::from_str(&std::fs::read_to_string(SPEC_PATH).unwrap()).unwrap();
-    let mut ops = Vec::new();
-    for (path, item) in spec["paths"].as_object().unwrap() {
-        for (method, op) in item.as_object().unwrap() {
-            if !matches!(method.as_str(), "get" | "post" | "put" | "patch" | "delete") {
-                continue;
-            }
-            let params = op["parameters"].as_array().cloned().unwrap_or_default();
-            ops.push(Operation {
-                method: Method::from_bytes(method.to_ascii_uppercase().as_bytes()).unwrap(),
-                path: path.clone(),
-                id: op["operationId"].as_str().unwrap().to_string(),
-                has_body: op.get("requestBody").is_some(),
-                statuses: op["responses"].as_object().unwrap().keys().cloned().collect(),
-                query: params
-                    .iter()
-                    .filter(|p| p["in"] == "query")
-                    .map(|p| p["name"].as_str().unwrap().to_string())
-                    .collect(),
-            });
-        }
-    }
-    assert!(ops.len() >= 70, "operations in the spec: {}", ops.len());
-    ops
-}
-
 impl Operation {
     fn is_write(&self) -> bool {
         self.method != Method::GET
@@ -253,15 +214,6 @@ impl Operation {
         out.push_str(rest);
         out
     }
-}
-
-/// Another id of the same kind that does not exist: the last hex digit
-/// changed.
-fn fake(id: &str) -> String {
-    let mut s = id.to_string();
-    let last = s.pop().unwrap();
-    s.push(if last == '0' { '1' } else { '0' });
-    s
 }
 
 fn replace_all(text: &str, pairs: &[(String, String)]) -> String {

@@ -4,7 +4,9 @@
 #![allow(dead_code)]
 
 pub mod engine;
+pub mod oidc;
 pub mod process;
+pub mod spec;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -247,6 +249,15 @@ pub async fn items_of_pages(s: &TestServer, key: &str, path: &str, field: &str) 
 pub async fn keys_of_pages(s: &TestServer, key: &str, path: &str, field: &str, item_key: &str) -> Vec<String> {
     let items = items_of_pages(s, key, path, field).await;
     items.iter().map(|v| v[item_key].as_str().unwrap().to_string()).collect()
+}
+
+/// Another id of the same kind that does not exist: the last hex digit
+/// changed.
+pub fn missing_id(id: &str) -> String {
+    let mut s = id.to_string();
+    let last = s.pop().unwrap();
+    s.push(if last == '0' { '1' } else { '0' });
+    s
 }
 
 pub fn contains(haystack: &[u8], needle: &str) -> bool {
