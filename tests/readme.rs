@@ -512,7 +512,8 @@ impl Walk {
     fn curl_step(&mut self, command: &str) {
         let method =
             Regex::new(r"-X\s+([A-Z]+)").unwrap().captures(command).map_or("GET".to_string(), |c| c[1].to_string());
-        let url = Regex::new(r"https?://[^\s']+").unwrap().find(command).unwrap().as_str().to_string();
+        // The URL curl is given is the command's last (a body may name others).
+        let url = Regex::new(r"https?://[^\s']+").unwrap().find_iter(command).last().unwrap().as_str().to_string();
         let path = url[url.find("/v1").unwrap_or_else(|| panic!("not an API URL: {command}"))..].to_string();
         let shape = placeholder().replace_all(&path, "{$1}").into_owned();
         match (method.as_str(), shape.split('?').next().unwrap()) {
