@@ -656,7 +656,11 @@ impl Walk {
                 let ran = self.sparring(command);
                 // "the verdict and why, the transcript with each agent
                 // reply's latency, … every evaluation"
-                assert!(ran.stdout.contains("passed") && ran.stdout.contains("confirmed"), "{command}: {ran:?}");
+                let result = self.latest("trs");
+                let out = &ran.stdout;
+                assert!(out.starts_with(&format!("result {result}: PASSED")), "{command}: {ran:?}");
+                assert!(Regex::new(r"agent +\d+ ms +Your appointment is confirmed").unwrap().is_match(out), "{out}");
+                assert!(out.contains("evaluations:") && out.contains("pass  step 1: confirms"), "{out}");
             }
             _ => panic!("a sparring line this test does not run: {command}"),
         }
@@ -700,7 +704,7 @@ impl Walk {
     /// The tests of the run block's `sparring run --channel`/`--test` lines
     /// are the ones the README made: their batch runs hold that test.
     fn finish(&mut self) {
-        assert!(self.runs >= 5, "fewer `sparring run` lines ran than the README gives: {}", self.runs);
+        assert!(self.runs >= 6, "fewer `sparring run` lines ran than the README gives: {}", self.runs);
         // "the secret is in the response, and nowhere else, ever"
         let secrets = [self.ci_secret.clone().unwrap(), self.rotated_secret.clone().unwrap()];
         let (_, keys) = self.get("/api-keys", self.admin_key());
