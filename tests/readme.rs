@@ -624,6 +624,17 @@ impl Walk {
             let ran = self.sparring(&create_key.replace("EMAIL", email).replace("LABEL", "reviewing"));
             let key = ran.stdout.trim().to_string();
             assert!(key.starts_with("spk_"), "{create_key}: {ran:?}");
+            // "the key's `api_key.create` record, by the system, is in that
+            // user's `GET /v1/activity`"
+            let (status, activity) = self.get("/activity", &key);
+            let activity: Value = serde_json::from_str(&activity).unwrap();
+            assert!(
+                status == 200
+                    && activity["activity"].as_array().unwrap().iter().any(|r| r["action"] == "api_key.create"
+                        && r["actor"]["credential"] == "system"
+                        && r["actor"]["user_id"].is_null()),
+                "{email}: no api_key.create record by the system: {activity}"
+            );
             let (_, answer) = self.curl(&command.replace(REVIEWERS[0], email));
             // "the answer has their usr_ id"
             let id = answer["user_id"].as_str().unwrap_or_else(|| panic!("no user_id: {answer}")).to_string();
@@ -689,6 +700,12 @@ impl Walk {
         }
         assert_eq!(read["status"], "completed", "{command}: {read}");
         assert_eq!(read["passed"], true, "{command}: {read}");
+        // "A run reserves its worst case up front: 1 credit per started
+        // minute of every conversation at its longest" (the scenario's
+        // `max_duration_s`, 60), and a conversation costs 1 credit per
+        // started minute, at least 1: these took seconds.
+        let runs = read["counts"]["total"].as_i64().unwrap();
+        assert!(runs > 0 && read["credits_reserved"] == runs && read["credits_charged"] == runs, "{read}");
         if command.contains("--metadata") {
             assert_eq!(read["metadata"]["commit"], GIT_SHA, "{read}");
             assert_eq!(read["metadata"]["job"], CI_JOB_URL, "{read}");
@@ -703,7 +720,9 @@ impl Walk {
         if let Some(path) = Regex::new(r"--junit\s+(\S+)").unwrap().captures(command).map(|c| c[1].to_string()) {
             let report = std::fs::read_to_string(self.dir.path().join(&path))
                 .unwrap_or_else(|e| panic!("{command}: no report at {path}: {e}"));
-            assert!(report.contains("<testsuite") && report.contains("<testcase"), "{report}");
+            // "a test case per test"
+            assert_eq!(report.matches("<testcase").count(), 1, "{report}");
+            assert!(report.contains("<testsuite") && report.contains("name=\"books tuesday\""), "{report}");
             assert!(!report.contains("<failure") && !report.contains("<error"), "{report}");
         }
     }
