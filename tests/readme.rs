@@ -454,6 +454,15 @@ impl Walk {
     /// `sparring serve ARGS` on a free port, in the walk's directory, with
     /// its default data dir (`./sparring-data`) there.
     fn start_server(&mut self, args: &[&str]) {
+        let (proc, addr) = self.serve(args, |o| o.stdout.contains("/v1/api-keys\n"));
+        self.server = Some(proc);
+        self.server_addr = Some(addr);
+        self.first_start();
+    }
+
+    /// `sparring ARGS --bind <a free port>` in the walk's directory, once
+    /// `ready` holds for its output; and its address.
+    fn serve(&self, args: &[&str], ready: impl Fn(&common::process::Output) -> bool) -> (Proc, String) {
         for _attempt in 0..3 {
             let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
             let bind = format!("127.0.0.1:{port}");
@@ -462,17 +471,30 @@ impl Walk {
             let mut cmd = Command::new(BIN);
             cmd.args(&all).current_dir(self.dir.path());
             let proc = spawn_in(cmd, &all);
-            match proc.wait_for(|o| o.stdout.contains("/v1/api-keys\n")) {
-                Ok(()) => {
-                    self.server = Some(proc);
-                    self.server_addr = Some(bind);
-                    return self.first_start();
-                }
+            match proc.wait_for(&ready) {
+                Ok(()) => return (proc, bind),
                 Err(e) if e.contains("starting the server") => continue,
                 Err(e) => panic!("starting the server: {e}"),
             }
         }
         panic!("no free port after 3 attempts");
+    }
+
+    /// "`sparring admin backup --to NEW_DIR` (beside a running server, or
+    /// not) writes a directory a server can start on (`sparring serve
+    /// --data-dir NEW_DIR`)", readable by its owner only.
+    fn backup(&mut self) {
+        let backup = inline_command(&self.readme, "sparring admin backup --to NEW_DIR").replace("NEW_DIR", "backup");
+        self.sparring(&backup);
+        let dir = self.dir.path().join("backup");
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dir).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o700, "{backup}: the directory is not its owner's only");
+        let serve = inline_command(&self.readme, "sparring serve --data-dir NEW_DIR").replace("NEW_DIR", "backup");
+        let args: Vec<&str> = serve.split_whitespace().skip(1).collect();
+        let (_restored, addr) = self.serve(&args, |o| o.stderr.contains("serving"));
+        let projects = format!("curl -s -H 'x-api-key: {}' http://{addr}/v1/projects", self.admin_key());
+        let (status, body) = self.curl_raw(&projects);
+        assert!(status == 200 && body.contains("checkout agent"), "{serve}: {status} {body}");
     }
 
     /// The first start printed one key for `admin@localhost`, and a `curl`
@@ -742,6 +764,7 @@ impl Walk {
                 assert!(!text.contains(secret.as_str()), "a secret is in {what}");
             }
         }
+        self.backup();
         // `sparring result trs_…` (in the text): one of the conversations.
         let result = inline_command(&self.readme, "sparring result trs_");
         self.sparring_step(&result);
