@@ -94,11 +94,18 @@ impl Proc {
             cmd.env_remove(var);
         }
         cmd.envs(env.iter().copied());
+        Proc::spawn_command(cmd, &format!("sparring {}", args.join(" ")))
+    }
+
+    /// Spawns `cmd` as it is set up (arguments, environment, working
+    /// directory), its output collected; `what` names it in errors.
+    pub fn spawn_command(mut cmd: Command, what: &str) -> Proc {
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         let captured = Arc::new(Captured::default());
         read_into(child.stdout.take().unwrap(), captured.clone(), true);
         read_into(child.stderr.take().unwrap(), captured.clone(), false);
-        Proc { child, captured, what: format!("sparring {}", args.join(" ")) }
+        Proc { child, captured, what: what.to_string() }
     }
 
     /// Waits until `done` holds for the output so far. `Err` with the output
