@@ -542,6 +542,22 @@ fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpE
     if let Ok(value) = serde_json::from_slice(bytes) {
         return Ok(value);
     }
+    // A body that is not JSON (cut short, a stray character, trailing
+    // characters) is the body's fault, not a field's: read as `T`, serde
+    // would blame the field it was reading when the text ended (`{"name": `
+    // is `invalid_name`), or one it found missing before it reached what
+    // follows the object (`{} x` is `invalid_label`). Too deep a value, or a
+    // number out of range, is JSON all the same: the field that holds it is
+    // named below.
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+        let text = e.to_string();
+        if !text.starts_with("recursion limit exceeded") && !text.starts_with("number out of range") {
+            return Err(HttpError::for_bad_request(
+                Some(ErrorCode::INVALID_BODY.to_string()),
+                format!("invalid JSON body: not JSON: {text}"),
+            ));
+        }
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().clone();
@@ -802,6 +818,26 @@ mod tests {
             assert!(code.starts_with("invalid_"), "{bad}: {code}");
             assert!(message.contains(says), "{bad}: {message}");
         }
+    }
+
+    /// Text that is not JSON is the body's fault, whichever field serde was
+    /// reading when it went wrong, or found missing before it got there.
+    #[test]
+    fn a_body_that_is_not_json_blames_no_field() {
+        for (bad, says) in [
+            (r#"{"label": "#, "EOF while parsing"),
+            (r#"{"label": "ci""#, "EOF while parsing"),
+            (r#"{"label": "ci" x}"#, "expected `,` or `}`"),
+            ("{} x", "trailing characters"),
+            (r#"{"label": 5 x"#, "expected `,` or `}`"),
+        ] {
+            let (code, message) = refused::<types::CreateApiKeyRequest>(bad);
+            assert_eq!(code, ErrorCode::INVALID_BODY, "{bad}: {message}");
+            assert!(message.contains(says), "{bad}: {message}");
+        }
+        // Too deep, or a number out of range, is JSON: its field is named.
+        let (code, message) = refused::<types::CreateApiKeyRequest>(r#"{"label": 1e400}"#);
+        assert_eq!(code, "invalid_label", "{message}");
     }
 
     #[test]
