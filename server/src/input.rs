@@ -525,7 +525,7 @@ fn without_value(text: &str) -> String {
     text.to_string()
 }
 
-fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpError> {
+fn parse_json<T: DeserializeOwned + JsonSchema + 'static>(bytes: &[u8]) -> Result<T, HttpError> {
     // Every request body of the API is an object; serde would otherwise
     // also accept a struct written as an array (`["ci"]`).
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -540,6 +540,11 @@ fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpE
     // with it, which refuses it the same way (the wrapper changes nothing
     // else), to say where.
     if let Ok(value) = serde_json::from_slice(bytes) {
+        // serde reads a struct from an array of its fields' values too
+        // (`"settings": [60, 4]`); only a body with an array can hold one.
+        if bytes.contains(&b'[') {
+            objects_as_objects(schema_of::<T>(), bytes)?;
+        }
         return Ok(value);
     }
     // A body that is not JSON (cut short, a stray character, trailing
@@ -558,6 +563,9 @@ fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpE
             ));
         }
     }
+    // An object given as an array is named as such, not by what serde
+    // makes of the array (`[]` for an evaluator is "missing field `type`").
+    objects_as_objects(schema_of::<T>(), bytes)?;
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().clone();
@@ -572,7 +580,7 @@ fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpE
         } else if missing.is_some() {
             missing
         } else {
-            declared_field(&schemars::schema_for!(T), &path)
+            declared_field(schema_of::<T>(), &path)
         };
         let code = match &field {
             Some(f)
@@ -593,6 +601,90 @@ fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpE
         HttpError::for_bad_request(Some(ErrorCode::INVALID_BODY.to_string()), format!("invalid JSON body: {e}"))
     })?;
     Ok(value)
+}
+
+/// The schema of `T`, made once per type (a request's body is checked
+/// against it).
+fn schema_of<T: JsonSchema + 'static>() -> &'static RootSchema {
+    type Kept = std::sync::Mutex<std::collections::HashMap<std::any::TypeId, &'static RootSchema>>;
+    static KEPT: std::sync::OnceLock<Kept> = std::sync::OnceLock::new();
+    let kept = KEPT.get_or_init(Default::default);
+    let mut kept = kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    kept.entry(std::any::TypeId::of::<T>()).or_insert_with(|| Box::leak(Box::new(schemars::schema_for!(T))))
+}
+
+/// Refuses an array where the schema has an object with declared
+/// properties: serde's derived structs (and tagged enums) read one from an
+/// array of their fields' values in order, so `"settings": [60, 4]` or
+/// `"voice": ["tts", "v1", 1.0]` would be taken as the object. A body that
+/// is not JSON is left to the caller.
+fn objects_as_objects(root: &RootSchema, bytes: &[u8]) -> Result<(), HttpError> {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else { return Ok(()) };
+    let mut path = Vec::new();
+    match shape(root, &[&root.schema], &value, &mut path) {
+        Ok(()) => Ok(()),
+        Err(()) => {
+            let field = path.iter().rev().find_map(|p| p.strip_prefix('.')).unwrap_or("body").to_string();
+            let code = if path.is_empty() { ErrorCode::INVALID_BODY.to_string() } else { format!("invalid_{field}") };
+            let at = path.concat();
+            let at = at.strip_prefix('.').unwrap_or(&at);
+            Err(HttpError::for_bad_request(
+                Some(code),
+                format!("invalid JSON body: {at}: invalid type: sequence, expected an object"),
+            ))
+        }
+    }
+}
+
+/// [`objects_as_objects`] at `value`, which `here` describes; on `Err`,
+/// `path` holds where (`.steps`, `[0]`, …).
+fn shape(
+    root: &RootSchema,
+    here: &[&SchemaObject],
+    value: &serde_json::Value,
+    path: &mut Vec<String>,
+) -> Result<(), ()> {
+    let alternatives = alternatives(root, here);
+    match value {
+        serde_json::Value::Array(items) => {
+            let object = alternatives.iter().any(|s| s.object.as_ref().is_some_and(|o| !o.properties.is_empty()));
+            let array = alternatives.iter().any(|s| {
+                s.array.is_some()
+                    || s.instance_type.as_ref().is_some_and(|t| t.contains(&schemars::schema::InstanceType::Array))
+            });
+            if object && !array {
+                return Err(());
+            }
+            let items_schemas: Vec<&SchemaObject> = alternatives
+                .iter()
+                .filter_map(|s| match s.array.as_ref()?.items.as_ref()? {
+                    SingleOrVec::Single(items) => as_object(items),
+                    SingleOrVec::Vec(_) => None,
+                })
+                .collect();
+            if items_schemas.is_empty() {
+                return Ok(());
+            }
+            for (i, item) in items.iter().enumerate() {
+                shape(root, &items_schemas, item, path).map_err(|()| path.insert(0, format!("[{i}]")))?;
+            }
+        }
+        serde_json::Value::Object(map) => {
+            for (key, v) in map {
+                let next: Vec<&SchemaObject> = alternatives
+                    .iter()
+                    .filter_map(|s| s.object.as_ref()?.properties.get(key))
+                    .filter_map(as_object)
+                    .collect();
+                // A free-form object's keys are the client's.
+                if !next.is_empty() {
+                    shape(root, &next, v, path).map_err(|()| path.insert(0, format!(".{key}")))?;
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The property of the body's schema that the error at `path` is about,
@@ -713,7 +805,7 @@ mod tests {
     use crate::{params, types};
 
     /// The code and message `parse_json` refuses `body` with.
-    fn refused<T: DeserializeOwned + JsonSchema>(body: &str) -> (String, String) {
+    fn refused<T: DeserializeOwned + JsonSchema + 'static>(body: &str) -> (String, String) {
         let e = parse_json::<T>(body.as_bytes()).err().unwrap_or_else(|| panic!("accepted: {body}"));
         (e.error_code.unwrap_or_default(), e.external_message)
     }
@@ -838,6 +930,56 @@ mod tests {
         // Too deep, or a number out of range, is JSON: its field is named.
         let (code, message) = refused::<types::CreateApiKeyRequest>(r#"{"label": 1e400}"#);
         assert_eq!(code, "invalid_label", "{message}");
+    }
+
+    /// serde's derived structs take an array of their fields' values for the
+    /// object; the schema has no such form, so each is refused, at any depth.
+    #[test]
+    fn an_object_written_as_an_array_is_refused_where_it_is() {
+        for (code, message, (got_code, got_message)) in [
+            (
+                "invalid_settings",
+                "settings: invalid type: sequence",
+                refused::<types::CreateProjectRequest>(r#"{"name": "n", "settings": [60, 4]}"#),
+            ),
+            (
+                "invalid_voice",
+                "voice: invalid type: sequence",
+                refused::<types::UpdatePersonaRequest>(r#"{"voice": ["tts", "v1", 1.0]}"#),
+            ),
+            (
+                "invalid_steps",
+                "steps[1]: invalid type: sequence",
+                refused::<types::CreateScenarioRequest>(
+                    r#"{"project_id": "p", "name": "n", "mode": "scripted", "steps": [{"say": "a", "expect": []}, ["b", []]]}"#,
+                ),
+            ),
+            (
+                "invalid_expect",
+                "steps[0].expect[0]: invalid type: sequence",
+                refused::<types::CreateScenarioRequest>(
+                    r#"{"project_id": "p", "name": "n", "mode": "scripted", "steps": [{"say": "a", "expect": [[]]}]}"#,
+                ),
+            ),
+            (
+                "invalid_phone_numbers",
+                "phone_numbers[0]: invalid type: sequence",
+                refused::<types::UpdateIntegrationRequest>(r#"{"phone_numbers": [["+14155550100", "l", "both"]]}"#),
+            ),
+        ] {
+            assert_eq!(got_code, code, "{got_message}");
+            assert!(got_message.contains(message), "{got_message} names {message:?}");
+        }
+        // Arrays where the schema has them, and inside free-form objects,
+        // are taken.
+        let taken: types::RunBatchRequest = parse_json(br#"{"metadata": {"a": [[1], {"b": []}]}}"#).unwrap();
+        assert_eq!(taken.metadata.len(), 1);
+        let taken: types::CreateTestRequest = parse_json(
+            br#"{"project_id": "p", "name": "n", "channel_id": "c", "scenario_id": "s", "persona_ids": ["a"],
+                 "evaluators": [{"type": "tool_called", "name": "t", "tool": "t", "arguments": {"x": [1]}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(taken.persona_ids.len(), 1);
     }
 
     #[test]
