@@ -574,11 +574,21 @@ fn parse_json<T: DeserializeOwned + JsonSchema + 'static>(bytes: &[u8]) -> Resul
         // the declared one where it happened.
         let text = without_value(&inner.to_string());
         let missing = text.strip_prefix("missing field `").and_then(|rest| rest.split('`').next()).map(str::to_string);
-        let field = if text.starts_with("unknown field") {
+        let unknown = text.starts_with("unknown field");
+        let inside = if unknown || missing.is_some() { None } else { field_inside::<T>(bytes, &path) };
+        // What was found failing inside a variant says why itself.
+        let text = match &inside {
+            Some((_, why)) => without_value(why),
+            None => text,
+        };
+        let inside = inside.map(|(key, _)| key);
+        let field = if unknown {
             // The field is not ours to name a code after.
             None
         } else if missing.is_some() {
             missing
+        } else if inside.is_some() {
+            inside.clone()
         } else {
             declared_field(schema_of::<T>(), &path)
         };
@@ -592,7 +602,10 @@ fn parse_json<T: DeserializeOwned + JsonSchema + 'static>(bytes: &[u8]) -> Resul
             }
             _ => ErrorCode::INVALID_BODY.to_string(),
         };
-        let path = path.to_string();
+        let path = match &inside {
+            Some(key) => format!("{path}.{key}"),
+            None => path.to_string(),
+        };
         let message = if path != "." { format!("{path}: {text}") } else { text };
         HttpError::for_bad_request(Some(code), format!("invalid JSON body: {message}"))
     })?;
@@ -685,6 +698,101 @@ fn shape(
         _ => {}
     }
     Ok(())
+}
+
+/// The field of an internally tagged variant (an evaluator) that the error
+/// at `path` is about. serde reads such a variant's fields from a copy of
+/// them, so the path of an error inside one ends at the variant
+/// (`evaluators[3]`), whatever field failed. Leaving out one field at a
+/// time finds it: serde reads the fields in order and reports the first
+/// that fails (a required one left out only once all were read), so the
+/// error changes only when that one is left out. The tag is never left
+/// out. The variant's fields are read in the order of their names here
+/// (`serde_json::Map`'s), so the field and its error are both given: the
+/// first of the field's errors in that order. `None` when `path` is not at
+/// such a variant, or no field is found.
+fn field_inside<T: DeserializeOwned + JsonSchema + 'static>(
+    bytes: &[u8],
+    path: &serde_path_to_error::Path,
+) -> Option<(String, String)> {
+    use serde_path_to_error::Segment;
+    let whole: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let at = |mut v: &serde_json::Value| -> Option<serde_json::Value> {
+        for segment in path {
+            v = match segment {
+                Segment::Seq { index } => v.get(*index)?,
+                Segment::Map { key } => v.get(key)?,
+                _ => return None,
+            };
+        }
+        Some(v.clone())
+    };
+    let serde_json::Value::Object(variant) = at(&whole)? else { return None };
+    let root = schema_of::<T>();
+    let schemas = alternatives(root, &schemas_at(root, path)?);
+    let declared = |key: &str| -> Vec<&SchemaObject> {
+        schemas.iter().filter_map(|s| s.object.as_ref()?.properties.get(key)).filter_map(as_object).collect()
+    };
+    // A tag is a property whose value is one word.
+    let is_tag = |key: &str| {
+        let d = declared(key);
+        !d.is_empty() && d.iter().all(|s| s.enum_values.as_ref().is_some_and(|e| e.len() == 1))
+    };
+    if !variant.keys().any(|k| is_tag(k)) {
+        return None;
+    }
+    let error_of = |value: serde_json::Value| {
+        serde_path_to_error::deserialize::<_, T>(value)
+            .err()
+            .map(|e| (e.path().to_string(), e.into_inner().to_string()))
+    };
+    // Read so, the body may fail first elsewhere: then nothing is said.
+    let first = error_of(whole.clone()).filter(|(at, _)| *at == path.to_string())?;
+    for key in variant.keys().filter(|k| !is_tag(k) && !declared(k).is_empty()) {
+        let mut without = whole.clone();
+        let mut v = &mut without;
+        for segment in path {
+            v = match segment {
+                Segment::Seq { index } => v.get_mut(*index)?,
+                Segment::Map { key } => v.get_mut(key)?,
+                _ => return None,
+            };
+        }
+        v.as_object_mut()?.remove(key);
+        if error_of(without).as_ref() != Some(&first) {
+            return Some((key.clone(), first.1));
+        }
+    }
+    None
+}
+
+/// The schemas of the value at `path` (before their alternatives are
+/// followed); `None` when the path leaves what the schema declares.
+fn schemas_at<'a>(root: &'a RootSchema, path: &serde_path_to_error::Path) -> Option<Vec<&'a SchemaObject>> {
+    use serde_path_to_error::Segment;
+    let mut here = vec![&root.schema];
+    for segment in path {
+        here = match segment {
+            Segment::Seq { .. } => alternatives(root, &here)
+                .into_iter()
+                .filter_map(|s| match s.array.as_ref()?.items.as_ref()? {
+                    SingleOrVec::Single(items) => Some(items.as_ref()),
+                    SingleOrVec::Vec(_) => None,
+                })
+                .filter_map(as_object)
+                .collect(),
+            Segment::Map { key } | Segment::Enum { variant: key } => alternatives(root, &here)
+                .into_iter()
+                .filter_map(|s| s.object.as_ref()?.properties.get(key))
+                .filter_map(as_object)
+                .collect(),
+            Segment::Unknown => return None,
+        };
+        if here.is_empty() {
+            return None;
+        }
+    }
+    Some(here)
 }
 
 /// The property of the body's schema that the error at `path` is about,
@@ -877,10 +985,10 @@ mod tests {
                 refused::<types::CreateScenarioRequest>(r#"{"steps": [{"say": "hi", "expect": [{"type": 5}]}]}"#),
             ),
             // serde reads a tagged variant's fields from a copy, where the
-            // path ends at the variant.
+            // path ends at the variant: the field is found all the same.
             (
-                "invalid_expect",
-                "steps[0].expect[0]: ",
+                "invalid_text",
+                "steps[0].expect[0].text: ",
                 refused::<types::CreateScenarioRequest>(
                     r#"{"steps": [{"say": "hi", "expect": [{"type": "contains", "name": "n", "text": 5}]}]}"#,
                 ),
@@ -980,6 +1088,61 @@ mod tests {
         )
         .unwrap();
         assert_eq!(taken.persona_ids.len(), 1);
+    }
+
+    /// Inside an evaluator (a tagged variant, which serde reads from a copy
+    /// of its fields), an error names the field, whichever it is and
+    /// wherever it is in the object.
+    #[test]
+    fn an_error_inside_an_evaluator_names_its_field() {
+        let test = |evaluator: &str| {
+            format!(
+                r#"{{"project_id": "p", "name": "n", "channel_id": "c", "scenario_id": "s",
+                     "evaluators": [{{"type": "contains", "name": "ok", "text": "t"}}, {evaluator}]}}"#
+            )
+        };
+        for (evaluator, code, message) in [
+            (
+                r#"{"type": "max_latency_ms", "name": "l", "percentile": "p90", "ms": 0}"#,
+                "invalid_ms",
+                "evaluators[1].ms: ",
+            ),
+            (
+                r#"{"ms": "5", "name": "l", "percentile": "p90", "type": "max_latency_ms"}"#,
+                "invalid_ms",
+                "evaluators[1].ms: ",
+            ),
+            (
+                r#"{"type": "max_latency_ms", "name": "l", "percentile": "p99", "ms": 5}"#,
+                "invalid_percentile",
+                "evaluators[1].percentile: ",
+            ),
+            (r#"{"type": "contains", "name": 5, "text": "t"}"#, "invalid_name", "evaluators[1].name: "),
+            (
+                r#"{"type": "contains", "name": "c", "text": "t", "critical": null}"#,
+                "invalid_critical",
+                "evaluators[1].critical: ",
+            ),
+            (r#"{"type": "regex", "name": "r", "pattern": ""}"#, "invalid_pattern", "evaluators[1].pattern: "),
+            (
+                r#"{"type": "tool_called", "name": "t", "tool": "t", "arguments": []}"#,
+                "invalid_arguments",
+                "evaluators[1].arguments: ",
+            ),
+            // Of two fields that fail, one is named, with its own error.
+            (
+                r#"{"type": "max_turns", "turns": 0, "name": 5}"#,
+                "invalid_name",
+                "evaluators[1].name: invalid type: integer",
+            ),
+            // What was named before is named as before.
+            (r#"{"type": "contains", "name": "c"}"#, "invalid_text", "missing field `text`"),
+            (r#"{"type": "nope", "name": "c"}"#, "invalid_type", "evaluators[1].type: "),
+        ] {
+            let (got_code, got_message) = refused::<types::CreateTestRequest>(&test(evaluator));
+            assert_eq!(got_code, code, "{evaluator}: {got_message}");
+            assert!(got_message.contains(message), "{evaluator}: {got_message} names {message:?}");
+        }
     }
 
     #[test]
