@@ -58,6 +58,8 @@ struct Operation {
     body: Option<(Value, bool)>,
     /// Query parameters: name and schema.
     query: Vec<(String, Value)>,
+    /// Header parameters: name and schema.
+    headers: Vec<(String, Value)>,
 }
 
 fn operations(spec: &Value) -> Vec<Operation> {
@@ -79,11 +81,20 @@ fn operations(spec: &Value) -> Vec<Operation> {
                 .filter(|p| p["in"] == "query")
                 .map(|p| (p["name"].as_str().unwrap().to_string(), resolve(spec, &p["schema"])))
                 .collect();
+            let headers = op["parameters"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| resolve(spec, p))
+                .filter(|p| p["in"] == "header")
+                .map(|p| (p["name"].as_str().unwrap().to_string(), resolve(spec, &p["schema"])))
+                .collect();
             ops.push(Operation {
                 id: op["operationId"].as_str().unwrap().to_string(),
                 method: Method::from_bytes(method.to_ascii_uppercase().as_bytes()).unwrap(),
                 body,
                 query,
+                headers,
             });
         }
     }
@@ -648,7 +659,7 @@ fn with(root: &Value, path: &[Seg], new: Option<Value>) -> Value {
 enum Expect {
     /// A 400 whose code is `invalid_<one of these>` and whose message names
     /// the first.
-    Refused { field: String, codes: Vec<String> },
+    Refused { field: Vec<String>, codes: Vec<String> },
     /// Within every bound: accepted. `bound` names the schema keyword, for
     /// [`WITHIN_BOUND_EXCEPTIONS`].
     Accepted { field: String, bound: &'static str },
@@ -675,9 +686,13 @@ struct Walk<'a> {
 impl Walk<'_> {
     fn refused(&mut self, path: &[Seg], what: String, value: Option<Value>) {
         let names = names(path);
-        let field = names.last().cloned().unwrap_or_else(|| "body".into());
-        let mut codes: Vec<String> = names.iter().map(|n| format!("invalid_{n}")).collect();
-        codes.push("invalid_body".into());
+        // The message names where: the whole path of a value, or the path
+        // of the object a removed property is missing from and the property.
+        let field = match (&value, path.split_last()) {
+            (None, Some((Seg::Key(k), parent))) if !parent.is_empty() => vec![show(parent), k.clone()],
+            _ => vec![show(path)],
+        };
+        let codes: Vec<String> = names.iter().map(|n| format!("invalid_{n}")).collect();
         let body = with(&self.root, path, value).to_string();
         // A number JSON can write but `serde_json::Value` cannot hold.
         let body = match body.find(&format!("\"{BEYOND}")) {
@@ -718,7 +733,7 @@ impl Walk<'_> {
         self.out.push(Variant {
             what: format!("{}: an unknown property", show(path)),
             body: Some(body.to_string()),
-            expect: Expect::Refused { field: "zz_unknown".into(), codes: vec!["invalid_body".into()] },
+            expect: Expect::Refused { field: vec!["zz_unknown".into()], codes: vec!["invalid_body".into()] },
         });
     }
 
@@ -842,6 +857,8 @@ impl Walk<'_> {
                 }
             }
             "number" => {
+                // Past what a double holds.
+                self.refused(&path, "1e400, past its format".into(), Some(json!(format!("{BEYOND}1e400"))));
                 if let Some(min) = num("minimum") {
                     self.refused(&path, format!("just below {min}"), Some(json!(min - 0.001)));
                     self.accepted(&path, format!("{min} (minimum)"), json!(min), "minimum");
@@ -1056,7 +1073,7 @@ async fn snapshot(s: &TestServer, key: &str, watch: &[String]) -> Vec<(String, V
 }
 
 /// Checks a refusal: `Err` says what is wrong.
-fn check_refusal(status: u16, text: &str, field: &str, codes: &[String]) -> Result<(), String> {
+fn check_refusal(status: u16, text: &str, field: &[String], codes: &[String]) -> Result<(), String> {
     if status != 400 {
         return Err(format!("{status}, not 400: {text}"));
     }
@@ -1071,8 +1088,8 @@ fn check_refusal(status: u16, text: &str, field: &str, codes: &[String]) -> Resu
         return Err(format!("error_code {code}, not one of {codes:?}: {text}"));
     }
     let message = body["message"].as_str().unwrap();
-    if !message.contains(field) {
-        return Err(format!("the message does not name `{field}`: {text}"));
+    if let Some(missing) = field.iter().find(|f| !message.contains(f.as_str())) {
+        return Err(format!("the message does not name `{missing}`: {text}"));
     }
     Ok(())
 }
@@ -1090,7 +1107,22 @@ async fn send(
     path: &str,
     body: Option<&str>,
 ) -> Result<Sent, String> {
+    send_with(http, s, key, method, path, body, None).await
+}
+
+async fn send_with(
+    http: &reqwest::Client,
+    s: &TestServer,
+    key: &str,
+    method: &Method,
+    path: &str,
+    body: Option<&str>,
+    header: Option<(&str, &str)>,
+) -> Result<Sent, String> {
     let mut req = http.request(method.clone(), s.url(path)).header("x-api-key", key);
+    if let Some((name, value)) = header {
+        req = req.header(name, value);
+    }
     if let Some(body) = body {
         req = req.header("content-type", "application/json").body(body.to_string());
     }
@@ -1180,14 +1212,14 @@ async fn every_constraint_of_every_request_body_and_query_parameter_violated_is_
                 variants.push(Variant {
                     what: what.into(),
                     body: Some(raw.into()),
-                    expect: Expect::Refused { field: String::new(), codes: vec!["invalid_body".into()] },
+                    expect: Expect::Refused { field: Vec::new(), codes: vec!["invalid_body".into()] },
                 });
             }
             variants.push(Variant {
                 what: "an empty body".into(),
                 body: Some(String::new()),
                 expect: if required {
-                    Expect::Refused { field: String::new(), codes: vec!["invalid_body".into()] }
+                    Expect::Refused { field: Vec::new(), codes: vec!["invalid_body".into()] }
                 } else {
                     Expect::Accepted { field: String::new(), bound: "" }
                 },
@@ -1246,6 +1278,71 @@ async fn every_constraint_of_every_request_body_and_query_parameter_violated_is_
                         } else if !excepted(&op.id, field, bound) {
                             failures.push(format!("{what}: refused within its bounds: {} {}", sent.status, sent.text));
                         }
+                    }
+                }
+            }
+        }
+        // Header parameters, with the valid body.
+        for (name, schema) in &op.headers {
+            let (path, valid) = &t.requests[0];
+            let mut cases: Vec<(String, bool)> = Vec::new();
+            assert_eq!(schema["type"], "string", "{} {name}", op.id);
+            let min = schema["minLength"].as_u64().unwrap_or(0) as usize;
+            let max = schema["maxLength"].as_u64().unwrap_or_else(|| panic!("{} {name}: no maxLength", op.id)) as usize;
+            if min > 0 {
+                cases.push(("k".repeat(min - 1), false));
+            }
+            cases.push(("k".repeat(max + 1), false));
+            cases.push(("not visible".into(), false));
+            for n in [min.max(1), max] {
+                unique += 1;
+                let u = unique.to_string();
+                cases.push((format!("{u}{}", "k".repeat(n.saturating_sub(u.len()))), true));
+            }
+            for (value, valid_value) in cases {
+                let what = format!("{} {path} ({}) {name}: {:?} ({} characters)", op.method, op.id, value, value.len());
+                let before = snapshot(&s, &f.owner, &t.watch).await;
+                let sent = match send_with(
+                    &http,
+                    &s,
+                    &f.owner,
+                    &op.method,
+                    path,
+                    Some(&valid.to_string()),
+                    Some((name, &value)),
+                )
+                .await
+                {
+                    Ok(sent) => sent,
+                    Err(e) => {
+                        failures.push(format!("{what}: {e}"));
+                        continue;
+                    }
+                };
+                if valid_value {
+                    *counts.entry("header accepted").or_default() += 1;
+                    if (200..300).contains(&sent.status) {
+                        undo(&s, &f, t.cleanup, path, &sent.text).await;
+                    } else {
+                        failures.push(format!("{what}: refused within its bounds: {} {}", sent.status, sent.text));
+                    }
+                } else {
+                    *counts.entry("header refused").or_default() += 1;
+                    if (200..300).contains(&sent.status) {
+                        undo(&s, &f, t.cleanup, path, &sent.text).await;
+                    }
+                    let snake = name.to_ascii_lowercase().replace('-', "_");
+                    let codes = vec![format!("invalid_{snake}"), "invalid_header".into()];
+                    if let Err(e) = check_refusal(
+                        sent.status,
+                        &sent.text.to_ascii_lowercase().replace(&name.to_ascii_lowercase(), &snake),
+                        std::slice::from_ref(&snake),
+                        &codes,
+                    ) {
+                        failures.push(format!("{what}: {e}"));
+                    }
+                    if before != snapshot(&s, &f.owner, &t.watch).await {
+                        failures.push(format!("{what}: refused, but stored"));
                     }
                 }
             }
@@ -1313,7 +1410,7 @@ async fn every_constraint_of_every_request_body_and_query_parameter_violated_is_
                     }
                 } else {
                     let codes = vec![format!("invalid_{name}"), "invalid_query".into()];
-                    if let Err(e) = check_refusal(sent.status, &sent.text, name, &codes) {
+                    if let Err(e) = check_refusal(sent.status, &sent.text, std::slice::from_ref(name), &codes) {
                         failures.push(format!("{what}: {e}"));
                     }
                 }
