@@ -1431,3 +1431,55 @@ fn urlencode(v: &str) -> String {
         })
         .collect()
 }
+
+/// Every length a request property's description states ("1 to 100
+/// characters", "at most 2000 characters") is in its schema too, where the
+/// walk above (and any client generated from the spec) reads bounds.
+#[test]
+fn every_length_a_description_states_is_in_the_schema() {
+    let spec = spec();
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    fn number(word: &str) -> Option<u64> {
+        word.trim_end_matches([',', ';', '.']).replace(',', "").parse().ok()
+    }
+    fn walk(v: &Value, at: &str, checked: &mut usize, failures: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                if let (Some("string"), Some(text)) =
+                    (m.get("type").and_then(Value::as_str), m.get("description").and_then(Value::as_str))
+                {
+                    let words: Vec<&str> = text.split_whitespace().collect();
+                    for w in words.windows(4) {
+                        let stated = match w {
+                            [a, "to", b, c] if c.starts_with("characters") => Some((number(a), number(b))),
+                            ["at", "most", b, c] if c.starts_with("characters") => Some((None, number(b))),
+                            _ => None,
+                        };
+                        let Some((min, max)) = stated else { continue };
+                        *checked += 1;
+                        let has = |k: &str| m.get(k).and_then(Value::as_u64);
+                        if min.is_some() && has("minLength") != min || has("maxLength") != max {
+                            failures.push(format!(
+                                "{at}: \"{}\" but minLength {:?}, maxLength {:?}",
+                                w.join(" "),
+                                has("minLength"),
+                                has("maxLength")
+                            ));
+                        }
+                    }
+                }
+                for (k, v) in m {
+                    walk(v, &format!("{at}/{k}"), checked, failures);
+                }
+            }
+            Value::Array(a) => {
+                a.iter().enumerate().for_each(|(i, v)| walk(v, &format!("{at}[{i}]"), checked, failures))
+            }
+            _ => {}
+        }
+    }
+    walk(&spec["components"]["schemas"], "#/components/schemas", &mut checked, &mut failures);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(checked >= 30, "{checked} stated lengths");
+}
