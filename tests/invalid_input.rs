@@ -801,6 +801,25 @@ impl Walk<'_> {
                 }
                 if let Some(max) = int("maxLength") {
                     let max = max as usize;
+                    // Lengths are characters, not bytes (nor UTF-16 units):
+                    // two-byte and four-byte ones count one each.
+                    let field = names(&path).last().cloned().unwrap_or_default();
+                    if !matches!(field.as_str(), "email" | "language" | "target" | "webhook_url") {
+                        let c = if self.op.starts_with("create_") { "é" } else { "ü" };
+                        for (c, what) in [(c, "two-byte"), (if c == "é" { "😀" } else { "🙂" }, "four-byte")] {
+                            self.accepted(
+                                &path,
+                                format!("{max} {what} characters (maxLength)"),
+                                json!(c.repeat(max)),
+                                "maxLength",
+                            );
+                            self.refused(
+                                &path,
+                                format!("{} {what} characters (maxLength {max})", max + 1),
+                                Some(json!(c.repeat(max + 1))),
+                            );
+                        }
+                    }
                     self.refused(
                         &path,
                         format!("{} characters (maxLength {max})", max + 1),
@@ -1208,11 +1227,26 @@ async fn every_constraint_of_every_request_body_and_query_parameter_violated_is_
                 ("a JSON array", "[]"),
                 ("a JSON string", "\"x\""),
                 ("trailing characters", "{} x"),
+                ("null", "null"),
+                ("a number", "7"),
             ] {
                 variants.push(Variant {
                     what: what.into(),
                     body: Some(raw.into()),
                     expect: Expect::Refused { field: Vec::new(), codes: vec!["invalid_body".into()] },
+                });
+            }
+            // Each property given twice, the second time with the same value:
+            // which one counts would be the reader's guess.
+            let text = valid.to_string();
+            for (k, v) in valid.as_object().unwrap() {
+                variants.push(Variant {
+                    what: format!("{k}: given twice"),
+                    body: Some(format!("{},{}:{v}}}", text.strip_suffix('}').unwrap(), json!(k))),
+                    expect: Expect::Refused {
+                        field: vec![k.clone()],
+                        codes: vec![format!("invalid_{k}"), "invalid_body".into()],
+                    },
                 });
             }
             variants.push(Variant {
@@ -1239,14 +1273,12 @@ async fn every_constraint_of_every_request_body_and_query_parameter_violated_is_
                     .entry(if matches!(v.expect, Expect::Refused { .. }) { "refused" } else { "accepted" })
                     .or_default() += 1;
                 // Names are unique in a project: each create names its
-                // resource anew, but where the name is what is tried.
+                // resource anew, but where the name is what is tried. In the
+                // text, so that a property given twice stays twice.
                 if op.id.starts_with("create_") && !v.what.starts_with("name:") {
-                    if let Ok(Value::Object(mut m)) = serde_json::from_str::<Value>(&body) {
-                        if m.get("name").is_some_and(Value::is_string) {
-                            unique += 1;
-                            m.insert("name".into(), json!(format!("n{unique}")));
-                            body = Value::Object(m).to_string();
-                        }
+                    if let Some(name) = valid.get("name") {
+                        unique += 1;
+                        body = body.replacen(&format!("\"name\":{name}"), &format!("\"name\":\"n{unique}\""), 1);
                     }
                 }
                 let before = snapshot(&s, &f.owner, &t.watch).await;
