@@ -953,6 +953,23 @@ impl Walk<'_> {
                 if schema["additionalProperties"] == false {
                     self.unknown(&path);
                 }
+                if let (false, Some((k, v))) = (path.is_empty(), value.as_object().and_then(|m| m.iter().next())) {
+                    // Its first property given twice, in the text.
+                    let marker = json!("__twice__");
+                    let text = with(&self.root, &path, Some(marker.clone())).to_string();
+                    let object = value.to_string();
+                    let twice = format!("{},{}:{v}}}", object.strip_suffix('}').unwrap(), json!(k));
+                    let mut at = path.clone();
+                    at.push(Seg::Key(k.clone()));
+                    self.out.push(Variant {
+                        what: format!("{}: given twice", show(&at)),
+                        body: Some(text.replacen(&marker.to_string(), &twice, 1)),
+                        expect: Expect::Refused {
+                            field: vec![show(&path), k.clone()],
+                            codes: names(&at).iter().map(|n| format!("invalid_{n}")).collect(),
+                        },
+                    });
+                }
                 if !path.is_empty() {
                     let values: Vec<Value> = value.as_object().unwrap().values().cloned().collect();
                     self.refused(&path, "written as an array of its values".into(), Some(Value::Array(values)));
