@@ -1434,6 +1434,8 @@ async fn every_constraint_of_every_request_body_and_query_parameter_violated_is_
                         );
                         cases.push(("2026-01-01T00:00:00Z".into(), true));
                         cases.push(("2026-01-01T00:00:00.5+02:00".into(), true));
+                        // RFC 3339's ABNF is case-insensitive.
+                        cases.push(("2026-01-01t00:00:00z".into(), true));
                     } else if let Some(format) = schema["format"].as_str() {
                         failures.push(format!("{} {name}: no cases for a query string of format {format}", op.id));
                     } else if name == "cursor" {
