@@ -43,13 +43,14 @@ impl Api {
 
     async fn all(&self, path: &str, field: &str) -> Vec<Value> {
         let mut items = Vec::new();
+        // The first page has no cursor (an empty one is refused).
         let mut cursor = String::new();
         loop {
             let sep = if path.contains('?') { '&' } else { '?' };
-            let page = self.send(reqwest::Method::GET, &format!("{path}{sep}limit=200&cursor={cursor}"), None).await;
+            let page = self.send(reqwest::Method::GET, &format!("{path}{sep}limit=200{cursor}"), None).await;
             items.extend(page[field].as_array().unwrap().iter().cloned());
             match page["next_cursor"].as_str() {
-                Some(c) => cursor = c.to_string(),
+                Some(c) => cursor = format!("&cursor={c}"),
                 None => return items,
             }
         }

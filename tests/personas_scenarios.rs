@@ -617,10 +617,9 @@ async fn every_evaluator_type_is_checked() {
 
     let judge_at =
         |integration: &str| json!({"type": "llm_judge", "name": "j", "integration_id": integration, "prompt": "ok?"});
-    // (evaluator, code, what the message names after the list's field);
-    // LIST: a value the wire type refuses inside an element is reported for
-    // the list itself (`invalid_success_criteria`, `invalid_expect`).
-    const LIST: &str = "invalid_<list>";
+    // (evaluator, code, what the message names after the list's field): a
+    // value the wire type refuses inside an element is named as one the
+    // domain refuses, by its field.
     let cases: Vec<(Value, &str, &str)> = vec![
         (json!({"type": "sentiment", "name": "a"}), "invalid_type", "[0].type"),
         (json!({"name": "a", "text": "hi"}), "invalid_type", "type"),
@@ -632,19 +631,23 @@ async fn every_evaluator_type_is_checked() {
         (json!({"type": "not_contains", "name": "a", "text": "\t"}), "invalid_text", "[0].text"),
         (json!({"type": "regex", "name": "a"}), "invalid_pattern", "pattern"),
         (json!({"type": "regex", "name": "a", "pattern": "(("}), "invalid_pattern", "[0].pattern"),
-        (json!({"type": "regex", "name": "a", "pattern": "é".repeat(2001)}), LIST, "[0]"),
+        (json!({"type": "regex", "name": "a", "pattern": "é".repeat(2001)}), "invalid_pattern", "[0].pattern"),
         (json!({"type": "max_latency_ms", "name": "a", "percentile": "p95"}), "invalid_ms", "ms"),
         (json!({"type": "max_latency_ms", "name": "a", "ms": 100}), "invalid_percentile", "percentile"),
-        (json!({"type": "max_latency_ms", "name": "a", "percentile": "p42", "ms": 100}), LIST, "p42"),
-        (json!({"type": "max_latency_ms", "name": "a", "percentile": "p50", "ms": 0}), LIST, "[0]"),
+        (
+            json!({"type": "max_latency_ms", "name": "a", "percentile": "p42", "ms": 100}),
+            "invalid_percentile",
+            "[0].percentile",
+        ),
+        (json!({"type": "max_latency_ms", "name": "a", "percentile": "p50", "ms": 0}), "invalid_ms", "[0].ms"),
         (json!({"type": "max_latency_ms", "name": "a", "percentile": "max", "ms": 600_001}), "invalid_ms", "[0].ms"),
         (json!({"type": "max_turns", "name": "a"}), "invalid_turns", "turns"),
-        (json!({"type": "max_turns", "name": "a", "turns": 0}), LIST, "[0]"),
+        (json!({"type": "max_turns", "name": "a", "turns": 0}), "invalid_turns", "[0].turns"),
         (json!({"type": "max_turns", "name": "a", "turns": 1001}), "invalid_turns", "[0].turns"),
         (json!({"type": "agent_ended_call"}), "invalid_name", "name"),
         (json!({"type": "tool_called", "name": "a"}), "invalid_tool", "tool"),
         (json!({"type": "tool_called", "name": "a", "tool": " "}), "invalid_tool", "[0].tool"),
-        (json!({"type": "tool_called", "name": "a", "tool": "t".repeat(201)}), LIST, "[0]"),
+        (json!({"type": "tool_called", "name": "a", "tool": "t".repeat(201)}), "invalid_tool", "[0].tool"),
         (json!({"type": "llm_judge", "name": "a", "prompt": "ok?"}), "invalid_integration_id", "integration_id"),
         (json!({"type": "llm_judge", "name": "a", "integration_id": judge}), "invalid_prompt", "prompt"),
         (
@@ -659,31 +662,19 @@ async fn every_evaluator_type_is_checked() {
     let before = activity_count(&s, &t.owner, p).await;
     let scn = id(&made);
     for (evaluator, code, names) in &cases {
-        let code_in = |list: &str| if *code == LIST { format!("invalid_{list}") } else { code.to_string() };
         let criteria = json!([evaluator]);
         let body = with(simulated(p, &judge, "bad"), json!({"success_criteria": criteria}));
         // The message names the list (and, for a rule on a field, the field).
         let at = |list: &str| if names.starts_with('[') { format!("{list}{names}") } else { list.to_string() };
-        refused(
-            &s,
-            Method::POST,
-            "/v1/scenarios",
-            &t.editor,
-            body.clone(),
-            &code_in("success_criteria"),
-            &at("success_criteria"),
-        )
-        .await;
-        refused(&s, Method::POST, "/v1/scenarios", &t.editor, body.clone(), &code_in("success_criteria"), names).await;
+        refused(&s, Method::POST, "/v1/scenarios", &t.editor, body.clone(), code, &at("success_criteria")).await;
+        refused(&s, Method::POST, "/v1/scenarios", &t.editor, body.clone(), code, names).await;
         // In a step's expect (the second step), the field is that step's.
         let steps = json!([{"say": "hi", "expect": []}, {"say": "again", "expect": criteria}]);
         let body = with(scripted(p, "bad"), json!({"steps": steps}));
-        refused(&s, Method::POST, "/v1/scenarios", &t.editor, body.clone(), &code_in("expect"), &at("steps[1].expect"))
-            .await;
+        refused(&s, Method::POST, "/v1/scenarios", &t.editor, body.clone(), code, &at("steps[1].expect")).await;
         // And on PUT.
         let body = with(simulated(p, &judge, "bad"), json!({"success_criteria": criteria, "project_id": null}));
-        refused(&s, Method::PUT, &format!("/v1/scenarios/{scn}"), &t.editor, body, &code_in("success_criteria"), names)
-            .await;
+        refused(&s, Method::PUT, &format!("/v1/scenarios/{scn}"), &t.editor, body, code, names).await;
     }
     // The judge is named in the message, and why it cannot judge.
     for (integration, why) in [

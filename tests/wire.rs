@@ -565,6 +565,10 @@ async fn query_parameters_are_validated() {
         ("limit=-1", "invalid_query"),
         ("limit=abc", "invalid_query"),
         ("cursor=!!!", "invalid_cursor"),
+        // No cursor is left out, not given empty: an empty one was read as
+        // the first page, so a client that sent a missing `next_cursor` as
+        // `cursor=` read the first page again, for ever.
+        ("cursor=", "invalid_cursor"),
     ] {
         let (status, body) = error_body(s.get(&format!("/v1/api-keys?{query}"), &s.admin_key).await).await;
         assert_eq!(status, 400, "{query}: {body}");

@@ -72,7 +72,10 @@ impl PageRequest {
     ) -> Result<PageRequest, InvalidCursor> {
         let limit = limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT) as usize;
         let after = match cursor {
-            None | Some("") => None,
+            // An empty cursor is no cursor this server issued: read as the
+            // first page, a client that sent a missing `next_cursor` as
+            // `cursor=` would read the first page again, for ever.
+            None => None,
             Some(c) => {
                 let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).map_err(|_| InvalidCursor)?;
                 let id = String::from_utf8(bytes).map_err(|_| InvalidCursor)?;
@@ -455,6 +458,16 @@ pub(crate) mod tests {
             }
             Ok(())
         });
+    }
+
+    /// A cursor given empty is refused, by every form of page, as any other
+    /// cursor this server did not issue.
+    #[test]
+    fn an_empty_cursor_is_refused() {
+        assert!(PageRequest::parse(None, Some(""), "tst").is_err());
+        assert!(PageRequest::parse_sequence(None, Some("")).is_err());
+        assert!(PageRequest::parse_timed(None, Some(""), "usr").is_err());
+        assert!(PageRequest::parse(None, None, "tst").unwrap().after.is_none());
     }
 
     /// The cursor's condition goes where the SQL marks it, and only in a

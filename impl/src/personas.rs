@@ -108,10 +108,18 @@ fn number(field: &str, value: f64, min: f64, max: f64) -> Result<f64> {
     validate::range(field, value, min, max)
 }
 
+/// The wire type holds the provider and voice id to 1 to 100 characters;
+/// [`short`] refuses them blank or with control characters.
 fn voice(v: &types::PersonaVoice) -> Result<types::PersonaVoice> {
+    if let Some(provider) = &v.provider {
+        short("voice.provider", provider)?;
+    }
+    if let Some(voice_id) = &v.voice_id {
+        short("voice.voice_id", voice_id)?;
+    }
     Ok(types::PersonaVoice {
-        provider: v.provider.as_deref().map(|s| short("voice.provider", s)).transpose()?,
-        voice_id: v.voice_id.as_deref().map(|s| short("voice.voice_id", s)).transpose()?,
+        provider: v.provider.clone(),
+        voice_id: v.voice_id.clone(),
         speed: number("voice.speed", v.speed, MIN_SPEED, MAX_SPEED)?,
     })
 }
@@ -544,12 +552,12 @@ pub(crate) mod tests {
 
     #[test]
     fn voices_and_volumes_are_bounded() {
-        let v = |speed: f64| types::PersonaVoice { provider: Some("azure".into()), voice_id: None, speed };
+        let v = |speed: f64| types::PersonaVoice { provider: Some("azure".parse().unwrap()), voice_id: None, speed };
         assert!(voice(&v(0.5)).is_ok());
         assert!(voice(&v(2.0)).is_ok());
         assert!(invalid(voice(&v(0.49))).starts_with("invalid_speed: voice.speed:"));
         assert!(invalid(voice(&v(f64::NAN))).starts_with("invalid_speed: voice.speed:"));
-        let blank = types::PersonaVoice { provider: Some(" ".into()), voice_id: None, speed: 1.0 };
+        let blank = types::PersonaVoice { provider: Some(" ".parse().unwrap()), voice_id: None, speed: 1.0 };
         assert!(invalid(voice(&blank)).starts_with("invalid_provider: voice.provider:"));
         assert!(volume(0.0).is_ok() && volume(1.0).is_ok());
         assert!(invalid(volume(1.01)).starts_with("invalid_background_noise_volume:"));

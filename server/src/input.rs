@@ -525,7 +525,7 @@ fn without_value(text: &str) -> String {
     text.to_string()
 }
 
-fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpError> {
+fn parse_json<T: DeserializeOwned + JsonSchema + 'static>(bytes: &[u8]) -> Result<T, HttpError> {
     // Every request body of the API is an object; serde would otherwise
     // also accept a struct written as an array (`["ci"]`).
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -540,8 +540,32 @@ fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpE
     // with it, which refuses it the same way (the wrapper changes nothing
     // else), to say where.
     if let Ok(value) = serde_json::from_slice(bytes) {
+        // serde reads a struct from an array of its fields' values too
+        // (`"settings": [60, 4]`); only a body with an array can hold one.
+        if bytes.contains(&b'[') {
+            objects_as_objects(schema_of::<T>(), bytes)?;
+        }
         return Ok(value);
     }
+    // A body that is not JSON (cut short, a stray character, trailing
+    // characters) is the body's fault, not a field's: read as `T`, serde
+    // would blame the field it was reading when the text ended (`{"name": `
+    // is `invalid_name`), or one it found missing before it reached what
+    // follows the object (`{} x` is `invalid_label`). Too deep a value, or a
+    // number out of range, is JSON all the same: the field that holds it is
+    // named below.
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+        let text = e.to_string();
+        if !text.starts_with("recursion limit exceeded") && !text.starts_with("number out of range") {
+            return Err(HttpError::for_bad_request(
+                Some(ErrorCode::INVALID_BODY.to_string()),
+                format!("invalid JSON body: not JSON: {text}"),
+            ));
+        }
+    }
+    // An object given as an array is named as such, not by what serde
+    // makes of the array (`[]` for an evaluator is "missing field `type`").
+    objects_as_objects(schema_of::<T>(), bytes)?;
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().clone();
@@ -550,13 +574,23 @@ fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpE
         // the declared one where it happened.
         let text = without_value(&inner.to_string());
         let missing = text.strip_prefix("missing field `").and_then(|rest| rest.split('`').next()).map(str::to_string);
-        let field = if text.starts_with("unknown field") {
+        let unknown = text.starts_with("unknown field");
+        let inside = if unknown || missing.is_some() { None } else { field_inside::<T>(bytes, &path) };
+        // What was found failing inside a variant says why itself.
+        let text = match &inside {
+            Some((_, why)) => without_value(why),
+            None => text,
+        };
+        let inside = inside.map(|(key, _)| key);
+        let field = if unknown {
             // The field is not ours to name a code after.
             None
         } else if missing.is_some() {
             missing
+        } else if inside.is_some() {
+            inside.clone()
         } else {
-            declared_field(&schemars::schema_for!(T), &path)
+            declared_field(schema_of::<T>(), &path)
         };
         let code = match &field {
             Some(f)
@@ -568,7 +602,10 @@ fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpE
             }
             _ => ErrorCode::INVALID_BODY.to_string(),
         };
-        let path = path.to_string();
+        let path = match &inside {
+            Some(key) => format!("{path}.{key}"),
+            None => path.to_string(),
+        };
         let message = if path != "." { format!("{path}: {text}") } else { text };
         HttpError::for_bad_request(Some(code), format!("invalid JSON body: {message}"))
     })?;
@@ -577,6 +614,185 @@ fn parse_json<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, HttpE
         HttpError::for_bad_request(Some(ErrorCode::INVALID_BODY.to_string()), format!("invalid JSON body: {e}"))
     })?;
     Ok(value)
+}
+
+/// The schema of `T`, made once per type (a request's body is checked
+/// against it).
+fn schema_of<T: JsonSchema + 'static>() -> &'static RootSchema {
+    type Kept = std::sync::Mutex<std::collections::HashMap<std::any::TypeId, &'static RootSchema>>;
+    static KEPT: std::sync::OnceLock<Kept> = std::sync::OnceLock::new();
+    let kept = KEPT.get_or_init(Default::default);
+    let mut kept = kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    kept.entry(std::any::TypeId::of::<T>()).or_insert_with(|| Box::leak(Box::new(schemars::schema_for!(T))))
+}
+
+/// Refuses an array where the schema has an object with declared
+/// properties: serde's derived structs (and tagged enums) read one from an
+/// array of their fields' values in order, so `"settings": [60, 4]` or
+/// `"voice": ["tts", "v1", 1.0]` would be taken as the object. A body that
+/// is not JSON is left to the caller.
+fn objects_as_objects(root: &RootSchema, bytes: &[u8]) -> Result<(), HttpError> {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else { return Ok(()) };
+    let mut path = Vec::new();
+    match shape(root, &[&root.schema], &value, &mut path) {
+        Ok(()) => Ok(()),
+        Err(()) => {
+            let field = path.iter().rev().find_map(|p| p.strip_prefix('.')).unwrap_or("body").to_string();
+            let code = if path.is_empty() { ErrorCode::INVALID_BODY.to_string() } else { format!("invalid_{field}") };
+            let at = path.concat();
+            let at = at.strip_prefix('.').unwrap_or(&at);
+            Err(HttpError::for_bad_request(
+                Some(code),
+                format!("invalid JSON body: {at}: invalid type: sequence, expected an object"),
+            ))
+        }
+    }
+}
+
+/// [`objects_as_objects`] at `value`, which `here` describes; on `Err`,
+/// `path` holds where (`.steps`, `[0]`, …).
+fn shape(
+    root: &RootSchema,
+    here: &[&SchemaObject],
+    value: &serde_json::Value,
+    path: &mut Vec<String>,
+) -> Result<(), ()> {
+    let alternatives = alternatives(root, here);
+    match value {
+        serde_json::Value::Array(items) => {
+            let object = alternatives.iter().any(|s| s.object.as_ref().is_some_and(|o| !o.properties.is_empty()));
+            let array = alternatives.iter().any(|s| {
+                s.array.is_some()
+                    || s.instance_type.as_ref().is_some_and(|t| t.contains(&schemars::schema::InstanceType::Array))
+            });
+            if object && !array {
+                return Err(());
+            }
+            let items_schemas: Vec<&SchemaObject> = alternatives
+                .iter()
+                .filter_map(|s| match s.array.as_ref()?.items.as_ref()? {
+                    SingleOrVec::Single(items) => as_object(items),
+                    SingleOrVec::Vec(_) => None,
+                })
+                .collect();
+            if items_schemas.is_empty() {
+                return Ok(());
+            }
+            for (i, item) in items.iter().enumerate() {
+                shape(root, &items_schemas, item, path).map_err(|()| path.insert(0, format!("[{i}]")))?;
+            }
+        }
+        serde_json::Value::Object(map) => {
+            for (key, v) in map {
+                let next: Vec<&SchemaObject> = alternatives
+                    .iter()
+                    .filter_map(|s| s.object.as_ref()?.properties.get(key))
+                    .filter_map(as_object)
+                    .collect();
+                // A free-form object's keys are the client's.
+                if !next.is_empty() {
+                    shape(root, &next, v, path).map_err(|()| path.insert(0, format!(".{key}")))?;
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The field of an internally tagged variant (an evaluator) that the error
+/// at `path` is about. serde reads such a variant's fields from a copy of
+/// them, so the path of an error inside one ends at the variant
+/// (`evaluators[3]`), whatever field failed. Leaving out one field at a
+/// time finds it: serde reads the fields in order and reports the first
+/// that fails (a required one left out only once all were read), so the
+/// error changes only when that one is left out. The tag is never left
+/// out. The variant's fields are read in the order of their names here
+/// (`serde_json::Map`'s), so the field and its error are both given: the
+/// first of the field's errors in that order. `None` when `path` is not at
+/// such a variant, or no field is found.
+fn field_inside<T: DeserializeOwned + JsonSchema + 'static>(
+    bytes: &[u8],
+    path: &serde_path_to_error::Path,
+) -> Option<(String, String)> {
+    use serde_path_to_error::Segment;
+    let whole: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let at = |mut v: &serde_json::Value| -> Option<serde_json::Value> {
+        for segment in path {
+            v = match segment {
+                Segment::Seq { index } => v.get(*index)?,
+                Segment::Map { key } => v.get(key)?,
+                _ => return None,
+            };
+        }
+        Some(v.clone())
+    };
+    let serde_json::Value::Object(variant) = at(&whole)? else { return None };
+    let root = schema_of::<T>();
+    let schemas = alternatives(root, &schemas_at(root, path)?);
+    let declared = |key: &str| -> Vec<&SchemaObject> {
+        schemas.iter().filter_map(|s| s.object.as_ref()?.properties.get(key)).filter_map(as_object).collect()
+    };
+    // A tag is a property whose value is one word.
+    let is_tag = |key: &str| {
+        let d = declared(key);
+        !d.is_empty() && d.iter().all(|s| s.enum_values.as_ref().is_some_and(|e| e.len() == 1))
+    };
+    if !variant.keys().any(|k| is_tag(k)) {
+        return None;
+    }
+    let error_of = |value: serde_json::Value| {
+        serde_path_to_error::deserialize::<_, T>(value)
+            .err()
+            .map(|e| (e.path().to_string(), e.into_inner().to_string()))
+    };
+    // Read so, the body may fail first elsewhere: then nothing is said.
+    let first = error_of(whole.clone()).filter(|(at, _)| *at == path.to_string())?;
+    for key in variant.keys().filter(|k| !is_tag(k) && !declared(k).is_empty()) {
+        let mut without = whole.clone();
+        let mut v = &mut without;
+        for segment in path {
+            v = match segment {
+                Segment::Seq { index } => v.get_mut(*index)?,
+                Segment::Map { key } => v.get_mut(key)?,
+                _ => return None,
+            };
+        }
+        v.as_object_mut()?.remove(key);
+        if error_of(without).as_ref() != Some(&first) {
+            return Some((key.clone(), first.1));
+        }
+    }
+    None
+}
+
+/// The schemas of the value at `path` (before their alternatives are
+/// followed); `None` when the path leaves what the schema declares.
+fn schemas_at<'a>(root: &'a RootSchema, path: &serde_path_to_error::Path) -> Option<Vec<&'a SchemaObject>> {
+    use serde_path_to_error::Segment;
+    let mut here = vec![&root.schema];
+    for segment in path {
+        here = match segment {
+            Segment::Seq { .. } => alternatives(root, &here)
+                .into_iter()
+                .filter_map(|s| match s.array.as_ref()?.items.as_ref()? {
+                    SingleOrVec::Single(items) => Some(items.as_ref()),
+                    SingleOrVec::Vec(_) => None,
+                })
+                .filter_map(as_object)
+                .collect(),
+            Segment::Map { key } | Segment::Enum { variant: key } => alternatives(root, &here)
+                .into_iter()
+                .filter_map(|s| s.object.as_ref()?.properties.get(key))
+                .filter_map(as_object)
+                .collect(),
+            Segment::Unknown => return None,
+        };
+        if here.is_empty() {
+            return None;
+        }
+    }
+    Some(here)
 }
 
 /// The property of the body's schema that the error at `path` is about,
@@ -697,7 +913,7 @@ mod tests {
     use crate::{params, types};
 
     /// The code and message `parse_json` refuses `body` with.
-    fn refused<T: DeserializeOwned + JsonSchema>(body: &str) -> (String, String) {
+    fn refused<T: DeserializeOwned + JsonSchema + 'static>(body: &str) -> (String, String) {
         let e = parse_json::<T>(body.as_bytes()).err().unwrap_or_else(|| panic!("accepted: {body}"));
         (e.error_code.unwrap_or_default(), e.external_message)
     }
@@ -769,10 +985,10 @@ mod tests {
                 refused::<types::CreateScenarioRequest>(r#"{"steps": [{"say": "hi", "expect": [{"type": 5}]}]}"#),
             ),
             // serde reads a tagged variant's fields from a copy, where the
-            // path ends at the variant.
+            // path ends at the variant: the field is found all the same.
             (
-                "invalid_expect",
-                "steps[0].expect[0]: ",
+                "invalid_text",
+                "steps[0].expect[0].text: ",
                 refused::<types::CreateScenarioRequest>(
                     r#"{"steps": [{"say": "hi", "expect": [{"type": "contains", "name": "n", "text": 5}]}]}"#,
                 ),
@@ -801,6 +1017,131 @@ mod tests {
             let (code, message) = refused::<types::UpdateChannelRequest>(&bad);
             assert!(code.starts_with("invalid_"), "{bad}: {code}");
             assert!(message.contains(says), "{bad}: {message}");
+        }
+    }
+
+    /// Text that is not JSON is the body's fault, whichever field serde was
+    /// reading when it went wrong, or found missing before it got there.
+    #[test]
+    fn a_body_that_is_not_json_blames_no_field() {
+        for (bad, says) in [
+            (r#"{"label": "#, "EOF while parsing"),
+            (r#"{"label": "ci""#, "EOF while parsing"),
+            (r#"{"label": "ci" x}"#, "expected `,` or `}`"),
+            ("{} x", "trailing characters"),
+            (r#"{"label": 5 x"#, "expected `,` or `}`"),
+        ] {
+            let (code, message) = refused::<types::CreateApiKeyRequest>(bad);
+            assert_eq!(code, ErrorCode::INVALID_BODY, "{bad}: {message}");
+            assert!(message.contains(says), "{bad}: {message}");
+        }
+        // Too deep, or a number out of range, is JSON: its field is named.
+        let (code, message) = refused::<types::CreateApiKeyRequest>(r#"{"label": 1e400}"#);
+        assert_eq!(code, "invalid_label", "{message}");
+    }
+
+    /// serde's derived structs take an array of their fields' values for the
+    /// object; the schema has no such form, so each is refused, at any depth.
+    #[test]
+    fn an_object_written_as_an_array_is_refused_where_it_is() {
+        for (code, message, (got_code, got_message)) in [
+            (
+                "invalid_settings",
+                "settings: invalid type: sequence",
+                refused::<types::CreateProjectRequest>(r#"{"name": "n", "settings": [60, 4]}"#),
+            ),
+            (
+                "invalid_voice",
+                "voice: invalid type: sequence",
+                refused::<types::UpdatePersonaRequest>(r#"{"voice": ["tts", "v1", 1.0]}"#),
+            ),
+            (
+                "invalid_steps",
+                "steps[1]: invalid type: sequence",
+                refused::<types::CreateScenarioRequest>(
+                    r#"{"project_id": "p", "name": "n", "mode": "scripted", "steps": [{"say": "a", "expect": []}, ["b", []]]}"#,
+                ),
+            ),
+            (
+                "invalid_expect",
+                "steps[0].expect[0]: invalid type: sequence",
+                refused::<types::CreateScenarioRequest>(
+                    r#"{"project_id": "p", "name": "n", "mode": "scripted", "steps": [{"say": "a", "expect": [[]]}]}"#,
+                ),
+            ),
+            (
+                "invalid_phone_numbers",
+                "phone_numbers[0]: invalid type: sequence",
+                refused::<types::UpdateIntegrationRequest>(r#"{"phone_numbers": [["+14155550100", "l", "both"]]}"#),
+            ),
+        ] {
+            assert_eq!(got_code, code, "{got_message}");
+            assert!(got_message.contains(message), "{got_message} names {message:?}");
+        }
+        // Arrays where the schema has them, and inside free-form objects,
+        // are taken.
+        let taken: types::RunBatchRequest = parse_json(br#"{"metadata": {"a": [[1], {"b": []}]}}"#).unwrap();
+        assert_eq!(taken.metadata.len(), 1);
+        let taken: types::CreateTestRequest = parse_json(
+            br#"{"project_id": "p", "name": "n", "channel_id": "c", "scenario_id": "s", "persona_ids": ["a"],
+                 "evaluators": [{"type": "tool_called", "name": "t", "tool": "t", "arguments": {"x": [1]}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(taken.persona_ids.len(), 1);
+    }
+
+    /// Inside an evaluator (a tagged variant, which serde reads from a copy
+    /// of its fields), an error names the field, whichever it is and
+    /// wherever it is in the object.
+    #[test]
+    fn an_error_inside_an_evaluator_names_its_field() {
+        let test = |evaluator: &str| {
+            format!(
+                r#"{{"project_id": "p", "name": "n", "channel_id": "c", "scenario_id": "s",
+                     "evaluators": [{{"type": "contains", "name": "ok", "text": "t"}}, {evaluator}]}}"#
+            )
+        };
+        for (evaluator, code, message) in [
+            (
+                r#"{"type": "max_latency_ms", "name": "l", "percentile": "p90", "ms": 0}"#,
+                "invalid_ms",
+                "evaluators[1].ms: ",
+            ),
+            (
+                r#"{"ms": "5", "name": "l", "percentile": "p90", "type": "max_latency_ms"}"#,
+                "invalid_ms",
+                "evaluators[1].ms: ",
+            ),
+            (
+                r#"{"type": "max_latency_ms", "name": "l", "percentile": "p99", "ms": 5}"#,
+                "invalid_percentile",
+                "evaluators[1].percentile: ",
+            ),
+            (r#"{"type": "contains", "name": 5, "text": "t"}"#, "invalid_name", "evaluators[1].name: "),
+            (
+                r#"{"type": "contains", "name": "c", "text": "t", "critical": null}"#,
+                "invalid_critical",
+                "evaluators[1].critical: ",
+            ),
+            (r#"{"type": "regex", "name": "r", "pattern": ""}"#, "invalid_pattern", "evaluators[1].pattern: "),
+            (
+                r#"{"type": "tool_called", "name": "t", "tool": "t", "arguments": []}"#,
+                "invalid_arguments",
+                "evaluators[1].arguments: ",
+            ),
+            // Of two fields that fail, one is named, with its own error.
+            (
+                r#"{"type": "max_turns", "turns": 0, "name": 5}"#,
+                "invalid_name",
+                "evaluators[1].name: invalid type: integer",
+            ),
+            // What was named before is named as before.
+            (r#"{"type": "contains", "name": "c"}"#, "invalid_text", "missing field `text`"),
+            (r#"{"type": "nope", "name": "c"}"#, "invalid_type", "evaluators[1].type: "),
+        ] {
+            let (got_code, got_message) = refused::<types::CreateTestRequest>(&test(evaluator));
+            assert_eq!(got_code, code, "{evaluator}: {got_message}");
+            assert!(got_message.contains(message), "{evaluator}: {got_message} names {message:?}");
         }
     }
 
