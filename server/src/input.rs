@@ -680,11 +680,6 @@ impl Shape {
             return Shape { deeper: true, ..Shape::default() };
         }
         let alternatives = alternatives(root, here);
-        let object = alternatives.iter().any(|s| s.object.as_ref().is_some_and(|o| !o.properties.is_empty()));
-        let array = alternatives.iter().any(|s| {
-            s.array.is_some()
-                || s.instance_type.as_ref().is_some_and(|t| t.contains(&schemars::schema::InstanceType::Array))
-        });
         let mut keys: Vec<&String> =
             alternatives.iter().filter_map(|s| s.object.as_ref()).flat_map(|o| o.properties.keys()).collect();
         keys.sort();
@@ -692,23 +687,13 @@ impl Shape {
         let properties = keys
             .into_iter()
             .filter_map(|key| {
-                let next: Vec<&SchemaObject> = alternatives
-                    .iter()
-                    .filter_map(|s| s.object.as_ref()?.properties.get(key))
-                    .filter_map(as_object)
-                    .collect();
+                let next = property_schemas(&alternatives, key);
                 (!next.is_empty()).then(|| (key.clone(), Shape::of(root, &next, depth + 1)))
             })
             .collect();
-        let items: Vec<&SchemaObject> = alternatives
-            .iter()
-            .filter_map(|s| match s.array.as_ref()?.items.as_ref()? {
-                SingleOrVec::Single(items) => as_object(items),
-                SingleOrVec::Vec(_) => None,
-            })
-            .collect();
+        let items = item_schemas(&alternatives);
         let items = (!items.is_empty()).then(|| Box::new(Shape::of(root, &items, depth + 1)));
-        Shape { object_only: object && !array, properties, items, deeper: false }
+        Shape { object_only: object_only(&alternatives), properties, items, deeper: false }
     }
 }
 
@@ -831,6 +816,34 @@ impl<'de, 's> serde::de::Visitor<'de> for Property<'s> {
     }
 }
 
+/// Whether the alternatives describe an object with declared properties
+/// and never an array: where an array is serde reading the object from its
+/// fields' values.
+fn object_only(alternatives: &[&SchemaObject]) -> bool {
+    let object = alternatives.iter().any(|s| s.object.as_ref().is_some_and(|o| !o.properties.is_empty()));
+    let array = alternatives.iter().any(|s| {
+        s.array.is_some()
+            || s.instance_type.as_ref().is_some_and(|t| t.contains(&schemars::schema::InstanceType::Array))
+    });
+    object && !array
+}
+
+/// What the alternatives say an array's items are.
+fn item_schemas<'a>(alternatives: &[&'a SchemaObject]) -> Vec<&'a SchemaObject> {
+    alternatives
+        .iter()
+        .filter_map(|s| match s.array.as_ref()?.items.as_ref()? {
+            SingleOrVec::Single(items) => as_object(items),
+            SingleOrVec::Vec(_) => None,
+        })
+        .collect()
+}
+
+/// What the alternatives say the property `key` is.
+fn property_schemas<'a>(alternatives: &[&'a SchemaObject], key: &str) -> Vec<&'a SchemaObject> {
+    alternatives.iter().filter_map(|s| s.object.as_ref()?.properties.get(key)).filter_map(as_object).collect()
+}
+
 /// [`objects_as_objects`] at `value`, which `here` describes; on `Err`,
 /// `path` holds where (`.steps`, `[0]`, …).
 fn shape(
@@ -842,21 +855,10 @@ fn shape(
     let alternatives = alternatives(root, here);
     match value {
         serde_json::Value::Array(items) => {
-            let object = alternatives.iter().any(|s| s.object.as_ref().is_some_and(|o| !o.properties.is_empty()));
-            let array = alternatives.iter().any(|s| {
-                s.array.is_some()
-                    || s.instance_type.as_ref().is_some_and(|t| t.contains(&schemars::schema::InstanceType::Array))
-            });
-            if object && !array {
+            if object_only(&alternatives) {
                 return Err(());
             }
-            let items_schemas: Vec<&SchemaObject> = alternatives
-                .iter()
-                .filter_map(|s| match s.array.as_ref()?.items.as_ref()? {
-                    SingleOrVec::Single(items) => as_object(items),
-                    SingleOrVec::Vec(_) => None,
-                })
-                .collect();
+            let items_schemas = item_schemas(&alternatives);
             if items_schemas.is_empty() {
                 return Ok(());
             }
@@ -866,11 +868,7 @@ fn shape(
         }
         serde_json::Value::Object(map) => {
             for (key, v) in map {
-                let next: Vec<&SchemaObject> = alternatives
-                    .iter()
-                    .filter_map(|s| s.object.as_ref()?.properties.get(key))
-                    .filter_map(as_object)
-                    .collect();
+                let next = property_schemas(&alternatives, key);
                 // A free-form object's keys are the client's.
                 if !next.is_empty() {
                     shape(root, &next, v, path).map_err(|()| path.insert(0, format!(".{key}")))?;
