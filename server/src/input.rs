@@ -480,7 +480,8 @@ async fn read_whole_body<Context: ServerContext>(
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
+    if let Some(declared) = declared.filter(|&n| n > max as u64) {
+        drain(request.into_body(), declared).await;
         return Err(too_large());
     }
     UntypedBody::from_request(rqctx, request).await.map_err(|e| {
@@ -490,6 +491,29 @@ async fn read_whole_body<Context: ServerContext>(
             e
         }
     })
+}
+
+/// The most of a body declared over the limit that is read, and dropped,
+/// before the 413 is answered.
+const DRAIN: u64 = 8 << 20;
+
+/// Reads and drops a body declared over the limit, when it is not over by
+/// much ([`DRAIN`]). A 413 answered while the client still sends the body,
+/// and the connection then closed on the rest, reaches the client as a
+/// reset, or a broken pipe as it writes, not as the 413. Each part comes
+/// within the idle timeout (the body is read through it), or the read ends.
+async fn drain(body: dropshot::Body, declared: u64) {
+    if declared > DRAIN {
+        return;
+    }
+    let mut body = std::pin::pin!(body);
+    let mut read = 0;
+    while let Some(Ok(frame)) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        read += frame.data_ref().map_or(0, |data| data.len() as u64);
+        if read > declared {
+            break;
+        }
+    }
 }
 
 /// A body that is not JSON is refused; no `content-type` at all is read as
