@@ -242,14 +242,8 @@ fn retry_after(e: &sparring_client::Error<types::Error>) -> Option<Duration> {
         sparring_client::Error::UnexpectedResponse(r) => r.headers(),
         _ => return None,
     };
-    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
-    let wait = match value.parse::<u64>() {
-        Ok(seconds) => Duration::from_secs(seconds),
-        Err(_) => {
-            httpdate::parse_http_date(value).ok()?.duration_since(std::time::SystemTime::now()).unwrap_or_default()
-        }
-    };
-    Some(wait.min(RETRY_AFTER_AT_MOST))
+    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?;
+    Some(sparring_impl::engine::retry_after_wait(value)?.min(RETRY_AFTER_AT_MOST))
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<Verdict> {

@@ -204,18 +204,6 @@ pub async fn complete(
     }
 }
 
-/// The wait a `Retry-After` asks for: its seconds, or the time until its
-/// HTTP date (none once that has passed). `None` when it is neither.
-fn wait_of(retry_after: &str) -> Option<Duration> {
-    let retry_after = retry_after.trim();
-    match retry_after.parse::<u64>() {
-        Ok(seconds) => Some(Duration::from_secs(seconds)),
-        Err(_) => httpdate::parse_http_date(retry_after)
-            .ok()
-            .map(|at| at.duration_since(std::time::SystemTime::now()).unwrap_or_default()),
-    }
-}
-
 /// Why one request of [`complete`] got no completion.
 enum Failure {
     /// The endpoint is busy (see [`busy`]), with its `Retry-After`, or was
@@ -262,8 +250,11 @@ async fn ask(
     // A redirect the client did not follow (see `Outbound`): where it
     // pointed, for the reason.
     let location = super::redirect_location(status, response.headers());
-    let retry_after =
-        response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(wait_of);
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(super::retry_after_wait);
     let Some(bytes) = super::body_at_most(&mut response, MAX_ANSWER_BYTES).await.map_err(failed)? else {
         // An error page too large to read still has its status said (and
         // a busy one is asked again).
@@ -471,18 +462,6 @@ mod tests {
         // An object left open around a whole one.
         let found = first_json_object("{\"a\": {\"say\": \"hi\"} and then it stops").unwrap();
         assert_eq!(found["say"], "hi");
-    }
-
-    #[test]
-    fn a_retry_after_is_seconds_or_a_date() {
-        use std::time::{Duration, SystemTime};
-        assert_eq!(wait_of(" 7 "), Some(Duration::from_secs(7)));
-        let later = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(120));
-        let wait = wait_of(&later).unwrap();
-        assert!(wait > Duration::from_secs(118) && wait <= Duration::from_secs(120), "{wait:?}");
-        assert_eq!(wait_of("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO), "passed: at once");
-        assert_eq!(wait_of("soon"), None);
-        assert_eq!(wait_of("-3"), None);
     }
 
     #[test]

@@ -165,6 +165,19 @@ pub(crate) fn without_secret_start<'t>(text: &'t str, secrets: &[&str]) -> &'t s
     &text[..text.len() - cut]
 }
 
+/// The wait a `Retry-After` value asks for: its seconds, or the time until
+/// its HTTP date (none once that has passed). `None` when it is neither.
+/// The engine's LLM calls and the CLI's retries read it so.
+pub fn retry_after_wait(value: &str) -> Option<std::time::Duration> {
+    let value = value.trim();
+    match value.parse::<u64>() {
+        Ok(seconds) => Some(std::time::Duration::from_secs(seconds)),
+        Err(_) => httpdate::parse_http_date(value)
+            .ok()
+            .map(|at| at.duration_since(std::time::SystemTime::now()).unwrap_or_default()),
+    }
+}
+
 /// Where a redirect the client did not follow pointed (see `Outbound`),
 /// for a failure's reason: the `Location` of an answer whose status is a
 /// redirect, read lossily.
@@ -307,6 +320,23 @@ pub(crate) async fn full_listener() -> (tokio::net::TcpListener, Vec<tokio::net:
             Err(_) => return (listener, queued),
         }
         assert!(queued.len() < 16, "the accept queue of a backlog of 0 never filled");
+    }
+}
+
+#[cfg(test)]
+mod retry_after_tests {
+    use super::retry_after_wait;
+
+    #[test]
+    fn a_retry_after_is_seconds_or_a_date() {
+        use std::time::{Duration, SystemTime};
+        assert_eq!(retry_after_wait(" 7 "), Some(Duration::from_secs(7)));
+        let later = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(120));
+        let wait = retry_after_wait(&later).unwrap();
+        assert!(wait > Duration::from_secs(118) && wait <= Duration::from_secs(120), "{wait:?}");
+        assert_eq!(retry_after_wait("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO), "passed: at once");
+        assert_eq!(retry_after_wait("soon"), None);
+        assert_eq!(retry_after_wait("-3"), None);
     }
 }
 
