@@ -584,21 +584,7 @@ async fn hold(state: &Arc<AppState>, run: Claimed, token: CancellationToken) {
 async fn end_after_a_panic(state: &Arc<AppState>, run: &Claimed) {
     slog::error!(state.log, "a run's task panicked; the run ends as an error, charged nothing";
                  "run_id" => &run.run_id);
-    let (owner, held) = (state.engine.owner.clone(), run.clone());
-    let ended = state
-        .store
-        .write(move |tx| {
-            let end = Finish {
-                status: types::RunStatus::Error,
-                result: None,
-                error: Some(PANICKED),
-                credits: 0,
-                call_made: true,
-            };
-            queue::finish(tx, &owner, &held, end)
-        })
-        .await;
-    if let Err(e) = ended {
+    if let Err(e) = end_without_result(state, run, types::RunStatus::Error, PANICKED.into(), true).await {
         slog::error!(state.log, "recording the end of a run whose task panicked failed";
                      "run_id" => &run.run_id, "error" => %e);
     }
@@ -622,11 +608,23 @@ async fn end_without_call(
     status: types::RunStatus,
     why: String,
 ) -> crate::failure::Result<bool> {
+    end_without_result(state, run, status, why, false).await
+}
+
+/// Ends a held run with no result, charged nothing, saying `why`; its call
+/// id kept when `call_made`.
+async fn end_without_result(
+    state: &Arc<AppState>,
+    run: &Claimed,
+    status: types::RunStatus,
+    why: String,
+    call_made: bool,
+) -> crate::failure::Result<bool> {
     let (owner, run) = (state.engine.owner.clone(), run.clone());
     state
         .store
         .write(move |tx| {
-            let end = Finish { status, result: None, error: Some(&why), credits: 0, call_made: false };
+            let end = Finish { status, result: None, error: Some(&why), credits: 0, call_made };
             queue::finish(tx, &owner, &run, end)
         })
         .await
