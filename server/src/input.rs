@@ -735,8 +735,8 @@ fn arrays_fit<T: JsonSchema + 'static>(bytes: &[u8]) -> bool {
         shapes
             .entry(std::any::TypeId::of::<T>())
             .or_insert_with(|| {
-                let root = schemars::schema_for!(T);
-                Rc::new(Shape::of(&root, &[&root.schema], 0))
+                let root = schema_of::<T>();
+                Rc::new(Shape::of(root, &[&root.schema], 0))
             })
             .clone()
     });

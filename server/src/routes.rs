@@ -188,7 +188,7 @@ impl Routes {
     fn find(&self, path: &str) -> Found<'_> {
         let mut segments = path.split('/').filter(|s| !s.is_empty());
         match self.walk(&mut segments.clone()) {
-            Found::None if segments.any(|s| s.contains('%') || s == "." || s == "..") => Found::Unsure,
+            Found::None if segments.any(undecided) => Found::Unsure,
             found => found,
         }
     }
@@ -201,7 +201,7 @@ impl Routes {
                 (false, false) => Found::Path(&self.methods),
             };
         };
-        if self.rest || segment.contains('%') || segment == "." || segment == ".." {
+        if self.rest || undecided(segment) {
             return Found::Unsure;
         }
         if let Some((_, next)) = self.literals.iter().find(|(s, _)| &**s == segment) {
@@ -215,6 +215,12 @@ impl Routes {
             None => Found::None,
         }
     }
+}
+
+/// A segment the router decodes (`%`) or refuses (a dot segment): left to
+/// it.
+fn undecided(segment: &str) -> bool {
+    segment.contains('%') || segment == "." || segment == ".."
 }
 
 /// Which documented path a request's path is.
