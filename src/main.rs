@@ -288,6 +288,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // shuts it down gracefully, however soon it comes.
     let mut interrupts = signals::Interrupts::listen();
     let log = logger(args.log_format);
+    #[allow(clippy::needless_update, reason = "test builds' engine has a field more, its faults")]
+    let engine = sparring_impl::engine::worker::EngineConfig {
+        workers: args.workers,
+        per_user: args.max_calls_per_user,
+        lease: std::time::Duration::from_secs(args.lease_seconds),
+        allow_private_targets: args.allow_private_targets,
+        ..Default::default()
+    };
     let config = sparring_impl::Config {
         bind: args.bind,
         data_dir: args.data_dir.clone(),
@@ -295,12 +303,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         oidc_refetch_interval: sparring_impl::oidc::REFETCH_INTERVAL,
         oidc_keys_max_age: sparring_impl::oidc::KEYS_MAX_AGE,
         secret_key_file: args.secret_key_file.clone(),
-        engine: sparring_impl::engine::worker::EngineConfig {
-            workers: args.workers,
-            per_user: args.max_calls_per_user,
-            lease: std::time::Duration::from_secs(args.lease_seconds),
-            allow_private_targets: args.allow_private_targets,
-        },
+        engine,
         starting_credits: args.starting_credits,
         body_idle_timeout: sparring_server::BODY_IDLE_TIMEOUT,
     };

@@ -2444,3 +2444,58 @@ async fn a_run_whose_task_panics_ends_as_an_error_and_frees_its_worker() {
     let done = wait_for_end(&s, &t.viewer, again["id"].as_str().unwrap()).await;
     assert_eq!(done["counts"]["passed"].as_i64(), Some(1), "the one worker ran it: {done:#}");
 }
+
+/// The engine's own tasks start again when they panic (a fault of the
+/// service, made here with the test builds' `fault-injection`). Here the
+/// lease keeper panics at its first tick, the dispatcher just after it
+/// claimed the run, and the webhook sender once it found the run's
+/// delivery due. The run ends all the same: the claim the dispatcher
+/// dropped expires and the lease keeper, started again, queues it again;
+/// the dispatcher, started again, runs it; and the sender, started again,
+/// delivers its webhook. Before, each task ended at its panic: the run
+/// stayed claimed for as long as the server ran, and no webhook was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engines_tasks_start_again_after_they_panic() {
+    use sparring_impl::engine::worker::{DISPATCHER, LEASE_KEEPER, WEBHOOK_SENDER};
+    let receiver = Recorder::start(|_, _| (200, "{}".into())).await;
+    let agent = Agent::start(&[]);
+    let s = TestServer::start_configured(Vec::new(), |c| {
+        c.engine.lease = Duration::from_secs(1);
+        for task in [LEASE_KEEPER, DISPATCHER, WEBHOOK_SENDER] {
+            c.engine.faults.arm(task);
+        }
+    })
+    .await;
+    let t = s.team("panicking tasks").await;
+    let p = &t.project_id;
+    let hook = json!({"name": "panicking tasks", "webhook_url": format!("{}/hook", receiver.base)});
+    s.expect(Method::PUT, &format!("/v1/projects/{p}"), &t.owner, Some(hook), 200).await;
+    let scenario = short_scenario(&s, &t.editor, p).await;
+    let ch = channel(&s, &t.editor, p, "http", &agent.http_target()).await;
+    let test = create(&s, &t.editor, "/v1/tests", test_body(p, "survives", &ch, &scenario, 1)).await;
+
+    let started = s.expect(Method::POST, &format!("/v1/tests/{test}/run"), &t.editor, None, 200).await;
+    let id = started["id"].as_str().unwrap();
+    let done = wait_for_end(&s, &t.viewer, id).await;
+    assert_eq!((done["status"].as_str(), done["counts"]["passed"].as_i64()), (Some("completed"), Some(1)), "{done:#}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while receiver.received().is_empty() {
+        assert!(Instant::now() < deadline, "the webhook was never sent: {}", s.log.contents());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let body: Value = serde_json::from_str(&receiver.received()[0].body).unwrap();
+    assert_eq!(body["batch_run"]["id"], json!(id));
+
+    // Each panicked once, and the log says which started again.
+    let restarted: Vec<String> = s
+        .log
+        .contents()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|record| record["msg"] == "an engine task panicked; it starts again")
+        .map(|record| record["task"].as_str().unwrap().to_string())
+        .collect();
+    let mut restarted: Vec<&str> = restarted.iter().map(String::as_str).collect();
+    restarted.sort_unstable();
+    assert_eq!(restarted, [DISPATCHER, LEASE_KEEPER, WEBHOOK_SENDER]);
+}

@@ -211,6 +211,10 @@ async fn start_due(state: &Arc<AppState>, http: &Outbound, in_flight: &mut InFli
             )
         })
         .await?;
+    #[cfg(feature = "fault-injection")]
+    if !due.is_empty() {
+        state.engine.faults().fire(super::worker::WEBHOOK_SENDER);
+    }
     let mut started = 0;
     let now = tokio::time::Instant::now();
     for due in due {

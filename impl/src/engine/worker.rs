@@ -7,6 +7,8 @@
 //! task claims runs when there are free slots (woken when runs are queued or
 //! a conversation ends, and every [`POLL`] in case), one keeper task renews
 //! this process's leases and requeues expired ones, one task sends webhooks.
+//! Each of those three is started again if it panics ([`supervised`]), as
+//! is a run's task ended (see [`end_after_a_panic`]).
 //!
 //! On start, every run still marked `running` belonged to a process that
 //! died (the data dir lock guarantees there is no other server), so it is
@@ -52,6 +54,9 @@ pub struct EngineConfig {
     /// Whether agents, LLM endpoints and webhook receivers may be at
     /// private or local addresses (see `outbound`).
     pub allow_private_targets: bool,
+    /// Panics a test arms in the engine's own tasks (test builds only).
+    #[cfg(feature = "fault-injection")]
+    pub faults: Faults,
 }
 
 impl Default for EngineConfig {
@@ -61,6 +66,93 @@ impl Default for EngineConfig {
             per_user: DEFAULT_PER_USER,
             lease: DEFAULT_LEASE,
             allow_private_targets: false,
+            #[cfg(feature = "fault-injection")]
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// The engine's long-lived tasks, as [`supervised`] and the log name them.
+pub const DISPATCHER: &str = "dispatcher";
+pub const LEASE_KEEPER: &str = "lease keeper";
+pub const WEBHOOK_SENDER: &str = "webhook sender";
+
+/// How long [`supervised`] waits before starting a task again the first
+/// time, and at most.
+const FIRST_RESTART_WAIT: Duration = Duration::from_secs(1);
+const LAST_RESTART_WAIT: Duration = Duration::from_secs(60);
+
+/// Runs the task that `make` makes, and makes it again each time it
+/// panics (a defect of ours; the panic itself reaches stderr through the
+/// panic hook). Unsupervised, a dispatcher, lease keeper or webhook sender
+/// that panicked would stop claiming, renewing or sending until the server
+/// restarted, while the API went on taking runs as if all were well. What
+/// a task held in memory is gone with it, and what it left is what a
+/// restart of the server finds: a run it claimed and did not start
+/// expires, and is queued again by the lease keeper; a delivery it did not
+/// record is due, and sent again.
+///
+/// The first restart waits [`FIRST_RESTART_WAIT`], each next one twice as
+/// long, up to [`LAST_RESTART_WAIT`]; a task that ran that long before it
+/// panicked starts again after the first wait. Returns when the task ends
+/// of itself (the webhook sender when told to stop), or when `stop` is
+/// cancelled during a wait; aborting the task that runs this drops both.
+pub(crate) async fn supervised<F, T>(
+    log: slog::Logger,
+    task: &'static str,
+    stop: Option<CancellationToken>,
+    mut make: F,
+) where
+    F: FnMut() -> T,
+    T: std::future::Future<Output = ()>,
+{
+    let mut wait = FIRST_RESTART_WAIT;
+    loop {
+        let started = tokio::time::Instant::now();
+        if std::panic::AssertUnwindSafe(make()).catch_unwind().await.is_ok() {
+            return;
+        }
+        if started.elapsed() >= LAST_RESTART_WAIT {
+            wait = FIRST_RESTART_WAIT;
+        }
+        slog::error!(log, "an engine task panicked; it starts again";
+                     "task" => task, "in_ms" => wait.as_millis() as u64);
+        let stopped = async {
+            match &stop {
+                Some(stop) => stop.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stopped => return,
+        }
+        wait = (wait * 2).min(LAST_RESTART_WAIT);
+    }
+}
+
+/// Panics that an engine test arms in the engine's own tasks (test builds
+/// only: the `fault-injection` feature): each armed task panics once, the
+/// next time it has work in hand ([`DISPATCHER`] just after it claimed
+/// runs, [`LEASE_KEEPER`] at its next tick, [`WEBHOOK_SENDER`] when it has
+/// found deliveries due). Clones share what is armed.
+#[cfg(feature = "fault-injection")]
+#[derive(Clone, Debug, Default)]
+pub struct Faults(Arc<Mutex<Vec<&'static str>>>);
+
+#[cfg(feature = "fault-injection")]
+impl Faults {
+    pub fn arm(&self, task: &'static str) {
+        self.0.lock().expect("not poisoned").push(task);
+    }
+
+    /// Panics if `task` is armed, disarming it.
+    pub(crate) fn fire(&self, task: &str) {
+        let mut armed = self.0.lock().expect("not poisoned");
+        if let Some(at) = armed.iter().position(|t| *t == task) {
+            armed.remove(at);
+            drop(armed);
+            panic!("a fault injected by a test into the engine's {task}");
         }
     }
 }
@@ -110,6 +202,12 @@ impl Engine {
         &self.owner
     }
 
+    /// The panics a test armed in the engine's tasks.
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn faults(&self) -> &Faults {
+        &self.config.faults
+    }
+
     /// Tells the dispatcher that runs may be waiting.
     pub fn wake(&self) {
         self.wake.notify_one();
@@ -146,15 +244,24 @@ impl Engine {
             slog::info!(state.log, "requeued runs left running by a stopped server"; "runs" => recovered);
         }
         let engine = state.engine.clone();
-        let tasks = vec![tokio::spawn(dispatch(state.clone())), tokio::spawn(keep_leases(state.clone()))];
+        let log = &state.log;
+        let tasks = vec![
+            tokio::spawn(supervised(log.clone(), DISPATCHER, None, {
+                let state = state.clone();
+                move || dispatch(state.clone())
+            })),
+            tokio::spawn(supervised(log.clone(), LEASE_KEEPER, None, {
+                let state = state.clone();
+                move || keep_leases(state.clone())
+            })),
+        ];
         engine.tasks.lock().expect("not poisoned").extend(tasks);
         let stop = CancellationToken::new();
-        let sender = tokio::spawn(webhooks::run(
-            state.clone(),
-            Outbound::for_webhooks(engine.config.allow_private_targets),
-            WEBHOOK_POLL,
-            stop.clone(),
-        ));
+        let sender = tokio::spawn(supervised(log.clone(), WEBHOOK_SENDER, Some(stop.clone()), {
+            let (state, stop) = (state.clone(), stop.clone());
+            let http = Outbound::for_webhooks(engine.config.allow_private_targets);
+            move || webhooks::run(state.clone(), http.clone(), WEBHOOK_POLL, stop.clone())
+        }));
         *engine.webhooks.lock().expect("not poisoned") = Some((sender, stop));
         engine.wake();
         Ok(())
@@ -278,6 +385,10 @@ async fn dispatch(state: Arc<AppState>) {
                 }
             }
         };
+        #[cfg(feature = "fault-injection")]
+        if !claimed.is_empty() {
+            engine.faults().fire(DISPATCHER);
+        }
         let full = !claimed.is_empty() && claimed.len() == free;
         for run in claimed {
             let Some(token) = engine.hold_claimed(&run) else {
@@ -321,6 +432,8 @@ async fn keep_leases(state: Arc<AppState>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        #[cfg(feature = "fault-injection")]
+        engine.faults().fire(LEASE_KEEPER);
         let owner = engine.owner.clone();
         // A run claimed but not yet in this list was given a whole lease
         // by its claim.
@@ -697,4 +810,73 @@ async fn converse_and_judge(
         updated_at: now,
     };
     (result, outcome.reached_agent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    fn quiet() -> slog::Logger {
+        slog::Logger::root(slog::Discard, slog::o!())
+    }
+
+    /// A task that panics every time is started again after 1, 2, 4, …
+    /// seconds, up to a minute, and not again once told to stop; one that
+    /// ends of itself is not started again. (Time is tokio's paused clock:
+    /// the waits are counted, not slept.)
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_task_starts_again_ever_later_until_stopped() {
+        let starts = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let t0 = tokio::time::Instant::now();
+        let supervising = tokio::spawn(supervised(quiet(), "test task", Some(stop.clone()), {
+            let starts = starts.clone();
+            move || {
+                starts.lock().unwrap().push(t0.elapsed().as_secs());
+                async { panic!("always") }
+            }
+        }));
+        tokio::time::sleep(Duration::from_secs(200)).await;
+        assert_eq!(*starts.lock().unwrap(), [0, 1, 3, 7, 15, 31, 63, 123, 183]);
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(1), supervising).await.expect("stopped in its wait").unwrap();
+
+        let ran = Arc::new(AtomicU32::new(0));
+        supervised(quiet(), "test task", None, {
+            let ran = ran.clone();
+            move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+                async {}
+            }
+        })
+        .await;
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+    }
+
+    /// A task that ran a minute before it panicked waits the first wait
+    /// again, not the last one doubled.
+    #[tokio::test(start_paused = true)]
+    async fn a_task_that_ran_a_minute_waits_the_first_wait_again() {
+        let starts = Arc::new(Mutex::new(Vec::new()));
+        let t0 = tokio::time::Instant::now();
+        let supervising = tokio::spawn(supervised(quiet(), "test task", None, {
+            let starts = starts.clone();
+            move || {
+                let mut starts_now = starts.lock().unwrap();
+                starts_now.push(t0.elapsed().as_secs());
+                // The third run lasts 90 s before its panic.
+                let lasts = if starts_now.len() == 3 { 90 } else { 0 };
+                async move {
+                    tokio::time::sleep(Duration::from_secs(lasts)).await;
+                    panic!("again")
+                }
+            }
+        }));
+        tokio::time::sleep(Duration::from_secs(99)).await;
+        supervising.abort();
+        // Its panic at 93 s is followed by the first wait, 1 s, and the
+        // next ones by 2 s, 4 s, ….
+        assert_eq!(*starts.lock().unwrap(), [0, 1, 3, 94, 96]);
+    }
 }
