@@ -160,6 +160,8 @@ struct Walk<'a> {
     answer_defs: Value,
     request_defs: Value,
     validators: HashMap<(String, bool), jsonschema::Validator>,
+    /// The spec's `components.headers`, which responses name by `$ref`.
+    header_defs: Value,
     /// Per operation, its first request answered 2xx.
     succeeded: BTreeMap<String, Sent>,
     /// Every request answered 2xx, in order, once each: what the others
@@ -185,6 +187,7 @@ impl<'a> Walk<'a> {
             answer_defs: defs(true),
             request_defs: defs(false),
             validators: HashMap::new(),
+            header_defs: spec["components"]["headers"].clone(),
             succeeded: BTreeMap::new(),
             done: Vec::new(),
             answered: BTreeMap::new(),
@@ -199,15 +202,22 @@ impl<'a> Walk<'a> {
 
     /// What `op` documents for `status`: the code, its `4XX`/`5XX`, or
     /// `default`.
-    fn documented(&self, op: &Operation, status: u16) -> Option<Documented> {
+    fn documented<'b>(&'b self, op: &'b Operation, status: u16) -> Option<Documented> {
         let responses = &op.doc["responses"];
         let class = format!("{}XX", status / 100);
         let response = [status.to_string(), class, "default".to_string()].iter().find_map(|k| responses.get(k))?;
         assert!(response.get("$ref").is_none(), "{}: a response by $ref, which this file does not follow", op.id);
         let schema = response["content"].get("application/json").map(|c| json_schema(&c["schema"], true));
+        let header = |d: &'b Value| match d.get("$ref").and_then(Value::as_str) {
+            Some(r) => {
+                let name = r.strip_prefix("#/components/headers/").unwrap_or_else(|| panic!("a header by {r}"));
+                &self.header_defs[name]
+            }
+            None => d,
+        };
         let headers = response["headers"]
             .as_object()
-            .map(|h| h.iter().filter(|(_, d)| d["required"] == true).map(|(n, _)| n.clone()).collect())
+            .map(|h| h.iter().filter(|(_, d)| header(d)["required"] == true).map(|(n, _)| n.clone()).collect())
             .unwrap_or_default();
         Some(Documented { schema, headers })
     }
