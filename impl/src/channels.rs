@@ -127,12 +127,19 @@ fn sip_uri(field: &str, value: &str) -> Result<String> {
 }
 
 /// Header names (lower-cased, so sorted and unique case-insensitively) to
-/// values. Error messages name the header, never its value.
-fn parse_headers(given: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
+/// values. Error messages name the header, never its value. (A value
+/// over [`MAX_HEADER_VALUE`] or with a character a header may not hold is
+/// refused as the body is read, by the spec's `maxLength` and `pattern`;
+/// both are checked here again, so that the bound holds should the spec's
+/// lose them.)
+fn parse_headers<V>(given: &HashMap<String, V>) -> Result<BTreeMap<String, String>>
+where
+    V: std::ops::Deref<Target: AsRef<str>>,
+{
     if given.len() > MAX_HEADERS {
         return Err(Failure::invalid("headers", format_args!("at most {MAX_HEADERS} headers, got {}", given.len())));
     }
-    let sorted: BTreeMap<&String, &String> = given.iter().collect();
+    let sorted: BTreeMap<&String, &str> = given.iter().map(|(name, value)| (name, (**value).as_ref())).collect();
     let mut out = BTreeMap::new();
     for (name, value) in sorted {
         if name.len() > MAX_HEADER_NAME {
@@ -163,7 +170,7 @@ fn parse_headers(given: &HashMap<String, String>) -> Result<BTreeMap<String, Str
                 format_args!("the value of `{lower}` is not a valid header value (visible ASCII, spaces and tabs)"),
             ));
         }
-        if out.insert(lower.clone(), value.clone()).is_some() {
+        if out.insert(lower.clone(), value.to_string()).is_some() {
             return Err(Failure::invalid(
                 "headers",
                 format_args!("`{lower}` is given twice (header names are case-insensitive)"),

@@ -1210,7 +1210,7 @@ mod tests {
         let body = r#"{"name": "n", "headers": {"X-K": "v"}, "turn_timeout_ms": 900}"#;
         let taken: types::UpdateChannelRequest = parse_json(body.as_bytes()).unwrap();
         assert_eq!(taken.name.as_deref().map(String::as_str), Some("n"));
-        assert_eq!(taken.headers.unwrap().get("X-K").map(String::as_str), Some("v"));
+        assert_eq!(taken.headers.unwrap().get("X-K").map(|v| v.as_str()), Some("v"));
         assert_eq!(taken.turn_timeout_ms, Some(900));
         for (bad, says) in [
             (format!("{body} {{}}"), "trailing characters"),

@@ -41,10 +41,10 @@
 //!    (`required: false`) is accepted empty by the generated extractor, and
 //!    `required` is not compared.
 //! 10. Response headers: dropshot documents only those an endpoint's
-//!    response type declares, and the spec's (`x-request-id` on every
-//!    answer, `WWW-Authenticate` on a 401) are set around every handler, by
-//!    dropshot and by the credential's extractor. They are not compared
-//!    here; `tests/conformance.rs` checks every answer carries them.
+//!     response type declares, and the spec's (`x-request-id` on every
+//!     answer, `WWW-Authenticate` on a 401) are set around every handler, by
+//!     dropshot and by the credential's extractor. They are not compared
+//!     here; `tests/conformance.rs` checks every answer carries them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
