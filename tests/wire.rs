@@ -478,6 +478,11 @@ async fn the_routers_own_refusals_have_an_error_code() {
             (Method::GET, "/v1/activity/other/chn/chn_1", 404, "not_found", vec![]),
             (Method::DELETE, "/v1/test-results/a/b", 404, "not_found", vec![]),
             (Method::DELETE, "/v1/test-results/by-call/call_1", 405, "method_not_allowed", vec!["GET"]),
+            // A segment is read decoded, as the router reads it: these are
+            // `/reviews/reviewers`, not a review whose id is `reviewers`.
+            (Method::DELETE, "/v1/reviews/review%65rs", 405, "method_not_allowed", vec!["GET"]),
+            (Method::PUT, "/v1/reviews/review%65rs", 405, "method_not_allowed", vec!["GET"]),
+            (Method::PATCH, "/v1/t%65sts", 405, "method_not_allowed", vec!["GET", "POST"]),
         ] {
             let mut request = s.http.request(method.clone(), s.url(path));
             if let Some(key) = key {

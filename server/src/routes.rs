@@ -135,9 +135,9 @@ fn with_error_code(refused: HttpError) -> HttpError {
 }
 
 /// The documented paths, as a tree of path segments, for a walk that
-/// allocates nothing. What it is unsure of (a segment with a `%`, a dot
-/// segment, a route ending in a `{rest:.*}` variable) is left to the
-/// router's lookup.
+/// allocates nothing but for a segment with a `%`, which it decodes. What
+/// it is unsure of (a dot segment, a segment not UTF-8 once decoded, a
+/// route ending in a `{rest:.*}` variable) is left to the router's lookup.
 #[derive(Debug, Default)]
 struct Routes {
     /// Literal segments and what follows them.
@@ -204,7 +204,16 @@ impl Routes {
         if self.rest || undecided(segment) {
             return Found::Unsure;
         }
-        if let Some((_, next)) = self.literals.iter().find(|(s, _)| &**s == segment) {
+        // As the router reads it: `review%65rs` is `reviewers`.
+        let segment = if segment.contains('%') {
+            match decoded(segment) {
+                Some(decoded) => decoded,
+                None => return Found::Unsure,
+            }
+        } else {
+            std::borrow::Cow::Borrowed(segment)
+        };
+        if let Some((_, next)) = self.literals.iter().find(|(s, _)| **s == *segment) {
             match next.walk(&mut segments.clone()) {
                 Found::None => {}
                 found => return found,
@@ -217,10 +226,16 @@ impl Routes {
     }
 }
 
-/// A segment the router decodes (`%`) or refuses (a dot segment): left to
-/// it.
+/// A segment the router refuses, a dot segment or one not UTF-8 once
+/// decoded: left to it, for its 400. Any other is matched decoded, as the
+/// router matches it.
 fn undecided(segment: &str) -> bool {
-    segment.contains('%') || segment == "." || segment == ".."
+    segment == "." || segment == ".." || (segment.contains('%') && decoded(segment).is_none())
+}
+
+/// A segment percent-decoded, as the router decodes it, if UTF-8.
+fn decoded(segment: &str) -> Option<std::borrow::Cow<'_, str>> {
+    percent_encoding::percent_decode_str(segment).decode_utf8().ok()
 }
 
 /// Which documented path a request's path is.
@@ -273,14 +288,20 @@ mod tests {
             // A literal that leads to no documented path: the variable.
             ("/v1/test-results/by-call", vec![get.clone()]),
             ("/v1/test-results/by-call/call_1", vec![get.clone()]),
+            // Read decoded, as the router reads it.
+            ("/v1/t%65sts", vec![get.clone(), post.clone()]),
+            ("/v1/reviews/review%65rs", vec![get.clone()]),
+            ("/v1/reviews/rev%5F1", vec![delete.clone()]),
+            ("/v1/tests/a%2Fb", vec![get.clone()]),
         ] {
             assert_eq!(r.find(path), Found::Path(&methods), "{path}");
         }
-        for path in ["/v1", "/", "/v1/tests/tst_1/other", "/v1/tests/tst_1/results/more", "/v2/tests"] {
+        for path in ["/v1", "/", "/v1/tests/tst_1/other", "/v1/tests/tst_1/results/more", "/v2/tests", "/v2/t%65sts"] {
             assert_eq!(r.find(path), Found::None, "{path}");
         }
-        // Left to the router: it decodes, and refuses dot segments.
-        for path in ["/v1/t%65sts", "/v1/tests/../tests", "/v1/files/a/b", "/v1/files", "/v2/t%65sts"] {
+        // Left to the router: it refuses dot segments and a segment not
+        // UTF-8 once decoded.
+        for path in ["/v1/tests/../tests", "/v1/files/a/b", "/v1/files", "/v1/tests/%FF", "/v1/t%FFsts", "/v2/%FF"] {
             assert_eq!(r.find(path), Found::Unsure, "{path}");
         }
     }
