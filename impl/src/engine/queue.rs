@@ -113,7 +113,14 @@ pub fn claim(
             .filter(|a| {
                 a.queued > 0 && limited_running[&a.limited] < a.concurrency && user_running[&a.user_id] < per_user
             })
-            .min_by(|a, b| user_running[&a.user_id].cmp(&user_running[&b.user_id]).then_with(|| a.id.cmp(&b.id)));
+            // The user with the fewest runs under way, and of theirs the
+            // batch run with the fewest (the oldest of those): a user's
+            // quick run started beside their own big batch run gets the
+            // next slot they free, rather than wait for every run of the
+            // big one to be claimed.
+            .min_by(|a, b| {
+                (user_running[&a.user_id], a.running, &a.id).cmp(&(user_running[&b.user_id], b.running, &b.id))
+            });
         let Some(batch_run) = pick else { break };
         let next = tx
             .prepare_cached(
@@ -153,6 +160,7 @@ pub fn claim(
         )?
         .execute(params![batch_run.id, now_text])?;
         batch_run.queued -= 1;
+        batch_run.running += 1;
         *user_running.get_mut(&batch_run.user_id).expect("every active user is counted") += 1;
         *limited_running.get_mut(&batch_run.limited).expect("every active limit is counted") += 1;
         claimed.push(run);
@@ -607,5 +615,37 @@ mod tests {
             })
             .unwrap();
         assert_eq!(counts, (10_000 - 128, 128));
+    }
+
+    /// Nor does a user's own big batch run keep their quick one waiting:
+    /// with every slot of theirs taken by the big one, queued first, the
+    /// quick one's run is the next claimed when one frees; and two batch
+    /// runs of one user share the slots that user has.
+    #[test]
+    fn a_users_big_batch_run_does_not_starve_their_own_quick_one() {
+        let (_dir, store) = a_store();
+        queue(&store, "brn_1big", "usr_a", 10_000, 1000);
+        let taken = claim_n(&store, 4, 4);
+        assert_eq!(taken.len(), 4, "the user's limit taken by the big one");
+        queue(&store, "brn_2quick", "usr_a", 1, 10);
+        assert!(claim_n(&store, 4, 4).is_empty(), "the user's limit holds");
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                let end =
+                    Finish { status: types::RunStatus::Passed, result: None, error: None, credits: 1, call_made: true };
+                assert!(finish(tx, "wrk_1", &taken[0], end)?);
+                Ok(())
+            })
+            .unwrap();
+        let next = claim_n(&store, 4, 4);
+        let batch_runs: Vec<&str> = next.iter().map(|c| c.batch_run_id.as_str()).collect();
+        assert_eq!(batch_runs, ["brn_2quick"], "the slot freed goes to the batch run with nothing running");
+
+        let (_dir, store) = a_store();
+        queue(&store, "brn_1big", "usr_a", 10_000, 1000);
+        queue(&store, "brn_2other", "usr_a", 10_000, 1000);
+        let both = claim_n(&store, 10, 128);
+        let of_batch_run = |id: &str| both.iter().filter(|c| c.batch_run_id == id).count();
+        assert_eq!((of_batch_run("brn_1big"), of_batch_run("brn_2other")), (5, 5));
     }
 }
