@@ -568,6 +568,18 @@ mod tests {
         store.write_blocking::<_, Failure, _>(|tx| Ok(claim(tx, "wrk_1", n, per_user, 60_000)?)).unwrap()
     }
 
+    /// Ends a claimed run, passed: its slot is free.
+    fn passed(store: &crate::store::Store, run: &Claimed) {
+        store
+            .write_blocking::<_, Failure, _>(|tx| {
+                let end =
+                    Finish { status: types::RunStatus::Passed, result: None, error: None, credits: 1, call_made: true };
+                assert!(finish(tx, "wrk_1", run, end)?);
+                Ok(())
+            })
+            .unwrap();
+    }
+
     fn of(claimed: &[Claimed], user: &str) -> usize {
         claimed.iter().filter(|c| c.user_id == user).count()
     }
@@ -591,14 +603,7 @@ mod tests {
         let taken = claim_n(&store, 4, 128);
         assert_eq!(of(&taken, "usr_a"), 4, "every worker taken by the first user");
         queue(&store, "brn_2b", "usr_b", 1, 10);
-        store
-            .write_blocking::<_, Failure, _>(|tx| {
-                let end =
-                    Finish { status: types::RunStatus::Passed, result: None, error: None, credits: 1, call_made: true };
-                assert!(finish(tx, "wrk_1", &taken[0], end)?);
-                Ok(())
-            })
-            .unwrap();
+        passed(&store, &taken[0]);
         let next = claim_n(&store, 1, 128);
         assert_eq!(of(&next, "usr_b"), 1, "the freed worker goes to the user with nothing running");
 
@@ -629,14 +634,7 @@ mod tests {
         assert_eq!(taken.len(), 4, "the user's limit taken by the big one");
         queue(&store, "brn_2quick", "usr_a", 1, 10);
         assert!(claim_n(&store, 4, 4).is_empty(), "the user's limit holds");
-        store
-            .write_blocking::<_, Failure, _>(|tx| {
-                let end =
-                    Finish { status: types::RunStatus::Passed, result: None, error: None, credits: 1, call_made: true };
-                assert!(finish(tx, "wrk_1", &taken[0], end)?);
-                Ok(())
-            })
-            .unwrap();
+        passed(&store, &taken[0]);
         let next = claim_n(&store, 4, 4);
         let batch_runs: Vec<&str> = next.iter().map(|c| c.batch_run_id.as_str()).collect();
         assert_eq!(batch_runs, ["brn_2quick"], "the slot freed goes to the batch run with nothing running");
