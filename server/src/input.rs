@@ -538,6 +538,14 @@ fn check_json_content_type(request: &hyper::Request<dropshot::Body>) -> Result<(
 /// misshapen value may be a secret (credentials, a header value, a webhook
 /// secret), and the message is both answered and logged.
 fn without_value(text: &str) -> String {
+    // typify's refusal names only the pattern; the spec's are also said in
+    // words.
+    // (serde_json puts where it was after it.)
+    if let Some((pattern, at)) = text.strip_prefix("doesn't match pattern \"").and_then(|rest| rest.split_once('"')) {
+        if let Some((_, words)) = PATTERN_WORDS.iter().find(|(p, _)| *p == pattern) {
+            return format!("must be {words} (the pattern {pattern}){at}");
+        }
+    }
     for prefix in ["invalid type: ", "invalid value: "] {
         // The last `, expected`: the quoted value may hold one too.
         if let Some((unexpected, expected)) = text.strip_prefix(prefix).and_then(|rest| rest.rsplit_once(", expected "))
@@ -548,6 +556,14 @@ fn without_value(text: &str) -> String {
     }
     text.to_string()
 }
+
+/// Each `pattern` of the spec, in words, for the message of a value that
+/// does not match it (a test holds every pattern of the spec to have its
+/// words here).
+const PATTERN_WORDS: &[(&str, &str)] = &[
+    (r"^\+[1-9][0-9]{1,14}$", "an E.164 number: `+`, then 2 to 15 digits, the first not 0"),
+    (r"^[\x20-\x7E\t]*$", "visible ASCII, spaces and tabs (no line breaks)"),
+];
 
 fn parse_json<T: DeserializeOwned + JsonSchema + 'static>(bytes: &[u8]) -> Result<T, HttpError> {
     // Every request body of the API is an object; serde would otherwise
@@ -1398,6 +1414,51 @@ mod tests {
             let (got_code, got_message) = refused::<types::CreateTestRequest>(&test(evaluator));
             assert_eq!(got_code, code, "{evaluator}: {got_message}");
             assert!(got_message.contains(message), "{evaluator}: {got_message} names {message:?}");
+        }
+    }
+
+    /// A value that does not match its pattern is told what it must be,
+    /// in words, and every pattern of the spec has them.
+    #[test]
+    fn a_value_off_its_pattern_is_told_in_words() {
+        let channel = |value: &str| {
+            format!(
+                r#"{{"project_id": "p", "name": "n", "kind": "http", "target": "https://a.example",
+                     "headers": {{"X-Team": {value}}}}}"#
+            )
+        };
+        let (code, message) = refused::<types::CreateChannelRequest>(&channel(r#""two\nlines""#));
+        assert_eq!(code, "invalid_headers");
+        assert!(
+            message.contains("headers.X-Team: must be visible ASCII, spaces and tabs (no line breaks) (the pattern"),
+            "{message}"
+        );
+        let (code, message) =
+            refused::<types::PhoneNumber>(r#"{"direction": "both", "label": "", "number": "+04155550100"}"#);
+        assert_eq!(code, "invalid_number");
+        assert!(message.contains("number: must be an E.164 number"), "{message}");
+
+        let spec: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../spec/openapi.json")).unwrap(),
+        )
+        .unwrap();
+        fn patterns<'a>(v: &'a serde_json::Value, found: &mut Vec<&'a str>) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    if let Some(p) = m.get("pattern").and_then(|p| p.as_str()) {
+                        found.push(p);
+                    }
+                    m.values().for_each(|v| patterns(v, found));
+                }
+                serde_json::Value::Array(a) => a.iter().for_each(|v| patterns(v, found)),
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        patterns(&spec, &mut found);
+        assert!(!found.is_empty());
+        for pattern in found {
+            assert!(PATTERN_WORDS.iter().any(|(p, _)| *p == pattern), "no words for the spec's pattern {pattern}");
         }
     }
 
