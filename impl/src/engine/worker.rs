@@ -7,8 +7,8 @@
 //! task claims runs when there are free slots (woken when runs are queued or
 //! a conversation ends, and every [`POLL`] in case), one keeper task renews
 //! this process's leases and requeues expired ones, one task sends webhooks.
-//! Each of those three is started again if it panics ([`supervised`]), as
-//! is a run's task ended (see [`end_after_a_panic`]).
+//! Each of those three is started again if it panics ([`supervised`]); a
+//! run's task that panics ends its run (see [`end_after_a_panic`]).
 //!
 //! On start, every run still marked `running` belonged to a process that
 //! died (the data dir lock guarantees there is no other server), so it is
