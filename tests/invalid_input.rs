@@ -286,27 +286,11 @@ async fn make_fixture(s: &TestServer, agent: &Agent) -> Fixture {
     for i in 0..50 {
         let email = format!("reviewer{i}@example.com");
         s.key_for_user(&email).await;
-        let added = s
-            .expect(
-                Method::POST,
-                &format!("/v1/projects/{project}/members"),
-                &owner,
-                Some(json!({"email": email, "role": "reviewer"})),
-                200,
-            )
-            .await;
+        let added = s.add_member(&owner, &project, &email, "reviewer").await;
         reviewers.push(added["user_id"].as_str().unwrap().to_string());
     }
     s.key_for_user("member@example.com").await;
-    let member = s
-        .expect(
-            Method::POST,
-            &format!("/v1/projects/{project}/members"),
-            &owner,
-            Some(json!({"email": "member@example.com", "role": "viewer"})),
-            200,
-        )
-        .await;
+    let member = s.add_member(&owner, &project, "member@example.com", "viewer").await;
     let member_u = member["user_id"].as_str().unwrap().to_string();
     let outsider_email = "outsider@example.com".to_string();
     s.key_for_user(&outsider_email).await;
@@ -314,15 +298,7 @@ async fn make_fixture(s: &TestServer, agent: &Agent) -> Fixture {
     let longest_email = format!("{}{domain}", "l".repeat(320 - domain.len()));
     s.key_for_user(&longest_email).await;
     s.key_for_user("sharer@example.com").await;
-    let sharer = s
-        .expect(
-            Method::POST,
-            &format!("/v1/projects/{other_project}/members"),
-            &owner,
-            Some(json!({"email": "sharer@example.com", "role": "viewer"})),
-            200,
-        )
-        .await;
+    let sharer = s.add_member(&owner, &other_project, "sharer@example.com", "viewer").await;
     let outsider_id = sharer["user_id"].as_str().unwrap().to_string();
 
     let batch_u =

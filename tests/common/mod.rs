@@ -327,6 +327,19 @@ impl TestServer {
         body["id"].as_str().unwrap().to_string()
     }
 
+    /// Adds the user with `email` to the project as `role`, as `owner`;
+    /// the member as answered.
+    pub async fn add_member(&self, owner: &str, project_id: &str, email: &str, role: &str) -> serde_json::Value {
+        self.expect(
+            reqwest::Method::POST,
+            &format!("/v1/projects/{project_id}/members"),
+            owner,
+            Some(serde_json::json!({"email": email, "role": role})),
+            200,
+        )
+        .await
+    }
+
     /// A user per role in a new project (each with their own key), and an
     /// outsider.
     pub async fn team(&self, name: &str) -> Team {
@@ -337,14 +350,7 @@ impl TestServer {
         for role in ["editor", "reviewer", "viewer"] {
             let email = format!("{role}-{tag}@example.com");
             let key = self.key_for_user(&email).await;
-            self.expect(
-                reqwest::Method::POST,
-                &format!("/v1/projects/{project_id}/members"),
-                &owner,
-                Some(serde_json::json!({"email": email, "role": role})),
-                200,
-            )
-            .await;
+            self.add_member(&owner, &project_id, &email, role).await;
             keys.push(key);
         }
         let outsider = self.key_for_user(&format!("outsider-{tag}@example.com")).await;
