@@ -25,7 +25,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use common::engine::{completion, wait_for_end, Agent, Recorder};
+use common::engine::{chat_llm, wait_for_end, Agent, Recorder};
 use common::oidc::{jwks_of, sign, valid, Token, AUDIENCE, ISSUER_KEY};
 use common::spec::{operations_of, spec, Operation};
 use common::{missing_id, TestServer};
@@ -736,21 +736,7 @@ async fn every_operation_answers_as_the_spec_documents() {
     // (a loopback chat-completions stand-in), a websocket channel, an agent
     // that is not there (a result in error) reported to a webhook receiver
     // that fails, then no webhook at all.
-    let llm = Recorder::start(|req, _| {
-        let body: Value = serde_json::from_str(&req.body).unwrap_or_default();
-        let lines = body["messages"].as_array().map(|m| m.len()).unwrap_or(0);
-        if req.path.starts_with("/caller") {
-            let said = if lines <= 3 {
-                json!({"say": "I'd like to book an appointment on Tuesday at 3 pm.", "done": false})
-            } else {
-                json!({"done": true})
-            };
-            (200, completion(&said.to_string()))
-        } else {
-            (200, completion(r#"{"passed": false, "reason": "no booking was confirmed"}"#))
-        }
-    })
-    .await;
+    let llm = chat_llm(r#"{"passed": false, "reason": "no booking was confirmed"}"#).await;
     let llm_integration = |name: &str| {
         json!({"project_id": p, "provider": "openai_compatible", "name": name,
                "config": {"base_url": format!("{}/{name}", llm.base), "model": "m"},

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use common::engine::{
-    all_pages, channel, completion, create, held_receiver, wait_for_end, ws_recv, ws_send, Agent, Recorder, WsAgent,
-    WsPeer,
+    all_pages, channel, chat_llm, completion, create, held_receiver, wait_for_end, ws_recv, ws_send, Agent, Recorder,
+    WsAgent, WsPeer,
 };
 use common::{error_body, TestServer};
 use reqwest::Method;
@@ -1075,24 +1075,7 @@ async fn a_simulated_caller_and_an_llm_judge_talk_to_a_chat_completions_endpoint
     let agent = Agent::start(&[]);
     // The LLM: under /caller it plays the caller (two lines, then done);
     // under /judge it judges (passes unless told to talk nonsense).
-    let llm = Recorder::start(|req, _| {
-        let body: Value = serde_json::from_str(&req.body).unwrap_or_default();
-        let lines = body["messages"].as_array().map(|m| m.len()).unwrap_or(0);
-        if req.path.starts_with("/caller") {
-            let said = if lines <= 3 {
-                json!({"say": "I'd like to book an appointment on Tuesday at 3 pm.", "done": false})
-            } else {
-                // Done, without last words: the caller hangs up.
-                json!({"done": true})
-            };
-            (200, completion(&said.to_string()))
-        } else if req.path.starts_with("/nonsense") {
-            (200, completion("I think it went fine, probably."))
-        } else {
-            (200, completion(r#"{"passed": true, "reason": "the booking was confirmed"}"#))
-        }
-    })
-    .await;
+    let llm = chat_llm(r#"{"passed": true, "reason": "the booking was confirmed"}"#).await;
     let s = TestServer::start().await;
     let t = s.team("simulated").await;
     let p = &t.project_id;

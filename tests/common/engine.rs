@@ -223,6 +223,31 @@ pub fn completion(content: &str) -> String {
     .to_string()
 }
 
+/// A chat-completions endpoint (an LLM: a stand-in on loopback). Under
+/// `/caller` it plays the caller: one line (a booking), then done, without
+/// last words (the caller hangs up). Under `/nonsense` it answers what is
+/// no verdict. Anywhere else it judges, answering `verdict` (the judge's
+/// JSON).
+pub async fn chat_llm(verdict: &'static str) -> Recorder {
+    Recorder::start(move |req, _| {
+        let body: Value = serde_json::from_str(&req.body).unwrap_or_default();
+        let lines = body["messages"].as_array().map(|m| m.len()).unwrap_or(0);
+        if req.path.starts_with("/caller") {
+            let said = if lines <= 3 {
+                json!({"say": "I'd like to book an appointment on Tuesday at 3 pm.", "done": false})
+            } else {
+                json!({"done": true})
+            };
+            (200, completion(&said.to_string()))
+        } else if req.path.starts_with("/nonsense") {
+            (200, completion("I think it went fine, probably."))
+        } else {
+            (200, completion(verdict))
+        }
+    })
+    .await
+}
+
 /// One websocket call as the agent's side sees it: the test's own loopback
 /// agent, for replies the reference agent never gives.
 pub type WsPeer = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
