@@ -471,7 +471,9 @@ async fn start(
                     api.run_batch().id(id).idempotency_key(key.as_str()).body(body).send().await
                 }
                 Source::Channel(id, tests) => {
-                    let body = types::RunChannelRequest { metadata: metadata.clone(), test_ids: tests.clone() };
+                    // No `--test`: every test of the channel.
+                    let test_ids = (!tests.is_empty()).then(|| tests.clone());
+                    let body = types::RunChannelRequest { metadata: metadata.clone(), test_ids };
                     api.run_channel().id(id).idempotency_key(key.as_str()).body(body).send().await
                 }
                 Source::Test(id) => {

@@ -1287,9 +1287,10 @@ async fn who_may_run_and_read_runs() {
 }
 
 /// A channel run names each test once, as a batch does: a repeat would run,
-/// and be paid for, twice.
+/// and be paid for, twice. An empty list names none (a CI filter that
+/// matched nothing): refused, where absent or null runs every test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_channel_run_refuses_a_test_named_twice() {
+async fn a_channel_run_refuses_a_test_named_twice_or_none() {
     let agent = Agent::start(&[]);
     let s = TestServer::start().await;
     let t = s.team("twice").await;
@@ -1311,8 +1312,17 @@ async fn a_channel_run_refuses_a_test_named_twice() {
     let (status, e) = error_body(resp).await;
     assert_eq!((status, e["error_code"].as_str()), (400, Some("invalid_test_ids")), "{e}");
     assert!(e["message"].as_str().unwrap().contains("at most 1000 tests, got 1001"), "{e}");
-    let once = s.expect(Method::POST, &path, &t.editor, Some(json!({"test_ids": [b, a]})), 200).await;
-    assert_eq!((&once["counts"]["total"], &once["credits_reserved"]), (&json!(2), &json!(2)));
+    let resp = s.send_json(Method::POST, &path, &t.editor, Some(json!({"test_ids": []}))).await;
+    let (status, e) = error_body(resp).await;
+    assert_eq!((status, e["error_code"].as_str()), (400, Some("invalid_test_ids")), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("an empty list selects no test"), "{e}");
+    let none = s.expect(Method::GET, &format!("/v1/batch-runs?project_id={p}"), &t.editor, None, 200).await;
+    assert_eq!(none["batch_runs"], json!([]), "nothing was queued");
+    let all = s.expect(Method::POST, &path, &t.editor, Some(json!({"test_ids": null})), 200).await;
+    assert_eq!((&all["counts"]["total"], &all["credits_reserved"]), (&json!(2), &json!(2)));
+    wait_for_end(&s, &t.viewer, all["id"].as_str().unwrap()).await;
+    let once = s.expect(Method::POST, &path, &t.editor, Some(json!({"test_ids": [b]})), 200).await;
+    assert_eq!((&once["counts"]["total"], &once["credits_reserved"]), (&json!(1), &json!(1)));
     wait_for_end(&s, &t.viewer, once["id"].as_str().unwrap()).await;
 }
 

@@ -468,13 +468,25 @@ pub async fn run_channel(
 ) -> Result<types::BatchRun> {
     let idempotency = Idempotency::of(headers.idempotency_key, "run_channel", &path.id, &body)?;
     let metadata = metadata(body.metadata)?;
+    // Absent (or null): every test of the channel. An empty list is a
+    // selection of nothing (a CI filter that matched no test), refused
+    // rather than read as all of them, and paid for.
     let named = body.test_ids;
-    // As many as a batch holds.
-    if named.len() > crate::batches::MAX_TESTS {
-        return Err(Failure::invalid(
-            "test_ids",
-            format_args!("at most {} tests, got {}", crate::batches::MAX_TESTS, named.len()),
-        ));
+    match named.as_ref().map(Vec::len) {
+        Some(0) => {
+            return Err(Failure::invalid(
+                "test_ids",
+                "an empty list selects no test; leave test_ids out to run all of the channel's",
+            ))
+        }
+        // As many as a batch holds.
+        Some(n) if n > crate::batches::MAX_TESTS => {
+            return Err(Failure::invalid(
+                "test_ids",
+                format_args!("at most {} tests, got {n}", crate::batches::MAX_TESTS),
+            ))
+        }
+        _ => {}
     }
     start(
         state,
@@ -482,11 +494,7 @@ pub async fn run_channel(
         idempotency,
         move |tx, user_id| {
             let (project_id, _) = access::require_resource(tx, user_id, "channels", "channel", &path.id, Need::Edit)?;
-            let test_ids: Vec<String> = if named.is_empty() {
-                tx.prepare_cached("SELECT id FROM tests WHERE channel_id = ?1 ORDER BY id")?
-                    .query_map(params![path.id], |r| r.get(0))?
-                    .collect::<rusqlite::Result<_>>()?
-            } else {
+            let test_ids: Vec<String> = if let Some(named) = &named {
                 let mut seen = std::collections::HashSet::with_capacity(named.len());
                 for (i, test_id) in named.iter().enumerate() {
                     let field = format!("test_ids[{i}]");
@@ -506,6 +514,10 @@ pub async fn run_channel(
                     }
                 }
                 named.clone()
+            } else {
+                tx.prepare_cached("SELECT id FROM tests WHERE channel_id = ?1 ORDER BY id")?
+                    .query_map(params![path.id], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?
             };
             Ok(Source {
                 kind: types::BatchRunSource::Channel,
