@@ -568,6 +568,14 @@ const PATTERN_WORDS: &[(&str, &str)] = &[
 fn parse_json<T: DeserializeOwned + JsonSchema + 'static>(bytes: &[u8]) -> Result<T, HttpError> {
     // Every request body of the API is an object; serde would otherwise
     // also accept a struct written as an array (`["ci"]`).
+    if bytes.starts_with(b"\xEF\xBB\xBF") {
+        return Err(HttpError::for_bad_request(
+            Some(ErrorCode::INVALID_BODY.to_string()),
+            "invalid JSON body: the body starts with a byte order mark (EF BB BF), which JSON text must not \
+             (RFC 8259, section 8.1); send the object without it"
+                .to_string(),
+        ));
+    }
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(HttpError::for_bad_request(
             Some(ErrorCode::INVALID_BODY.to_string()),
@@ -1249,6 +1257,8 @@ mod tests {
             (r#"{"label": "ci" x}"#, "expected `,` or `}`"),
             ("{} x", "trailing characters"),
             (r#"{"label": 5 x"#, "expected `,` or `}`"),
+            // Some editors and encoders put one before the text.
+            ("\u{FEFF}{\"label\": \"ci\"}", "starts with a byte order mark"),
         ] {
             let (code, message) = refused::<types::CreateApiKeyRequest>(bad);
             assert_eq!(code, ErrorCode::INVALID_BODY, "{bad}: {message}");
