@@ -19,13 +19,14 @@ use serde_json::{json, Value};
 use sparring_client::types;
 
 use crate::agent::{self, AgentConfig, Bug, Fault};
+use crate::remote::api_error;
 
 #[derive(Args, Clone, Debug)]
 pub struct DemoArgs {
     /// An OpenAI-compatible endpoint (e.g. https://api.openai.com/v1) for a
     /// simulated caller and an LLM judge; its API key, if it needs one, in
     /// SPARRING_DEMO_LLM_API_KEY.
-    #[arg(long, env = "SPARRING_DEMO_LLM_BASE_URL")]
+    #[arg(long, env = "SPARRING_DEMO_LLM_BASE_URL", value_parser = llm_base_url)]
     llm_base_url: Option<String>,
     /// The model to use with `--llm-base-url`.
     #[arg(long, env = "SPARRING_DEMO_LLM_MODEL", default_value = "gpt-4o-mini")]
@@ -34,6 +35,17 @@ pub struct DemoArgs {
     /// API, until Ctrl-C.
     #[arg(long)]
     keep_running: bool,
+}
+
+/// Refused before the demo starts anything, where the server refused it
+/// once the project was made, in the client's words.
+fn llm_base_url(url: &str) -> Result<String, String> {
+    let url = url.trim();
+    if crate::remote::is_http_url(url) {
+        Ok(url.to_string())
+    } else {
+        Err("must look like https://host[:port][/path] (with http:// or https://)".to_string())
+    }
 }
 
 fn body<T: DeserializeOwned>(v: Value) -> anyhow::Result<T> {
@@ -87,7 +99,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         signal = interrupts.recv() => Err(anyhow::anyhow!("interrupted ({signal}): the demo stops")),
     };
     if shown.is_ok() && args.keep_running {
-        println!("\nThe server and agents keep running; Ctrl-C to stop.");
+        out!("\nThe server and agents keep running; Ctrl-C to stop.");
         interrupts.recv().await;
     }
     let stopped = async {
@@ -111,10 +123,10 @@ async fn show(
 ) -> anyhow::Result<()> {
     let key = server.first_start_key.clone().context("a fresh data dir has an admin key")?;
     let base = format!("http://{}", server.local_addr());
-    println!("Sparring demo");
-    println!("  server           {base}  (data in {})", dir.display());
-    println!("  reference agent  http://{good}  (books appointments)");
-    println!("  buggy agent      http://{buggy}  (--bug wrong-day: confirms the wrong day)\n");
+    out!("Sparring demo");
+    out!("  server           {base}  (data in {})", dir.display());
+    out!("  reference agent  http://{good}  (books appointments)");
+    out!("  buggy agent      http://{buggy}  (--bug wrong-day: confirms the wrong day)\n");
 
     let api = sparring_client::Client::with_api_key(&format!("{base}/v1"), &key).map_err(|e| anyhow::anyhow!(e))?;
     let project = api
@@ -123,7 +135,8 @@ async fn show(
             json!({"name": "Bright Smile Dental", "description": "sparring demo"}),
         )?)
         .send()
-        .await?
+        .await
+        .map_err(api_error)?
         .into_inner();
     let p = project.id.clone();
     let channel = |name: &str, kind: &str, target: String| {
@@ -134,19 +147,22 @@ async fn show(
         .create_channel()
         .body(channel("agent over http", "http", format!("http://{good}/http"))?)
         .send()
-        .await?
+        .await
+        .map_err(api_error)?
         .into_inner();
     let ws = api
         .create_channel()
         .body(channel("agent over websocket", "websocket", format!("ws://{good}/ws"))?)
         .send()
-        .await?
+        .await
+        .map_err(api_error)?
         .into_inner();
     let bad = api
         .create_channel()
         .body(channel("buggy agent", "http", format!("http://{buggy}/http"))?)
         .send()
-        .await?
+        .await
+        .map_err(api_error)?
         .into_inner();
     let mut personas = Vec::new();
     for (name, prompt) in [
@@ -158,7 +174,8 @@ async fn show(
             .body(body::<types::CreatePersonaRequest>(json!({"project_id": p, "name": name, "prompt": prompt,
                                                                "language": "en-US"}))?)
             .send()
-            .await?
+            .await
+            .map_err(api_error)?
             .into_inner();
         personas.push(persona.id);
     }
@@ -179,7 +196,8 @@ async fn show(
             "max_duration_s": 60
         }))?)
         .send()
-        .await?
+        .await
+        .map_err(api_error)?
         .into_inner();
     let hours = api
         .create_scenario()
@@ -190,7 +208,8 @@ async fn show(
             "max_duration_s": 60
         }))?)
         .send()
-        .await?
+        .await
+        .map_err(api_error)?
         .into_inner();
     let test = |name: &str, channel: &str, scenario: &str, persona_ids: Value, iterations: u32| {
         body::<types::CreateTestRequest>(json!({"project_id": p, "name": name, "channel_id": channel,
@@ -209,8 +228,13 @@ async fn show(
         if let Ok(key) = std::env::var("SPARRING_DEMO_LLM_API_KEY") {
             config["credentials"] = json!({"api_key": key});
         }
-        let llm =
-            api.create_integration().body(body::<types::CreateIntegrationRequest>(config)?).send().await?.into_inner();
+        let llm = api
+            .create_integration()
+            .body(body::<types::CreateIntegrationRequest>(config)?)
+            .send()
+            .await
+            .map_err(api_error)?
+            .into_inner();
         let simulated = api
             .create_scenario()
             .body(body::<types::CreateScenarioRequest>(json!({
@@ -221,16 +245,17 @@ async fn show(
                 "max_turns": 12, "max_duration_s": 120
             }))?)
             .send()
-            .await?
+            .await
+            .map_err(api_error)?
             .into_inner();
         tests.push(test("Simulated caller books", &http.id, &simulated.id, json!([]), 2)?);
     } else {
-        println!("(no --llm-base-url: the simulated-caller scenario and the LLM judge are left out)\n");
+        out!("(no --llm-base-url: the simulated-caller scenario and the LLM judge are left out)\n");
     }
     let mut test_ids = Vec::new();
     let mut names = BTreeMap::new();
     for t in tests {
-        let made = api.create_test().body(t).send().await?.into_inner();
+        let made = api.create_test().body(t).send().await.map_err(api_error)?.into_inner();
         names.insert(made.id.clone(), made.name.clone());
         test_ids.push(made.id);
     }
@@ -239,14 +264,16 @@ async fn show(
         .body(body::<types::CreateBatchRequest>(json!({"project_id": p, "name": "demo suite", "test_ids": test_ids,
                                                          "concurrency": 10}))?)
         .send()
-        .await?
+        .await
+        .map_err(api_error)?
         .into_inner();
     let run = api
         .run_batch()
         .id(&batch.id)
         .body(body::<types::RunBatchRequest>(json!({"metadata": {"source": "sparring demo"}}))?)
         .send()
-        .await?
+        .await
+        .map_err(api_error)?
         .into_inner();
 
     // Live progress.
@@ -256,7 +283,7 @@ async fn show(
             .expect("a valid template"),
     );
     let done = loop {
-        let now = api.get_batch_run().id(&run.id).send().await?.into_inner();
+        let now = api.get_batch_run().id(&run.id).send().await.map_err(api_error)?.into_inner();
         let c = &now.counts;
         bar.set_position((c.total - c.queued - c.running).max(0) as u64);
         // Null only for a blind reviewer.
@@ -276,10 +303,11 @@ async fn show(
     };
 
     // A row counts conversations: a test's iterations times its personas.
-    println!("\n{:<36} {:>10} {:>9} {:>8}  failure reasons", "test", "calls", "pass rate", "p95 ms");
+    out!("\n{:<36} {:>10} {:>9} {:>8}  failure reasons", "test", "calls", "pass rate", "p95 ms");
     let mut a_failure = None;
     for id in &test_ids {
-        let results = api.list_test_results().id(id).limit(200).send().await?.into_inner().test_results;
+        let results =
+            api.list_test_results().id(id).limit(200).send().await.map_err(api_error)?.into_inner().test_results;
         if a_failure.is_none() {
             a_failure =
                 results.iter().find(|r| r.status != Some(types::TestResultStatus::Passed)).map(|r| r.id.clone());
@@ -296,7 +324,7 @@ async fn show(
         reasons.sort();
         reasons.dedup();
         let rate = if results.is_empty() { 0.0 } else { passed as f64 / results.len() as f64 };
-        println!(
+        out!(
             "{:<36} {:>10} {:>8.0}% {:>8}  {}",
             names[id],
             results.len(),
@@ -305,7 +333,7 @@ async fn show(
             reasons.first().map(|r| crate::run::first_line(r)).unwrap_or_default()
         );
     }
-    println!(
+    out!(
         "\nbatch run {}: {}, pass rate {:.0}%, passed: {} (the CI gate), {} credits charged",
         done.id,
         done.status,
@@ -313,7 +341,7 @@ async fn show(
         done.passed.unwrap_or(false),
         done.credits_charged
     );
-    println!("\nEverything through the API (x-api-key: {key}):");
+    out!("\nEverything through the API (x-api-key: {key}):");
     for path in [
         format!("/v1/batch-runs/{}", done.id),
         format!("/v1/batch-runs/{}/runs", done.id),
@@ -325,16 +353,16 @@ async fn show(
     ] {
         // Quoted: zsh (macOS's shell) would take the `?` of a query for a
         // glob and refuse the line ("no matches found").
-        println!("  curl -s -H 'x-api-key: {key}' '{base}{path}'");
+        out!("  curl -s -H 'x-api-key: {key}' '{base}{path}'");
     }
-    println!("\nThe same batch as a CI gate (exit 0 if it passes, 1 if not; see README):");
-    println!("  SPARRING_API_KEY={key} sparring run --url {base} --batch {}", batch.id);
+    out!("\nThe same batch as a CI gate (exit 0 if it passes, 1 if not; see README):");
+    out!("  SPARRING_API_KEY={key} sparring run --url {base} --batch {}", batch.id);
     if let Some(result) = a_failure {
-        println!("\nA failed conversation, read in a terminal (transcript, latencies, evaluations):");
-        println!("  SPARRING_API_KEY={key} sparring result --url {base} {result}");
+        out!("\nA failed conversation, read in a terminal (transcript, latencies, evaluations):");
+        out!("  SPARRING_API_KEY={key} sparring result --url {base} {result}");
     }
     if !args.keep_running {
-        println!("\n(The demo's server stops now; run with --keep-running to explore it.)");
+        out!("\n(The demo's server stops now; run with --keep-running to explore it.)");
     }
     Ok(())
 }

@@ -3,6 +3,31 @@
 //! `sparring` (or `sparring serve`) serves the API; `sparring admin …` works
 //! on a data dir directly, for scripts and bootstrapping.
 
+/// `println!`, but a stdout that cannot be written (a reader that closed it
+/// early: `sparring run … | head -n1`, or a full disk) is not an error: what
+/// would have been printed is lost, the command's work, report and exit code
+/// are not. (`println!` panics there, exit 101; Rust ignores SIGPIPE.) What
+/// must be seen or said to be lost, as a new key, is written otherwise.
+macro_rules! out {
+    () => {{
+        let _ = crate::remote::write_stdout(format_args!("\n"));
+    }};
+    ($($arg:tt)*) => {{
+        let _ = crate::remote::write_stdout(format_args!("{}\n", format_args!($($arg)*)));
+    }};
+}
+
+/// `eprintln!`, but a stderr that cannot be written (the same reader:
+/// `sparring run … 2>&1 | head -n1`) is not an error either: the progress
+/// and the messages are lost, never the exit code, the report or the cancel
+/// of a batch run given up. (`eprintln!` panics there, exit 101.)
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod agent;
 mod demo;
 mod remote;
@@ -250,12 +275,12 @@ fn main() -> ExitCode {
     // agent), and the default soft limit of many systems (1024) is below
     // what `--workers` allows; the hard limit is what the system grants.
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
-        eprintln!("warning: could not raise the open-file limit: {e}");
+        say!("warning: could not raise the open-file limit: {e}");
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
+            say!("error: starting the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -359,10 +384,24 @@ async fn run_agent(config: agent::AgentConfig) -> anyhow::Result<()> {
     let server = agent::serve(config, log.clone()).await?;
     // Scripts and tests read the address from the first line.
     let addr = server.local_addr();
-    println!("listening on http://{addr}");
-    println!("channel targets: http://{addr}/http (kind http), ws://{addr}/ws (kind websocket)");
+    // A stdout that cannot take the lines (a full disk, a closed pipe) is
+    // said in the log; the agent serves all the same.
+    if let Err(e) = remote::write_stdout(format_args!(
+        "listening on http://{addr}\nchannel targets: http://{addr}/http (kind http), ws://{addr}/ws (kind websocket)\n"
+    )) {
+        slog::warn!(log, "could not print the address on stdout; the agent serves all the same";
+                    "address" => %addr, "error" => %e);
+    }
     interrupts.recv().await;
     server.close().await.map_err(|e| anyhow::anyhow!(e))
+}
+
+/// Says on stdout what an admin command did. It is done either way: a
+/// reader that closed the pipe had what it wanted, and a stdout that cannot
+/// take the line otherwise (a full disk) is an error that says it was done.
+fn confirm(done: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
+    remote::write_stdout(format_args!("{done}\n"))
+        .map_err(|e| anyhow::anyhow!("{done} (done, but stdout could not take this line: {e})"))
 }
 
 async fn admin(command: AdminCommand) -> anyhow::Result<()> {
@@ -391,19 +430,18 @@ async fn admin(command: AdminCommand) -> anyhow::Result<()> {
             if lock.is_some() {
                 sparring_impl::leave_database_whole(&store).await;
             }
-            println!("{user} now has {balance} credits");
-            Ok(())
+            confirm(format_args!("{user} now has {balance} credits"))
         }
         AdminCommand::Backup { data_dir, secret_key_file, to } => {
             let (from, into) = (data_dir.clone(), to.clone());
             // A large database takes a while to copy: said before it starts.
             let backing_up = format!("backing up {} to {}", data_dir.display(), to.display());
-            let copying = move |bytes: u64| eprintln!("{backing_up} (copying {:.1} MB) …", bytes as f64 / 1e6);
+            let copying = move |bytes: u64| say!("{backing_up} (copying {:.1} MB) …", bytes as f64 / 1e6);
             let made = tokio::task::spawn_blocking(move || {
                 sparring_impl::backup::backup(&from, secret_key_file, &into, copying)
             })
             .await??;
-            println!(
+            confirm(format_args!(
                 "backed up {} to {}: {:.1} MB of database at schema version {}, {} sealed secrets, {}",
                 data_dir.display(),
                 to.display(),
@@ -411,13 +449,11 @@ async fn admin(command: AdminCommand) -> anyhow::Result<()> {
                 made.schema_version,
                 made.sealed,
                 if made.with_key { "with the secret key (keep the backup as safe)" } else { "no secret key" }
-            );
-            Ok(())
+            ))
         }
         AdminCommand::RotateSecretKey { data_dir, secret_key_file } => {
             let n = sparring_impl::rotate_secret_key(&data_dir, secret_key_file).await?;
-            println!("re-sealed {n} stored secrets with a new secret key");
-            Ok(())
+            confirm(format_args!("re-sealed {n} stored secrets with a new secret key"))
         }
     }
 }

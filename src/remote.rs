@@ -32,7 +32,7 @@ impl Remote {
         sparring_client::Client::with_api_key(&base_url(url), key).map_err(|_| {
             anyhow::anyhow!(
                 "the API key contains a line break or another character a header cannot carry: \
-                 check how SPARRING_API_KEY is set"
+                 check how --api-key or SPARRING_API_KEY is set"
             )
         })
     }
@@ -41,14 +41,17 @@ impl Remote {
 /// Refuses a `--url` that no request could be sent to (a scheme left out is
 /// a common slip in a CI variable), rather than trying it for a minute.
 fn check_url(url: &str) -> anyhow::Result<()> {
-    let ok = url
-        .parse::<http::Uri>()
-        .is_ok_and(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some_and(|h| !h.is_empty()));
-    if !ok {
+    if !is_http_url(url) {
         // Not echoed: it may hold a password.
         anyhow::bail!("--url/SPARRING_URL must look like https://host[:port] (with http:// or https://)");
     }
     Ok(())
+}
+
+/// Whether `url` is an `http://` or `https://` URL with a host.
+pub fn is_http_url(url: &str) -> bool {
+    url.parse::<http::Uri>()
+        .is_ok_and(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some_and(|h| !h.is_empty()))
 }
 
 fn base_url(url: &str) -> String {

@@ -28,30 +28,6 @@ use crate::signals::Interrupts;
 
 mod report;
 
-/// `println!`, but a stdout that cannot be written (a reader that closed it
-/// early: `sparring run … | head -n1`) is not an error: what would have
-/// been printed is lost, the report and the exit code are not. (`println!`
-/// panics there, exit 101, the report left unwritten.)
-macro_rules! out {
-    () => {{
-        let _ = crate::remote::write_stdout(format_args!("\n"));
-    }};
-    ($($arg:tt)*) => {{
-        let _ = crate::remote::write_stdout(format_args!("{}\n", format_args!($($arg)*)));
-    }};
-}
-
-/// `eprintln!`, but a stderr that cannot be written (the same reader:
-/// `sparring run … 2>&1 | head -n1`) is not an error either: the progress
-/// and the messages are lost, never the exit code, the report or the cancel
-/// of a batch run given up. (`eprintln!` panics there, exit 101.)
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
-
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
     /// Run this batch (`bat_…`).

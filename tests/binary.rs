@@ -1319,3 +1319,103 @@ fn misdirected_commands_say_what_is_wrong() {
     assert!(!status.success());
     assert!(stderr.contains("give the id of a test result"), "{stderr}");
 }
+
+/// The commands that print what they did do it all the same when stdout
+/// cannot take it: a reader that closed the pipe early (`| head -n1`) had
+/// what it wanted, and a full disk is said, with what was done. `println!`
+/// panicked in each (exit 101 and a backtrace), after the credits were
+/// granted or the backup made, and the agent died before it served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_do_their_work_when_stdout_cannot_take_their_lines() {
+    use std::io::BufRead as _;
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    // The first start makes the admin user.
+    first_start(dir.path()).0.stop();
+    let closed = |args: &[&str]| {
+        let mut child = Command::new(common::process::BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        child.wait_with_output().unwrap()
+    };
+    let full = |args: &[&str]| {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        Command::new(common::process::BIN).args(args).stdin(Stdio::null()).stdout(full).output().unwrap()
+    };
+    let grant = ["admin", "grant-credits", "--data-dir", data_dir, "--user", "admin@localhost", "--amount", "5"];
+    let out = closed(&grant);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !stderr.contains("panicked"), "{}: {stderr}", out.status);
+    let out = full(&grant);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("admin@localhost now has 1010 credits (done, but stdout could not take"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let backup = dir.path().join("backup");
+    let out = closed(&["admin", "backup", "--data-dir", data_dir, "--to", backup.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !stderr.contains("panicked"), "{}: {stderr}", out.status);
+    assert!(backup.join("sparring.db").is_file(), "{stderr}");
+
+    // The agent serves, and says in its log where.
+    let full_stdout = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let mut agent = Command::new(common::process::BIN)
+        .args(["agent", "--bind", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(full_stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut log = std::io::BufReader::new(agent.stderr.take().unwrap());
+    let mut said = String::new();
+    let address = loop {
+        let mut line = String::new();
+        if log.read_line(&mut line).unwrap() == 0 {
+            panic!("the agent ended: {said}");
+        }
+        said.push_str(&line);
+        if line.contains("could not print the address on stdout") {
+            let at = line.split("address: ").nth(1).unwrap_or_else(|| panic!("{line}"));
+            break at.split([',', ' ', '\n']).next().unwrap().to_string();
+        }
+    };
+    let turn = serde_json::json!({"call_id": "call_1", "turn": 0, "event": "start", "message": null});
+    let resp = http().post(format!("http://{address}/http")).json(&turn).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "{said}");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+}
+
+/// The demo refuses an LLM endpoint that is not an http(s) URL before it
+/// starts anything (it was the server's 400 once the project was made, in
+/// the client's debug words), and it runs to its end, its temp dir removed,
+/// for a reader that stopped after the first line (`sparring demo | head
+/// -n1`): `println!` panicked there, exit 101 and a backtrace.
+#[test]
+fn the_demo_refuses_a_bad_llm_url_and_outlives_a_closed_stdout() {
+    use std::process::{Command, Stdio};
+    for url in ["notaurl", "ftp://llm.example.com/v1"] {
+        let (status, _, stderr) = run(&["demo", "--llm-base-url", url]);
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("--llm-base-url") && stderr.contains("must look like https://host"), "{stderr}");
+        assert!(!stderr.contains("Error Response"), "{stderr}");
+    }
+    let mut child = Command::new(common::process::BIN)
+        .arg("demo")
+        .env_remove("SPARRING_DEMO_LLM_BASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !stderr.contains("panicked"), "{}: {stderr}", out.status);
+}
