@@ -144,6 +144,10 @@ const POLL: Duration = Duration::from_millis(500);
 /// changed or not: a batch run queued behind others, or a long conversation,
 /// does not leave the log silent for minutes.
 const LOG_EVERY: Duration = Duration::from_secs(10);
+/// How long a read of the batch run may go unanswered before it counts as
+/// failed and is tried again: the client's own 60 s would leave a CI log
+/// silent for a minute at a time, and the give-up a minute late.
+const READ_WITHIN: Duration = Duration::from_secs(10);
 /// How long reads of the batch run may keep failing (a server restarting or
 /// being deployed, a proxy in front of it, the network) before the command
 /// gives up; it tries every 2 s meanwhile, and says so every `LOG_EVERY`.
@@ -473,6 +477,12 @@ async fn start(
             // names the batch run, which the wait then cancels (or keeps).
             // A second signal stops waiting for it.
             signal = interrupts.recv() => {
+                // Said at once: the answer may take the grace to come.
+                say!(
+                    "interrupted ({signal}) while starting; waiting up to {} s for the start's answer, to cancel \
+                     what it started (again to stop now)",
+                    INTERRUPTED_START_GRACE.as_secs()
+                );
                 let unknown = || StartUnknown { why: format!("interrupted ({signal}) while starting"), key: key.clone() };
                 let answered = tokio::select! {
                     answered = tokio::time::timeout(INTERRUPTED_START_GRACE, attempt) => answered,
@@ -684,9 +694,11 @@ async fn wait(
         // holds up neither an interrupt nor the timeout.
         let read = async {
             tokio::time::sleep(pause).await;
-            api.get_batch_run().id(&started.id).send().await
+            let sent = Instant::now();
+            let read = tokio::time::timeout(READ_WITHIN, api.get_batch_run().id(&started.id).send()).await;
+            (sent, read)
         };
-        let read = tokio::select! {
+        let (sent, read) = tokio::select! {
             read = read => read,
             () = past(deadline) => {
                 progress.abandon();
@@ -698,6 +710,9 @@ async fn wait(
                 return Ok(Waited::GaveUp(format!("interrupted ({signal})"), Box::new(current)));
             }
         };
+        // A read unanswered within `READ_WITHIN` failed as one that could
+        // not be made would, and is tried again.
+        let read = read.map_err(|_| Unread::Unanswered).and_then(|r| r.map_err(|e| Unread::Failed(Box::new(e))));
         match read {
             Ok(run) => {
                 failed_polls = 0;
@@ -705,16 +720,16 @@ async fn wait(
                 current = run.into_inner();
                 progress.show(&current);
             }
-            Err(e) if transient(&e) && failing.is_none_or(|(since, _)| since.elapsed() < KEEP_TRYING_FOR) => {
+            Err(e) if e.transient() && failing.is_none_or(|(since, _)| since.elapsed() < KEEP_TRYING_FOR) => {
                 failed_polls += 1;
-                asked_to_wait = retry_after(&e);
-                let now = Instant::now();
-                let (since, said) = failing.get_or_insert((now, now));
+                asked_to_wait = e.retry_after();
+                // Failing since the first failed read was sent.
+                let (since, said) = failing.get_or_insert((sent, sent));
                 if failed_polls == 1 || said.elapsed() >= LOG_EVERY {
-                    *said = now;
+                    *said = Instant::now();
                     progress.note(&format!(
                         "reading the batch run failed ({:#}); trying again (failing for {} s)",
-                        api_error(e),
+                        e.into_error(),
                         since.elapsed().as_secs()
                     ));
                 }
@@ -725,9 +740,39 @@ async fn wait(
             // the report still say how it stood.
             Err(e) => {
                 progress.abandon();
-                let why = format!("reading batch run {} failed: {:#}", started.id, api_error(e));
+                let why = format!("reading batch run {} failed: {:#}", started.id, e.into_error());
                 return Ok(Waited::GaveUp(why, Box::new(current)));
             }
+        }
+    }
+}
+
+/// A read of the batch run that failed.
+enum Unread {
+    /// No answer within `READ_WITHIN`.
+    Unanswered,
+    Failed(Box<sparring_client::Error<types::Error>>),
+}
+
+impl Unread {
+    fn transient(&self) -> bool {
+        match self {
+            Unread::Unanswered => true,
+            Unread::Failed(e) => transient(e),
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Unread::Unanswered => None,
+            Unread::Failed(e) => retry_after(e),
+        }
+    }
+
+    fn into_error(self) -> anyhow::Error {
+        match self {
+            Unread::Unanswered => anyhow::anyhow!("no answer within {} s", READ_WITHIN.as_secs()),
+            Unread::Failed(e) => api_error(*e),
         }
     }
 }

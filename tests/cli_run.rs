@@ -956,6 +956,16 @@ async fn an_interrupt_or_the_timeout_is_not_held_up_by_a_read_that_hangs() {
     assert!(p.stderr().contains(&format!("interrupted (SIGTERM); cancelled batch run {id}")), "{}", p.stderr());
     assert_eq!(status_of(&s, &key, &id).await, "cancelled");
 
+    // A read that hangs fails once it is 10 s unanswered, and is said in
+    // the CI log (the client's own timeout, 60 s, left it silent that long).
+    let mut p = Proc::spawn_with_env(&["run", "--url", &front.base, "--test", &test], &[("SPARRING_API_KEY", &key)]);
+    p.expect("a read said unanswered", |o| {
+        o.stderr.contains("reading the batch run failed (no answer within 10 s); trying again (failing for 1")
+    });
+    // Its runs may have ended meanwhile (passed), or be cancelled now.
+    let code = p.terminate().code();
+    assert!(matches!(code, Some(0 | 2)), "{code:?}: {}", p.stderr());
+
     // The timeout holds too.
     let at = Instant::now();
     let (code, _, stderr) = run_at(&front.base, &key, &["--test", &test, "--timeout", "2"]);
@@ -1302,6 +1312,18 @@ impl StartNeverAnswered {
         assert!(started, "no start: {}", p.stderr());
         p
     }
+}
+
+/// An interrupt during a start that is not answered is said at once,
+/// while the start's answer is still waited for (up to 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_start_is_said_at_once() {
+    let mut h = StartNeverAnswered::new().await;
+    let mut p = h.run(&[]).await;
+    p.signal("INT");
+    p.expect("the interrupt said", |o| o.stderr.contains("interrupted (SIGINT) while starting; waiting up to 5 s"));
+    assert!(p.child.try_wait().unwrap().is_none(), "said before the wait for the answer: {}", p.stderr());
+    assert_eq!(p.wait_exit().code(), Some(2), "{}", p.stderr());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
