@@ -32,12 +32,49 @@ pub async fn main(args: ResultArgs) -> anyhow::Result<()> {
         api.get_test_result().id(&args.id).send().await
     } else {
         api.get_test_result_by_call().call_id(&args.id).send().await
-    }
-    .map_err(api_error)
-    .with_context(|| format!("reading test result {}", args.id))?
-    .into_inner();
+    };
+    let result = match result {
+        Ok(result) => result.into_inner(),
+        // Not a call either: an id of ours of another kind (the `run_…`
+        // beside a failure in `sparring run`'s report, say) is named, with
+        // where its results are.
+        Err(sparring_client::Error::ErrorResponse(r))
+            if r.status() == http::StatusCode::NOT_FOUND && other_kind(&args.id).is_some() =>
+        {
+            let (kind, look) = other_kind(&args.id).unwrap_or_default();
+            anyhow::bail!("`{}` is the id of {kind}, not of a test result (`trs_…`) or a call: {look}", args.id);
+        }
+        Err(e) => return Err(api_error(e).context(format!("reading test result {}", args.id))),
+    };
     let text = if args.json { serde_json::to_string_pretty(&result)? + "\n" } else { show(&result) };
     crate::remote::write_stdout(format_args!("{text}")).context("writing the result")
+}
+
+/// The kind of one of the API's ids other than a test result's, by its
+/// prefix, and where the results it leads to are.
+fn other_kind(id: &str) -> Option<(&'static str, String)> {
+    let (prefix, _) = id.split_once('_')?;
+    let of_runs = |brn: &str| format!("a run's result is its `test_result_id` in `GET /v1/batch-runs/{brn}/runs`");
+    let of_tests = "a test's results are listed by `GET /v1/tests/tst_…/results`".to_string();
+    Some(match prefix {
+        "run" => ("a run", of_runs("brn_…")),
+        "brn" => ("a batch run", of_runs(id)),
+        "tst" => ("a test", format!("its results are listed by `GET /v1/tests/{id}/results`")),
+        "bat" => ("a batch", of_runs("brn_…")),
+        "cal" => ("a calibration review", "its results are its `test_result_ids`".to_string()),
+        "rev" => ("a review", "its result is its `test_result_id`".to_string()),
+        "chn" => ("a channel", of_tests),
+        "scn" => ("a scenario", of_tests),
+        "per" => ("a persona", of_tests),
+        "prj" => ("a project", of_tests),
+        "int" => ("an integration", of_tests),
+        "usr" => ("a user", of_tests),
+        "key" => ("an API key", of_tests),
+        "txn" => ("a transaction", of_tests),
+        "act" => ("an activity record", of_tests),
+        "whd" => ("a webhook delivery", of_tests),
+        _ => return None,
+    })
 }
 
 fn seconds(ms: i64) -> String {

@@ -1097,8 +1097,8 @@ async fn sparring_result_shows_a_conversation_and_why_it_failed() {
     let t = s.team("result").await;
     let other = s.team("elsewhere").await;
     let suite = suite(&s, &t.owner, &t.project_id, &good, &wrong_day).await;
-    let (code, _, stderr) = run(&s, &t.editor, &["--test", &suite.bad_test]);
-    assert_eq!(code, Some(1), "{stderr}");
+    let (code, _, ran) = run(&s, &t.editor, &["--test", &suite.bad_test]);
+    assert_eq!(code, Some(1), "{ran}");
     let results = s.expect(Method::GET, &format!("/v1/tests/{}/results", suite.bad_test), &t.viewer, None, 200).await;
     let result = &results["test_results"][0];
     let id = result["id"].as_str().unwrap();
@@ -1152,6 +1152,22 @@ async fn sparring_result_shows_a_conversation_and_why_it_failed() {
     let (code, stdout, stderr) = command_at("result", &s.base, &other.owner, &[id]);
     assert_eq!(code, Some(1), "{stdout}");
     assert!(stderr.contains("404 not_found"), "{stderr}");
+
+    // An id of another kind (the run `sparring run` names beside a failure,
+    // a test) is said to be one, with where its results are: it was looked
+    // up as a call id, "no test result for call with id `run_…`".
+    let brn = started_id(&ran);
+    let runs = s.expect(Method::GET, &format!("/v1/batch-runs/{brn}/runs"), &t.viewer, None, 200).await;
+    let run_id = runs["runs"][0]["id"].as_str().unwrap();
+    for (other_id, kind, look) in [
+        (run_id, "a run", "GET /v1/batch-runs/brn_…/runs".to_string()),
+        (&suite.bad_test, "a test", format!("GET /v1/tests/{}/results", suite.bad_test)),
+    ] {
+        let (code, _, stderr) = command_at("result", &s.base, &t.viewer, &[other_id]);
+        assert_eq!(code, Some(1), "{stderr}");
+        let said = format!("`{other_id}` is the id of {kind}, not of a test result (`trs_…`) or a call: ");
+        assert!(stderr.contains(&said) && stderr.contains(&look), "{stderr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
