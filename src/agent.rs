@@ -70,8 +70,9 @@ pub struct AgentConfig {
     /// Seed for jitter and errors.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Share of replies that fail (HTTP 500, or a WebSocket closed with 1011).
-    #[arg(long, default_value_t = 0.0)]
+    /// Share of replies that fail (HTTP 500, or a WebSocket closed with
+    /// 1011), from 0 to 1.
+    #[arg(long, default_value_t = 0.0, value_parser = share)]
     pub error_rate: f64,
     /// Misbehave in one realistic way.
     #[arg(long, value_enum, default_value = "none")]
@@ -133,6 +134,15 @@ pub struct Reply {
     pub messages: Vec<String>,
     pub end_call: bool,
     pub tool_calls: Vec<(String, Value)>,
+}
+
+/// A share, from 0 to 1 (`--error-rate`).
+fn share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        Ok(_) => Err("must be from 0 to 1 (0.1: one reply in ten fails)".to_string()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn say(text: impl Into<String>) -> Reply {

@@ -51,7 +51,7 @@ pub struct RunArgs {
     no_wait: bool,
     /// Stop waiting this many seconds after the command began (a start
     /// tried again counts), and cancel the batch run (exit 2).
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", value_parser = timeout_seconds)]
     timeout: Option<u64>,
     /// When interrupted or timed out, leave the batch run going rather than
     /// cancel it.
@@ -135,6 +135,15 @@ impl RunArgs {
             (None, None, _) => anyhow::bail!("--test more than once needs --channel (the channel of those tests)"),
             _ => anyhow::bail!("give one of --batch, --channel (with or without --test) or --test"),
         }
+    }
+}
+
+/// `--timeout`: 0 would start a batch run only to cancel it.
+fn timeout_seconds(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(0) => Err("must be at least 1 (seconds): 0 would start the batch run only to cancel it".to_string()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -658,6 +658,14 @@ async fn admin_grant_credits_adds_to_the_ledger_and_never_below_zero() {
         run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", &user_id, "--amount", "7"]);
     assert!(status.success(), "{stderr}");
     assert_eq!(stdout.trim(), "ops@example.com now has 1307 credits");
+    // An id given in upper case, or cut short, is said to be no user's id,
+    // not an unknown email.
+    for wrong in [user_id.to_uppercase(), "usr_nope".to_string()] {
+        let (status, _, stderr) =
+            run(&["admin", "grant-credits", "--data-dir", data_dir, "--user", &wrong, "--amount", "7"]);
+        assert!(!status.success(), "{wrong}");
+        assert!(stderr.contains(&format!("no user with id {wrong} (a user id is `usr_` and 32")), "{stderr}");
+    }
     let resp = http().get(server.url("/v1/transactions")).header("x-api-key", &key).send().await.unwrap();
     let ledger: Value = resp.json().await.unwrap();
     let entries: Vec<(String, i64, i64, String)> = ledger["transactions"]
@@ -808,6 +816,17 @@ fn the_demo_runs_a_batch_and_prints_its_results() {
     assert!(stdout.lines().any(|l| l.contains("/v1/batch-runs/brn_") && l.ends_with("/tests'")), "{stdout}");
     let result = stdout.lines().find(|l| l.contains(" sparring result --url http://127.0.0.1:"));
     assert!(result.is_some_and(|l| l.contains(" trs_")), "{stdout}");
+}
+
+/// A share of failing replies over 1 (or below 0) is refused, not taken as
+/// "every reply".
+#[test]
+fn the_reference_agent_refuses_an_error_rate_that_is_no_share() {
+    for rate in ["2", "-0.5", "NaN"] {
+        let (status, _, stderr) = run(&["agent", "--bind", "127.0.0.1:0", &format!("--error-rate={rate}")]);
+        assert_eq!(status.code(), Some(2), "{rate}: {stderr}");
+        assert!(stderr.contains("--error-rate") && stderr.contains("must be from 0 to 1"), "{rate}: {stderr}");
+    }
 }
 
 /// `sparring agent` says where to point channels: the protocols are served

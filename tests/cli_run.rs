@@ -232,6 +232,8 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
     for (args, says) in [
         (vec!["--test", &suite.good_test, "--metadata", "novalue", "--junit", j], "novalue"),
         (vec!["--timeout", "soon", "--test", &suite.good_test, "--junit", j], "soon"),
+        // It would start a batch run only to cancel it.
+        (vec!["--timeout", "0", "--test", &suite.good_test, "--junit", j], "must be at least 1 (seconds)"),
         (vec!["--batch", "bat_x", "--test", &suite.good_test, &format!("--junit={j}")], "--batch"),
     ] {
         std::fs::remove_file(&junit).unwrap();

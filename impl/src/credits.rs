@@ -165,6 +165,9 @@ pub fn admin_grant(
     let (user_id, email) = found.ok_or_else(|| {
         if by_id {
             anyhow::anyhow!("no user with id {user}")
+        } else if !user.contains('@') && user.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("usr_")) {
+            // Ids are lower case; this one was meant as an id, not an email.
+            anyhow::anyhow!("no user with id {user} (a user id is `usr_` and 32 lower-case hex digits)")
         } else {
             anyhow::anyhow!("no user with email {user}")
         }
