@@ -249,6 +249,9 @@ async fn without_a_verdict_the_exit_code_is_2_and_the_error_says_why() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("the report could not be written; nothing was started"), "{stderr}");
     assert!(!stderr.contains("404"), "it was not started: {stderr}");
+    // What failed is named: the file made beside it first.
+    let made = format!("creating {}/.report.xml.", nowhere.parent().unwrap().display());
+    assert!(stderr.contains(&made) && stderr.contains("No such file or directory"), "{stderr}");
 
     // A URL without its scheme: said at once, not tried for a minute.
     for url in ["not a url", "localhost:8080", "sparring.example.com"] {

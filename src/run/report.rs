@@ -89,18 +89,19 @@ fn replace(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     tmp.push(name);
     tmp.push(format!(".{}.tmp", std::process::id()));
     let tmp = dir.join(tmp);
+    // Each step says what failed: the OS's error alone may not fit the
+    // path given (a file in `/proc` cannot be made beside: "No such file").
     let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
+        let mut f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         // On disk before it is named as the report, so that a power loss
         // does not leave an empty report either.
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        f.write_all(bytes).and_then(|()| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to it", tmp.display()))
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    Ok(written?)
+    written
 }
 
 /// The report of one suite, as XML.
