@@ -551,6 +551,17 @@ fn without_value(text: &str) -> String {
         if let Some((unexpected, expected)) = text.strip_prefix(prefix).and_then(|rest| rest.rsplit_once(", expected "))
         {
             let kind = unexpected.split(['`', '"']).next().unwrap_or("").trim_end();
+            // An integer past 64 bits is read as a float (`1e+20`): it was
+            // a whole number, too large, not a float where one is refused.
+            let too_large = kind == "floating point"
+                && unexpected
+                    .split('`')
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .is_some_and(|v| v.fract() == 0.0 && v.abs() >= 9.2e18);
+            if too_large {
+                return format!("number out of range, expected {expected}");
+            }
             return format!("{prefix}{kind}, expected {expected}");
         }
     }
@@ -1240,6 +1251,13 @@ mod tests {
             (format!("{body}x"), "trailing characters"),
             (r#"{"name": 5}"#.to_string(), "name: invalid type"),
             ("[]".to_string(), "must be a JSON object"),
+            // Past 64 bits serde_json reads a float: said as what it was.
+            (
+                r#"{"turn_timeout_ms": 99999999999999999999}"#.to_string(),
+                "turn_timeout_ms: number out of range, expected",
+            ),
+            (r#"{"turn_timeout_ms": -1e20}"#.to_string(), "turn_timeout_ms: number out of range, expected"),
+            (r#"{"turn_timeout_ms": 1.5}"#.to_string(), "turn_timeout_ms: invalid type: floating point, expected"),
         ] {
             let (code, message) = refused::<types::UpdateChannelRequest>(&bad);
             assert!(code.starts_with("invalid_"), "{bad}: {code}");
