@@ -1339,6 +1339,22 @@ fn misdirected_commands_say_what_is_wrong() {
     assert!(stderr.contains("give the id of a test result"), "{stderr}");
 }
 
+/// `sparring` with `args`, its stdout closed before it writes anything (a
+/// reader that stopped early: `| head -n1`).
+fn with_stdout_closed(args: &[&str]) -> std::process::Output {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(common::process::BIN)
+        .args(args)
+        .env_remove("SPARRING_DEMO_LLM_BASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
+}
+
 /// The commands that print what they did do it all the same when stdout
 /// cannot take it: a reader that closed the pipe early (`| head -n1`) had
 /// what it wanted, and a full disk is said, with what was done. `println!`
@@ -1352,17 +1368,7 @@ async fn commands_do_their_work_when_stdout_cannot_take_their_lines() {
     let data_dir = dir.path().to_str().unwrap();
     // The first start makes the admin user.
     first_start(dir.path()).0.stop();
-    let closed = |args: &[&str]| {
-        let mut child = Command::new(common::process::BIN)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        drop(child.stdout.take());
-        child.wait_with_output().unwrap()
-    };
+    let closed = with_stdout_closed;
     let full = |args: &[&str]| {
         let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
         Command::new(common::process::BIN).args(args).stdin(Stdio::null()).stdout(full).output().unwrap()
@@ -1418,23 +1424,13 @@ async fn commands_do_their_work_when_stdout_cannot_take_their_lines() {
 /// -n1`): `println!` panicked there, exit 101 and a backtrace.
 #[test]
 fn the_demo_refuses_a_bad_llm_url_and_outlives_a_closed_stdout() {
-    use std::process::{Command, Stdio};
     for url in ["notaurl", "ftp://llm.example.com/v1"] {
         let (status, _, stderr) = run(&["demo", "--llm-base-url", url]);
         assert_eq!(status.code(), Some(2), "{stderr}");
         assert!(stderr.contains("--llm-base-url") && stderr.contains("must look like https://host"), "{stderr}");
         assert!(!stderr.contains("Error Response"), "{stderr}");
     }
-    let mut child = Command::new(common::process::BIN)
-        .arg("demo")
-        .env_remove("SPARRING_DEMO_LLM_BASE_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
+    let out = with_stdout_closed(&["demo"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && !stderr.contains("panicked"), "{}: {stderr}", out.status);
 }
