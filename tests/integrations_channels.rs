@@ -192,6 +192,23 @@ async fn integration_input_is_checked_field_by_field() {
         ),
         (with(twilio(p, "x"), json!({"config": "nope"})), "invalid_config", "config"),
         (with(twilio(p, "x"), json!({"credentials": "nope"})), "invalid_credentials", "credentials"),
+        // Sent as a bearer token: a key that is no string went unsent.
+        (with(llm(p, "x"), json!({"credentials": {"api_key": 5}})), "invalid_api_key", "credentials.api_key"),
+        (with(llm(p, "x"), json!({"credentials": {"api_key": " "}})), "invalid_api_key", "credentials.api_key"),
+        // `/chat/completions` is appended: it would land in the query.
+        (
+            with(llm(p, "x"), json!({"config": {"base_url": "https://llm.example.com/v1?x=1", "model": "m"}})),
+            "invalid_base_url",
+            "config.base_url",
+        ),
+        (
+            with(
+                llm(p, "x"),
+                json!({"config": {"base_url": "https://llm.example.com", "model": "m", "temperature": "hot"}}),
+            ),
+            "invalid_temperature",
+            "config.temperature",
+        ),
         (with(twilio(p, "x"), json!({"phone_numbers": [number("555")]})), "invalid_number", "phone_numbers[0].number"),
         (
             with(twilio(p, "x"), json!({"phone_numbers": [number("+14155550100"), number("+0123")]})),

@@ -65,8 +65,10 @@ pub(crate) fn credentials_context(integration_id: &str) -> String {
 }
 
 /// What each provider's `config` must hold:
-/// - `openai_compatible`: `base_url` (an http or https URL) and `model` (a
-///   non-empty string); other keys (e.g. `temperature`) are kept as given.
+/// - `openai_compatible`: `base_url` (an http or https URL with no query or
+///   fragment: `/chat/completions` is appended to it), `model` (a non-empty
+///   string) and, if given, `temperature` (a number from 0 to 2); other keys
+///   are kept as given.
 /// - `twilio`: `account_sid` (a non-empty string).
 /// - `telnyx`, `vonage`: any object; what a call needs there (connection or
 ///   application ids) depends on the account's setup and is the provider's
@@ -87,8 +89,21 @@ fn check_config(provider: types::IntegrationProvider, config: &Map<String, Value
     };
     match provider {
         types::IntegrationProvider::OpenaiCompatible => {
-            validate::url("config.base_url", string("base_url")?, &["http", "https"])?;
+            let base_url = validate::url("config.base_url", string("base_url")?, &["http", "https"])?;
+            if url::Url::parse(&base_url).is_ok_and(|u| u.query().is_some() || u.fragment().is_some()) {
+                return Err(Failure::invalid(
+                    "config.base_url",
+                    "must have no query or fragment: requests go to the base URL followed by `/chat/completions`",
+                ));
+            }
             validate::required_text("config.model", string("model")?, MAX_MODEL)?;
+            // Read as a number when a request is made: anything else was
+            // dropped there without a word.
+            match config.get("temperature") {
+                None | Some(Value::Null) => {}
+                Some(t) if t.as_f64().is_some_and(|t| (0.0..=2.0).contains(&t)) => {}
+                Some(_) => return Err(Failure::invalid("config.temperature", "must be a number from 0 to 2")),
+            }
         }
         types::IntegrationProvider::Twilio => {
             validate::required_text("config.account_sid", string("account_sid")?, MAX_ACCOUNT_SID)?;
@@ -210,6 +225,13 @@ fn seal_credentials(state: &AppState, id: &str, credentials: &Map<String, Value>
         return Ok(None);
     }
     validate::free_form("credentials", credentials)?;
+    // Sent as a bearer token, so read as a string: anything else was
+    // dropped there without a word, and the provider asked with no key.
+    match credentials.get("api_key") {
+        None => {}
+        Some(Value::String(key)) if !key.trim().is_empty() => {}
+        Some(_) => return Err(Failure::invalid("credentials.api_key", "must be a non-empty string")),
+    }
     let plain = serde_json::to_vec(credentials).map_err(|e| Failure::invalid("credentials", e))?;
     Ok(Some(state.secrets.seal(&plain, &credentials_context(id))))
 }
@@ -664,6 +686,20 @@ mod tests {
             code(check_config(P::OpenaiCompatible, &obj(json!({"base_url": "http://x", "model": 4})))),
             "invalid_model"
         );
+        // `/chat/completions` is appended: into a query or fragment, it
+        // would never reach the path.
+        for base_url in ["http://x/v1?key=1", "http://x/v1#top", "http://x/v1?"] {
+            let config = obj(json!({"base_url": base_url, "model": "m"}));
+            assert_eq!(code(check_config(P::OpenaiCompatible, &config)), "invalid_base_url", "{base_url}");
+        }
+        for temperature in [json!("hot"), json!(-0.1), json!(2.5), json!([1])] {
+            let config = obj(json!({"base_url": "http://x", "model": "m", "temperature": temperature}));
+            assert_eq!(code(check_config(P::OpenaiCompatible, &config)), "invalid_temperature", "{temperature}");
+        }
+        for temperature in [json!(0), json!(2), json!(null)] {
+            let config = obj(json!({"base_url": "http://x", "model": "m", "temperature": temperature}));
+            assert!(check_config(P::OpenaiCompatible, &config).is_ok(), "{temperature}");
+        }
         assert!(check_config(P::Twilio, &obj(json!({"account_sid": "AC123"}))).is_ok());
         assert_eq!(code(check_config(P::Twilio, &obj(json!({})))), "invalid_account_sid");
         assert!(check_config(P::Telnyx, &obj(json!({}))).is_ok());
