@@ -30,6 +30,9 @@ pub(super) struct SimulatedCaller<'a> {
     /// The channel's header values: they go only to the agent, so an agent
     /// that echoes one does not have it passed on to the LLM.
     agent_secrets: Redaction,
+    /// What an agent's reply may take (the channel's `turn_timeout_ms`):
+    /// the caller's LLM, held to it when the call's limit cuts its answer.
+    turn_timeout: Duration,
 }
 
 impl<'a> SimulatedCaller<'a> {
@@ -46,6 +49,7 @@ impl<'a> SimulatedCaller<'a> {
             llm,
             system: system_prompt(&plan.scenario, plan.persona.as_ref()),
             agent_secrets: Redaction::of(&headers),
+            turn_timeout: plan.agent.turn_timeout,
         })
     }
 
@@ -55,8 +59,20 @@ impl<'a> SimulatedCaller<'a> {
         for message in &mut messages {
             message.content = self.agent_secrets.apply(std::mem::take(&mut message.content));
         }
+        let asked = Instant::now();
         let answer = tokio::time::timeout_at(deadline, llm::complete(self.http, self.llm, &messages, LLM_TIMEOUT));
         match answer.await {
+            // The call's limit came while the LLM was thinking: the call
+            // reached its end, unless the LLM had taken longer than an
+            // agent's reply may. Then the caller, not the agent, spent the
+            // call (an LLM that hangs, during an outage), and the result
+            // is a caller error, as when the LLM fails, not a judged call.
+            Err(_) if asked.elapsed() > self.turn_timeout => Next::Failed(format!(
+                "it had not answered after {} ms when the call reached its limit (an agent's reply may take {} \
+                 ms, the channel's turn_timeout_ms)",
+                asked.elapsed().as_millis(),
+                self.turn_timeout.as_millis()
+            )),
             Err(_) => Next::Deadline,
             Ok(Err(e)) => Next::Failed(e.to_string()),
             // Its key taken out first: an endpoint echoing it in an answer

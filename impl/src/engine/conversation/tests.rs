@@ -1780,6 +1780,39 @@ async fn simulated_caller_llm_failure_is_a_caller_error() {
         .starts_with("the simulated caller's LLM failed: its answer has neither a line to say nor \"done\": true: "));
 }
 
+/// A caller's LLM that does not answer (an outage that hangs) until the
+/// call's limit is a caller error once it took longer than an agent's
+/// reply may: it was a judged `max_duration` call, which its evaluators
+/// could pass. Within that time the call just reached its limit.
+#[tokio::test]
+async fn a_caller_llm_that_hangs_until_the_calls_limit_is_a_caller_error() {
+    let (agent, _) = serve_http(booking_http).await;
+    let (llm, asked) = serve_http(|_| Act::Hang).await;
+    let mut plan = simulated_plan(format!("{agent}/http"), Some(&llm), Some("Hello"));
+    plan.max_duration = Duration::from_millis(1500);
+    plan.agent.turn_timeout = Duration::from_millis(300);
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{outcome:?}");
+    assert!(outcome.caller_error, "{outcome:?}");
+    let error = outcome.error.clone().unwrap();
+    assert!(error.starts_with("the simulated caller's LLM failed: it had not answered after 1"), "{error}");
+    assert!(
+        error.ends_with(
+            "ms when the call reached its limit (an agent's reply may take 300 ms, the channel's turn_timeout_ms)"
+        ),
+        "{error}"
+    );
+    assert_eq!(lines(&outcome), vec![("caller", s("Hello")), ("agent", s("Hi! How can I help?"))]);
+    assert_eq!(asked.lock().unwrap().len(), 1);
+
+    // Cut by the limit sooner than an agent's reply may take: the call
+    // reached its end.
+    plan.agent.turn_timeout = Duration::from_secs(10);
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::MaxDuration, "{outcome:?}");
+    assert!(!outcome.caller_error && outcome.error.is_none(), "{outcome:?}");
+}
+
 /// A busy LLM endpoint's `Retry-After` is kept to: asked again no sooner
 /// than it says (in seconds or as a date), and not at all when it asks for
 /// longer than a conversation waits, rather than sooner than it said.
