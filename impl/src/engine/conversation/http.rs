@@ -43,8 +43,9 @@ struct WireMessage {
     #[serde(default)]
     #[allow(dead_code)]
     role: Option<String>,
-    #[serde(default)]
-    content: Option<String>,
+    /// Required, as in a `websocket` `message` frame: a message without it
+    /// was taken for silence, and judged as "the agent said nothing".
+    content: String,
 }
 
 #[derive(Deserialize)]
@@ -131,7 +132,7 @@ impl<'a> HttpAgent<'a> {
         let at = Instant::now();
         reply.arrived(at);
         let wire = parse_reply(turn, &text, &self.secrets).map_err(TurnFailure::Agent)?;
-        for content in wire.messages.into_iter().filter_map(|m| m.content) {
+        for content in wire.messages.into_iter().map(|m| m.content) {
             reply.said(content, at);
         }
         reply.tool_calls = wire

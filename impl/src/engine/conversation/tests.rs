@@ -831,6 +831,18 @@ async fn http_reply_of_the_wrong_shape() {
     let (outcome, _) =
         http_failure(|_| Act::Json(json!({"messages": [{"content": 3}]})), Duration::from_secs(10)).await;
     assert!(outcome.error.unwrap().starts_with("the agent's reply to turn 0 is not of the protocol's shape"));
+
+    // A message with no `content` (or a null one), as a `websocket`
+    // `message` frame without it: it was taken for silence.
+    let without: fn(&Value) -> Act = |_| Act::Json(json!({"messages": [{"role": "assistant"}]}));
+    let null: fn(&Value) -> Act = |_| Act::Json(json!({"messages": [{"role": "assistant", "content": null}]}));
+    for reply in [without, null] {
+        let (outcome, _) = http_failure(reply, Duration::from_secs(10)).await;
+        assert_eq!(outcome.ended_reason, EndedReason::AgentError, "{outcome:?}");
+        let error = outcome.error.unwrap();
+        assert!(error.starts_with("the agent's reply to turn 0 is not of the protocol's shape"), "{error}");
+        assert!(error.contains("content"), "{error}");
+    }
 }
 
 /// An agent that answers a turn's POST with a 301, 302 or 303 would have it
