@@ -224,16 +224,22 @@ impl ServeArgs {
         if !self.oidc_jwks.is_empty() && self.oidc_jwks.len() != n {
             anyhow::bail!("give --oidc-jwks once per --oidc-issuer ({n}), or not at all");
         }
-        Ok(self
-            .oidc_issuers
-            .iter()
-            .enumerate()
-            .map(|(i, issuer)| IssuerConfig {
-                issuer: issuer.clone(),
-                audience: audiences.get(i).unwrap_or(&audiences[0]).clone(),
-                jwks_file: self.oidc_jwks.get(i).cloned(),
-            })
-            .collect())
+        // Trimmed: a list in a variable is often written with spaces after
+        // its commas ("https://a, https://b"), and an issuer or audience
+        // with one would match no token, silently.
+        let mut configs = Vec::with_capacity(n);
+        for (i, issuer) in self.oidc_issuers.iter().enumerate() {
+            let audience = audiences.get(i).unwrap_or(&audiences[0]).trim();
+            if audience.is_empty() {
+                anyhow::bail!("--oidc-audience is empty: give the client id the ID tokens are issued for");
+            }
+            let jwks_file = self.oidc_jwks.get(i).map(|path| match path.to_str() {
+                Some(text) => PathBuf::from(text.trim()),
+                None => path.clone(),
+            });
+            configs.push(IssuerConfig { issuer: issuer.trim().to_string(), audience: audience.to_string(), jwks_file });
+        }
+        Ok(configs)
     }
 }
 

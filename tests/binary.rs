@@ -1434,3 +1434,82 @@ fn the_demo_refuses_a_bad_llm_url_and_outlives_a_closed_stdout() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && !stderr.contains("panicked"), "{}: {stderr}", out.status);
 }
+
+/// A start refused for its configuration (a port taken, an OIDC key set
+/// that cannot be read or holds no key, an empty audience, a key file in no
+/// directory) says why and leaves no data dir behind: the database and a
+/// new secret key were made before these were looked at. An OIDC key set
+/// with no key, or an empty audience, started a server that refused every
+/// ID token.
+#[test]
+fn a_start_refused_for_its_configuration_leaves_no_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_at = taken.local_addr().unwrap().to_string();
+    std::fs::write(path("empty.json"), r#"{"keys": []}"#).unwrap();
+    std::fs::write(path("keyless.json"), r#"{"keys": [{"kty": "RSA", "kid": "k1"}]}"#).unwrap();
+    let (missing, empty, keyless) = (path("missing.json"), path("empty.json"), path("keyless.json"));
+    let oidc = |jwks: &str| {
+        ["--oidc-issuer", "https://issuer.example", "--oidc-audience", "x", "--oidc-jwks", jwks]
+            .map(String::from)
+            .to_vec()
+    };
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--bind".into(), taken_at.clone()], "Address already in use"),
+        (oidc(&missing), "--oidc-jwks"),
+        (oidc(&empty), "holds no public key to verify ID tokens with"),
+        (oidc(&keyless), "holds no public key to verify ID tokens with"),
+        (
+            ["--oidc-issuer", "https://issuer.example", "--oidc-audience", " "].map(String::from).to_vec(),
+            "--oidc-audience is empty",
+        ),
+        (vec!["--secret-key-file".into(), path("nowhere/secret.key")], "no directory"),
+    ];
+    let new = path("new");
+    for (extra, said) in cases {
+        let mut args = vec!["serve", "--data-dir", &new];
+        if !extra.contains(&"--bind".to_string()) {
+            args.extend(["--bind", "127.0.0.1:0"]);
+        }
+        args.extend(extra.iter().map(String::as_str));
+        let (status, _, stderr) = run(&args);
+        assert_eq!(status.code(), Some(1), "{extra:?}: {stderr}");
+        assert!(stderr.contains(said), "{extra:?}: {stderr}");
+        assert!(!std::path::Path::new(&new).exists(), "{extra:?} left a data dir: {stderr}");
+    }
+    drop(taken);
+}
+
+/// Several issuers in the variables, written with a space after each
+/// comma: each is taken trimmed. The issuer kept its space, matched no
+/// token, and the server started all the same; the key file's path kept
+/// its own and was not found.
+#[tokio::test]
+async fn oidc_lists_in_the_variables_may_have_spaces_after_their_commas() {
+    use common::oidc::{jwks_of, sign, valid, AUDIENCE, ISSUER_KEY, OTHER_KEY};
+    let dir = tempfile::tempdir().unwrap();
+    let (b_jwks, a_jwks) = (dir.path().join("b.json"), dir.path().join("a.json"));
+    std::fs::write(&b_jwks, jwks_of(OTHER_KEY, "k2").to_string()).unwrap();
+    std::fs::write(&a_jwks, jwks_of(ISSUER_KEY, "k1").to_string()).unwrap();
+    let data_dir = dir.path().join("data");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let bind = format!("127.0.0.1:{port}");
+    let jwks = format!("{}, {}", b_jwks.display(), a_jwks.display());
+    let mut server = common::process::Server {
+        proc: common::process::Proc::spawn_with_env(
+            &["serve", "--bind", &bind, "--data-dir", data_dir.to_str().unwrap(), "--log-format", "json"],
+            &[
+                ("SPARRING_OIDC_ISSUER", "https://b.example, https://a.example"),
+                ("SPARRING_OIDC_AUDIENCE", &format!("{AUDIENCE} ")),
+                ("SPARRING_OIDC_JWKS", &jwks),
+            ],
+        ),
+        base: format!("http://{bind}"),
+    };
+    server.proc.expect("the server to serve", |o| o.stderr.contains(common::process::SERVING));
+    let token = sign(valid("https://a.example", "alice"));
+    let resp = http().get(server.url("/v1/api-keys")).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "{}", resp.text().await.unwrap());
+    server.stop();
+}

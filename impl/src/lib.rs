@@ -425,6 +425,20 @@ fn api_description() -> anyhow::Result<dropshot::ApiDescription<ApiContext>> {
 }
 
 pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningServer> {
+    // What the configuration alone decides is checked before the data dir
+    // is made: a start refused for a mistyped flag leaves no database and
+    // no secret key behind (where a mistyped --data-dir pointed, too).
+    let oidc = Oidc::new(config.oidc.clone(), config.oidc_refetch_interval, config.oidc_keys_max_age, &log).await?;
+    // Bound once and let go (a port taken meanwhile is still said, by the
+    // server's own bind below).
+    std::net::TcpListener::bind(config.bind)
+        .map_err(|e| anyhow::anyhow!("starting the server on {}: {e}", config.bind))?;
+    let key_path = config.secret_key_path();
+    if let Some(dir) = key_path.parent().filter(|d| *d != config.data_dir && !d.as_os_str().is_empty()) {
+        if !key_path.exists() && !dir.is_dir() {
+            anyhow::bail!("--secret-key-file {}: no directory {} to make it in", key_path.display(), dir.display());
+        }
+    }
     let lock = lock_data_dir(&config.data_dir)?;
     // Migrations run as the store opens, before anything else is logged: a
     // long one is said first, so that a start that seems to hang does not.
@@ -432,7 +446,6 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
         slog::info!(log, "{}", migrating; "database" => %config.data_dir.join(DATABASE_FILE).display());
     }
     let store = open_store(&config.data_dir)?;
-    let key_path = config.secret_key_path();
     if !key_path.exists() {
         // A new key opens none of what the old one sealed, and the next
         // start would take it for the key: only a database with nothing
@@ -458,7 +471,6 @@ pub async fn start(config: Config, log: slog::Logger) -> anyhow::Result<RunningS
     }
     let starting_credits = config.starting_credits;
     store.write(move |tx| credits::set_starting_credits(tx, starting_credits).map_err(store::StoreError::from)).await?;
-    let oidc = Oidc::new(config.oidc.clone(), config.oidc_refetch_interval, config.oidc_keys_max_age, &log).await?;
     let test_cache = test_cache::TestCache::watching(&store);
     let key_pages = api_keys::KeyPages::watching(&store);
     let in_open_calibrations = reviews::blind::InOpenCalibrations::watching(&store);

@@ -270,11 +270,25 @@ impl Oidc {
             }
             let url = IssuerUrl::new(config.issuer.clone())
                 .map_err(|e| anyhow::anyhow!("--oidc-issuer {}: {e}", config.issuer))?;
+            if config.audience.trim().is_empty() {
+                anyhow::bail!("--oidc-audience for {} is empty: give the client id its tokens are for", config.issuer);
+            }
             let keys = match &config.jwks_file {
                 Some(path) => {
                     let text = std::fs::read_to_string(path)
                         .map_err(|e| anyhow::anyhow!("--oidc-jwks {}: {e}", path.display()))?;
-                    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("--oidc-jwks {}: {e}", path.display()))?
+                    let value: serde_json::Value = serde_json::from_str(&text)
+                        .map_err(|e| anyhow::anyhow!("--oidc-jwks {}: {e}", path.display()))?;
+                    // A set with no key to verify with would refuse every
+                    // token, and the server start as if all were well.
+                    if !holds_a_public_key(&value) {
+                        anyhow::bail!(
+                            "--oidc-jwks {}: holds no public key to verify ID tokens with (an RSA key needs `n` and \
+                             `e`; an EC key `crv`, `x` and `y`; an OKP key `crv` and `x`)",
+                            path.display()
+                        );
+                    }
+                    serde_json::from_value(value).map_err(|e| anyhow::anyhow!("--oidc-jwks {}: {e}", path.display()))?
                 }
                 None => CoreJsonWebKeySet::new(Vec::new()),
             };
@@ -601,6 +615,21 @@ fn payload(token: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
 /// keys verify the token.
 fn unverified_issuer(token: &str) -> Option<String> {
     payload(token)?.get("iss")?.as_str().map(str::to_string)
+}
+
+/// Whether a JWKS document (`{"keys": [...]}`) holds a public key a
+/// signature can be checked with.
+fn holds_a_public_key(jwks: &serde_json::Value) -> bool {
+    let has =
+        |key: &serde_json::Value, fields: &[&str]| fields.iter().all(|f| key.get(*f).is_some_and(|v| v.is_string()));
+    jwks.get("keys").and_then(serde_json::Value::as_array).is_some_and(|keys| {
+        keys.iter().any(|key| match key.get("kty").and_then(serde_json::Value::as_str) {
+            Some("RSA") => has(key, &["n", "e"]),
+            Some("EC") => has(key, &["crv", "x", "y"]),
+            Some("OKP") => has(key, &["crv", "x"]),
+            _ => false,
+        })
+    })
 }
 
 #[cfg(test)]
