@@ -1513,3 +1513,44 @@ async fn oidc_lists_in_the_variables_may_have_spaces_after_their_commas() {
     assert_eq!(resp.status().as_u16(), 200, "{}", resp.text().await.unwrap());
     server.stop();
 }
+
+/// A database file this user may not write is named at start, with why:
+/// SQLite opened it read-only without a word, and the first write failed
+/// naming no file ("attempt to write a readonly database"). Root may write
+/// any file, so as root the server runs as `nobody` (`setpriv`).
+#[test]
+fn a_database_this_user_cannot_write_is_named_at_start() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let data_dir = dir.path().join("data");
+    let data_dir = data_dir.to_str().unwrap();
+    let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    // A copy `nobody` can reach (the build's directory may be root's alone).
+    let bin = dir.path().join("sparring");
+    if root {
+        std::fs::copy(common::process::BIN, &bin).unwrap();
+    }
+    let command = || {
+        let mut cmd = if root {
+            let mut cmd = std::process::Command::new("setpriv");
+            cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&bin);
+            cmd
+        } else {
+            std::process::Command::new(common::process::BIN)
+        };
+        cmd.args(["serve", "--data-dir", data_dir, "--bind", "127.0.0.1:0", "--log-format", "json"]);
+        cmd
+    };
+    let mut first = common::process::Proc::spawn_command(command(), "the first start");
+    first.expect("the server to serve", |o| o.stderr.contains(common::process::SERVING));
+    assert!(first.terminate().success(), "{}", first.stderr());
+    let database = dir.path().join("data/sparring.db");
+    std::fs::set_permissions(&database, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let mut again = common::process::Proc::spawn_command(command(), "the start on a read-only database");
+    let status = again.wait_exit();
+    let stderr = again.stderr();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let said = format!("database {} cannot be written by this user", database.display());
+    assert!(stderr.contains(&said) && stderr.contains("Permission denied"), "{stderr}");
+}

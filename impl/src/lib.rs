@@ -168,6 +168,13 @@ pub fn open_store(data_dir: &std::path::Path) -> anyhow::Result<Store> {
             }
             _ => {}
         }
+        // SQLite opens a file it may not write read-only, without a word,
+        // and the first write then fails naming no file.
+        if let Err(e) = std::fs::OpenOptions::new().write(true).open(&path) {
+            return Err(e).with_context(|| {
+                format!("database {} cannot be written by this user (its mode, owner or file system)", path.display())
+            });
+        }
     }
     Store::open(&path).with_context(|| format!("opening database {}", path.display()))
 }
