@@ -1058,9 +1058,9 @@ async fn a_backup_made_beside_a_running_server_starts_a_server_that_reads_its_se
     // Into a directory that holds anything: refused, nothing touched.
     let (status, _, stderr) = run(&["admin", "backup", "--data-dir", data_dir, "--to", to_str]);
     assert!(!status.success() && stderr.contains("is not empty"), "{stderr}");
-    // A backup that fails (here: pointed at a key file that is not there,
-    // under sealed secrets) leaves its copy for a look; trying again into
-    // the same directory works.
+    // A backup refused for its key (here: pointed at a key file that is
+    // not there, under sealed secrets) removes its copy, a whole copy of
+    // the data it was left as; trying again into the same directory works.
     let retried = backups.path().join("retried");
     let retried_str = retried.to_str().unwrap();
     let missing = backups.path().join("no.key");
@@ -1075,7 +1075,8 @@ async fn a_backup_made_beside_a_running_server_starts_a_server_that_reads_its_se
         retried_str,
     ]);
     assert!(!status.success() && stderr.contains("no secret key at"), "{stderr}");
-    assert!(retried.join("sparring.db.partial").exists(), "{stderr}");
+    assert!(stderr.contains("the backup is not made, and its copy removed"), "{stderr}");
+    assert!(!retried.join("sparring.db.partial").exists(), "{stderr}");
     let (status, stdout, stderr) = run(&["admin", "backup", "--data-dir", data_dir, "--to", retried_str]);
     assert!(status.success(), "{stderr}");
     assert!(stdout.contains("with the secret key"), "{stdout}");
@@ -1168,6 +1169,10 @@ async fn a_backup_with_a_key_that_opens_nothing_sealed_is_refused() {
     assert!(error.contains(wrong.to_str().unwrap()), "the error does not name the key file: {error}");
     assert!(error.contains("SPARRING_SECRET_KEY_FILE"), "the error does not say what to do: {error}");
     assert!(!to.join("sparring.db").exists() && !to.join("secret.key").exists(), "a backup that looks made");
+    // Nor a copy of the data left behind.
+    assert!(error.contains("the backup is not made, and its copy removed"), "{error}");
+    let left: Vec<_> = std::fs::read_dir(&to).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "{left:?}");
 
     // With the data dir's own key, into the same directory: made.
     let (status, stdout, stderr) = run(&["admin", "backup", "--data-dir", data_dir, "--to", to.to_str().unwrap()]);

@@ -134,28 +134,38 @@ pub fn backup(
     if check != "ok" {
         anyhow::bail!("the copy does not check out ({check}); it is left at {}", partial.display());
     }
+    // Refused for its key, the copy is removed: a whole copy of the data
+    // (transcripts, emails) left in a directory made for a backup is one
+    // more to keep safe, and the next attempt copies afresh anyway.
+    let refuse = |e: anyhow::Error| {
+        let _ = std::fs::remove_file(&partial);
+        e
+    };
     let sealed = crate::reseal::count_sealed(&conn)?;
     if sealed > 0 && keys.current.is_none() {
-        anyhow::bail!(
+        drop(conn);
+        return Err(refuse(anyhow::anyhow!(
             "the database holds {sealed} sealed secrets but there is no secret key at {}: give the key file the \
-             server uses with --secret-key-file (the copy is left at {})",
+             server uses with --secret-key-file (the backup is not made, and its copy removed)",
             key_path.display(),
-            partial.display()
-        );
+        )));
     }
     // The keys that go with the copy must open it, as a server started on
     // it requires (`start`): another data dir's key, or a wrong
     // --secret-key-file, would make a backup whose secrets are lost.
     if let Some(current) = &keys.current {
-        let secrets = secrets::Secrets::from_contents(&key_path, current, keys.previous.as_deref())
-            .with_context(|| format!("the backup is not made (the copy is left at {})", partial.display()))?;
+        let secrets = match secrets::Secrets::from_contents(&key_path, current, keys.previous.as_deref()) {
+            Ok(secrets) => secrets,
+            Err(e) => {
+                drop(conn);
+                return Err(refuse(anyhow::Error::new(e).context("the backup is not made, and its copy removed")));
+            }
+        };
         if let Some(context) = crate::reseal::key_opens(&conn, &secrets)? {
-            let advice = format!(
-                "Give the key file the server uses with --secret-key-file (or SPARRING_SECRET_KEY_FILE); the backup \
-                 is not made (the copy is left at {})",
-                partial.display()
-            );
-            return Err(crate::reseal::wrong_key(&key_path, "the database", &context, &advice));
+            drop(conn);
+            let advice = "Give the key file the server uses with --secret-key-file (or SPARRING_SECRET_KEY_FILE); the \
+                          backup is not made, and its copy removed";
+            return Err(refuse(crate::reseal::wrong_key(&key_path, "the database", &context, advice)));
         }
     }
     drop(conn);
