@@ -199,6 +199,15 @@ impl Channel<'_> {
         }
     }
 
+    /// While the caller makes its line: takes in what the agent sends
+    /// meanwhile, with when it came (websocket; never resolves for http).
+    async fn listen(&mut self) {
+        match self {
+            Channel::Http(_) => std::future::pending().await,
+            Channel::Websocket(agent) => agent.listen().await,
+        }
+    }
+
     /// Closes the call the way `ending` requires: the caller hangs up (http
     /// `end`, websocket `end_call` then close) unless the agent ended the
     /// call or failed. Best effort, bounded by the turn timeout.
@@ -357,10 +366,19 @@ impl Call<'_, '_> {
             // A cancel while the caller makes its line (a simulated
             // caller's LLM may take a while) stops the call before the line
             // is said: the agent is sent no other turn.
-            let next = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Ending::now(EndedReason::Cancelled),
-                next = caller.next(self.rec.transcript(), self.deadline) => next,
+            // Meanwhile what the agent sends is taken in as it comes: a
+            // late frame's time is its own, not when the line was made.
+            let next = {
+                let asking = caller.next(self.rec.transcript(), self.deadline);
+                tokio::pin!(asking);
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => return Ending::now(EndedReason::Cancelled),
+                        next = &mut asking => break next,
+                        () = self.channel.listen() => {}
+                    }
+                }
             };
             if cancel.is_cancelled() {
                 return Ending::now(EndedReason::Cancelled);

@@ -42,6 +42,8 @@ enum Act {
     Redirect(u16, &'static str),
     /// Never answers.
     Hang,
+    /// The JSON answer, after this long (an LLM that thinks).
+    Later(Duration, Value),
     /// A status and body with a `Retry-After`.
     Busy(u16, &'static str, String),
 }
@@ -84,6 +86,10 @@ where
                         Act::Redirect(status, location) => (status, String::new(), Some(("location", location.into()))),
                         Act::Busy(status, text, after) => (status, text.into(), Some(("retry-after", after))),
                         Act::Hang => std::future::pending().await,
+                        Act::Later(after, value) => {
+                            tokio::time::sleep(after).await;
+                            (200, value.to_string(), None)
+                        }
                     };
                     let mut response = hyper::Response::builder().status(status);
                     if let Some((name, value)) = header {
@@ -1703,6 +1709,49 @@ async fn simulated_caller_hears_late_words_before_it_answers() {
     let asked = asked.lock().unwrap();
     let first = asked[0].body["messages"].as_array().unwrap();
     assert_eq!(first.last().unwrap()["content"], "Late hello.", "{first:#?}");
+}
+
+/// A frame the agent sends after its `turn_end`, while the simulated
+/// caller's LLM makes the next line, ends that turn when it came: it was
+/// read, and timed, only once the line was made, so the LLM's thinking
+/// counted as the agent's speech.
+#[tokio::test]
+async fn late_words_while_the_simulated_caller_thinks_are_timed_when_they_came() {
+    let (agent, _, _) = serve_ws(|mut peer| async move {
+        let message = |content: &str| json!({"type": "message", "role": "assistant", "content": content});
+        let mut lines = 0;
+        while let Some(received) = peer.recv().await {
+            if received["type"] == "message" {
+                lines += 1;
+                send_together(&mut peer, &[message("Reply."), json!({"type": "turn_end"})]).await;
+                if lines == 1 {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    peer.send(message("One more thing.")).await;
+                }
+            }
+        }
+    })
+    .await;
+    let think = Duration::from_millis(1200);
+    let line =
+        json!({"choices": [{"message": {"role": "assistant", "content": "{\"say\": \"Tuesday\", \"done\": false}"}}]});
+    let done = json!({"choices": [{"message": {"role": "assistant", "content": "{\"done\": true}"}}]});
+    let count = AtomicUsize::new(0);
+    let (llm, _) = serve_http(move |_| {
+        let answer = if count.fetch_add(1, Ordering::SeqCst) == 0 { line.clone() } else { done.clone() };
+        Act::Later(think, answer)
+    })
+    .await;
+    let mut plan = simulated_plan(agent, Some(&llm), Some("Hello"));
+    plan.agent.kind = ChannelKind::Websocket;
+    let outcome = run(&plan).await;
+    assert_eq!(outcome.ended_reason, EndedReason::CallerDone, "{:?}", outcome.error);
+    let t = &outcome.transcript;
+    assert_eq!((t[1].text.as_str(), &t[2].text), ("Reply. One more thing.", &s("Tuesday")), "{t:?}");
+    // The late words came ~200 ms after the reply; the next line ~1200 ms
+    // after it (the LLM's thinking).
+    assert!(t[1].end_ms + 500 < t[2].start_ms, "the turn ended when the line went out: {t:?}");
+    assert_consistent(&outcome);
 }
 
 #[tokio::test]

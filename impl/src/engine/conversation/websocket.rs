@@ -34,6 +34,13 @@ pub(super) struct WsAgent {
     /// The agent turn that ended last, which frames arriving before the
     /// caller's next line still belong to (see [`WsAgent::late`]).
     ended: Option<Ended>,
+    /// Frames taken in while the caller made its next line, each with when
+    /// it came (see [`WsAgent::listen`]), for [`WsAgent::late`].
+    heard: std::collections::VecDeque<(Instant, Option<Result<Message, tungstenite::Error>>)>,
+    /// The size of `heard`'s frames, and whether it ends with the stream's
+    /// end or an error (nothing more is read then).
+    heard_bytes: usize,
+    heard_all: bool,
 }
 
 /// What a later frame of an ended turn needs to know of it.
@@ -150,6 +157,9 @@ impl WsAgent {
                 secrets: secrets.iter().map(|s| s.to_string()).collect(),
                 turn_timeout,
                 ended: None,
+                heard: std::collections::VecDeque::new(),
+                heard_bytes: 0,
+                heard_all: false,
             }),
             Ok(Err(e)) => Err(TurnFailure::Agent(connect_error(target, e, &secrets))),
             Err(_) if deadline_binds => Err(TurnFailure::Deadline(None)),
@@ -195,6 +205,27 @@ impl WsAgent {
         }
     }
 
+    /// While the caller makes its next line (a simulated caller's LLM may
+    /// take seconds): takes in the next frame the agent sends, with when it
+    /// came, for [`WsAgent::late`], which read it only once the line was
+    /// made and timed it then. Never resolves before a turn has ended, once
+    /// the stream has ended or failed, or past the size a turn may have or
+    /// as many frames as it may have control frames (what is held stays
+    /// bounded; `late` reads the rest as it did). Cancel-safe.
+    pub(super) async fn listen(&mut self) {
+        let full = self.heard_bytes > MAX_REPLY_BYTES || self.heard.len() >= MAX_CONTROL_FRAMES;
+        if self.ended.is_none() || self.heard_all || full {
+            return std::future::pending().await;
+        }
+        let next = self.ws.next().await;
+        let at = Instant::now();
+        match &next {
+            Some(Ok(message)) => self.heard_bytes = self.heard_bytes.saturating_add(message.len()),
+            _ => self.heard_all = true,
+        }
+        self.heard.push_back((at, next));
+    }
+
     /// The frames that arrived since the last agent turn ended (at its
     /// `turn_end`, or after its silence) and before the caller's next line:
     /// they belong to that turn, not to the reply to the next line, whose
@@ -210,10 +241,19 @@ impl WsAgent {
         // Lets the runtime take in what reached the socket meanwhile.
         tokio::task::yield_now().await;
         let when = format!("after turn {turn}");
+        self.heard_bytes = 0;
         while !late.end_call {
-            // Only what is already there; `unconstrained`, so the runtime's
-            // budget cannot cut the reading short.
-            let Some(next) = tokio::task::unconstrained(self.ws.next()).now_or_never() else { break };
+            // What was taken in while the caller made its line, as of when
+            // it came; then only what is already there (`unconstrained`, so
+            // the runtime's budget cannot cut the reading short).
+            let (at, next) = match self.heard.pop_front() {
+                Some(heard) => heard,
+                None if self.heard_all => break,
+                None => match tokio::task::unconstrained(self.ws.next()).now_or_never() {
+                    Some(next) => (Instant::now(), next),
+                    None => break,
+                },
+            };
             let text = match frame_text(turn, &when, next, &self.secrets) {
                 Ok(Some(text)) => text,
                 Ok(None) => match control(&mut controls, &when) {
@@ -223,7 +263,7 @@ impl WsAgent {
                 Err(failure) => return Err(after(failure, late, size)),
             };
             // A second `turn_end` ends nothing more.
-            if let Err(failure) = absorb(&mut late, &mut size, turn, &when, &text, &self.secrets) {
+            if let Err(failure) = absorb(&mut late, &mut size, turn, &when, &text, &self.secrets, at) {
                 return Err(after(failure, late, size));
             }
         }
@@ -269,7 +309,7 @@ impl WsAgent {
                 },
                 Err(failure) => return Err(after(failure, reply, size)),
             };
-            let turn_end = match absorb(&mut reply, &mut size, turn, &when, &text, &self.secrets) {
+            let turn_end = match absorb(&mut reply, &mut size, turn, &when, &text, &self.secrets, Instant::now()) {
                 Ok(turn_end) => turn_end,
                 Err(failure) => return Err(after(failure, reply, size)),
             };
@@ -478,12 +518,12 @@ fn absorb(
     when: &str,
     text: &str,
     secrets: &[String],
+    at: Instant,
 ) -> Result<bool, TurnFailure> {
     *size = size.saturating_add(text.len());
     if *size > MAX_REPLY_BYTES {
         return Err(TurnFailure::Agent(too_large(turn)));
     }
-    let at = Instant::now();
     reply.arrived(at);
     match parse_frame(when, text, secrets).map_err(TurnFailure::Agent)? {
         Frame::Message(content) => reply.said(content, at),
