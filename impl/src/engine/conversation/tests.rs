@@ -1056,6 +1056,32 @@ async fn websocket_max_duration_keeps_what_the_agent_said() {
 }
 
 /// Sends `frames` in one write, so they reach Sparring together.
+/// An agent's `message` frame.
+fn assistant(content: &str) -> Value {
+    json!({"type": "message", "role": "assistant", "content": content})
+}
+
+/// A websocket agent answering the caller's `n`th line (from 1) with
+/// `answer(n)`: frames sent together, then, if given, more after a pause.
+async fn serve_ws_by_line(answer: fn(usize) -> (Vec<Value>, Option<(Duration, Vec<Value>)>)) -> String {
+    let (agent, _, _) = serve_ws(move |mut peer| async move {
+        let mut lines = 0;
+        while let Some(received) = peer.recv().await {
+            if received["type"] == "message" {
+                lines += 1;
+                let (now, later) = answer(lines);
+                send_together(&mut peer, &now).await;
+                if let Some((after, frames)) = later {
+                    tokio::time::sleep(after).await;
+                    send_together(&mut peer, &frames).await;
+                }
+            }
+        }
+    })
+    .await;
+    agent
+}
+
 async fn send_together(peer: &mut Peer, frames: &[Value]) {
     for frame in frames {
         peer.ws.feed(Message::text(frame.to_string())).await.unwrap();
@@ -1684,17 +1710,9 @@ async fn simulated_caller_plays_toward_its_goal() {
 async fn simulated_caller_hears_late_words_before_it_answers() {
     // The agent's words to the opening come after its `turn_end`: the
     // simulated caller's next line is written knowing them.
-    let (agent, _, _) = serve_ws(|mut peer| async move {
-        let message = |content: &str| json!({"type": "message", "role": "assistant", "content": content});
-        let mut lines = 0;
-        while let Some(received) = peer.recv().await {
-            if received["type"] == "message" {
-                lines += 1;
-                let late = [json!({"type": "turn_end"}), message("Late hello.")];
-                let on_time = [message("Reply."), json!({"type": "turn_end"})];
-                send_together(&mut peer, if lines == 1 { &late } else { &on_time }).await;
-            }
-        }
+    let agent = serve_ws_by_line(|line| match line {
+        1 => (vec![json!({"type": "turn_end"}), assistant("Late hello.")], None),
+        _ => (vec![assistant("Reply."), json!({"type": "turn_end"})], None),
     })
     .await;
     let (llm, asked) = serve_llm(vec![(200, "{\"say\": \"Tuesday please\", \"done\": false}")]).await;
@@ -1717,19 +1735,9 @@ async fn simulated_caller_hears_late_words_before_it_answers() {
 /// counted as the agent's speech.
 #[tokio::test]
 async fn late_words_while_the_simulated_caller_thinks_are_timed_when_they_came() {
-    let (agent, _, _) = serve_ws(|mut peer| async move {
-        let message = |content: &str| json!({"type": "message", "role": "assistant", "content": content});
-        let mut lines = 0;
-        while let Some(received) = peer.recv().await {
-            if received["type"] == "message" {
-                lines += 1;
-                send_together(&mut peer, &[message("Reply."), json!({"type": "turn_end"})]).await;
-                if lines == 1 {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    peer.send(message("One more thing.")).await;
-                }
-            }
-        }
+    let agent = serve_ws_by_line(|line| {
+        let later = (line == 1).then(|| (Duration::from_millis(200), vec![assistant("One more thing.")]));
+        (vec![assistant("Reply."), json!({"type": "turn_end"})], later)
     })
     .await;
     let think = Duration::from_millis(1200);
