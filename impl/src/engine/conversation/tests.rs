@@ -1061,9 +1061,12 @@ fn assistant(content: &str) -> Value {
     json!({"type": "message", "role": "assistant", "content": content})
 }
 
+/// Frames sent together, then, if given, more after a pause.
+type Answer = (Vec<Value>, Option<(Duration, Vec<Value>)>);
+
 /// A websocket agent answering the caller's `n`th line (from 1) with
-/// `answer(n)`: frames sent together, then, if given, more after a pause.
-async fn serve_ws_by_line(answer: fn(usize) -> (Vec<Value>, Option<(Duration, Vec<Value>)>)) -> String {
+/// `answer(n)`.
+async fn serve_ws_by_line(answer: fn(usize) -> Answer) -> String {
     let (agent, _, _) = serve_ws(move |mut peer| async move {
         let mut lines = 0;
         while let Some(received) = peer.recv().await {
