@@ -201,18 +201,11 @@ impl Routes {
                 (false, false) => Found::Path(&self.methods),
             };
         };
-        if self.rest || undecided(segment) {
+        if self.rest || dot(segment) {
             return Found::Unsure;
         }
         // As the router reads it: `review%65rs` is `reviewers`.
-        let segment = if segment.contains('%') {
-            match decoded(segment) {
-                Some(decoded) => decoded,
-                None => return Found::Unsure,
-            }
-        } else {
-            std::borrow::Cow::Borrowed(segment)
-        };
+        let Some(segment) = decoded(segment) else { return Found::Unsure };
         if let Some((_, next)) = self.literals.iter().find(|(s, _)| **s == *segment) {
             match next.walk(&mut segments.clone()) {
                 Found::None => {}
@@ -230,11 +223,19 @@ impl Routes {
 /// decoded: left to it, for its 400. Any other is matched decoded, as the
 /// router matches it.
 fn undecided(segment: &str) -> bool {
-    segment == "." || segment == ".." || (segment.contains('%') && decoded(segment).is_none())
+    dot(segment) || decoded(segment).is_none()
 }
 
-/// A segment percent-decoded, as the router decodes it, if UTF-8.
+fn dot(segment: &str) -> bool {
+    segment == "." || segment == ".."
+}
+
+/// A segment percent-decoded, as the router decodes it, if UTF-8; one
+/// without a `%` as it is, with no allocation.
 fn decoded(segment: &str) -> Option<std::borrow::Cow<'_, str>> {
+    if !segment.contains('%') {
+        return Some(std::borrow::Cow::Borrowed(segment));
+    }
     percent_encoding::percent_decode_str(segment).decode_utf8().ok()
 }
 
