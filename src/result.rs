@@ -35,16 +35,17 @@ pub async fn main(args: ResultArgs) -> anyhow::Result<()> {
     };
     let result = match result {
         Ok(result) => result.into_inner(),
-        // Not a call either: an id of ours of another kind (the `run_…`
-        // beside a failure in `sparring run`'s report, say) is named, with
-        // where its results are.
-        Err(sparring_client::Error::ErrorResponse(r))
-            if r.status() == http::StatusCode::NOT_FOUND && other_kind(&args.id).is_some() =>
-        {
-            let (kind, look) = other_kind(&args.id).unwrap_or_default();
-            anyhow::bail!("`{}` is the id of {kind}, not of a test result (`trs_…`) or a call: {look}", args.id);
+        Err(e) => {
+            // Not a call either: an id of ours of another kind (the `run_…`
+            // beside a failure in `sparring run`'s report, say) is named,
+            // with where its results are.
+            let not_found =
+                matches!(&e, sparring_client::Error::ErrorResponse(r) if r.status() == http::StatusCode::NOT_FOUND);
+            if let Some((kind, look)) = other_kind(&args.id).filter(|_| not_found) {
+                anyhow::bail!("`{}` is the id of {kind}, not of a test result (`trs_…`) or a call: {look}", args.id);
+            }
+            return Err(api_error(e).context(format!("reading test result {}", args.id)));
         }
-        Err(e) => return Err(api_error(e).context(format!("reading test result {}", args.id))),
     };
     let text = if args.json { serde_json::to_string_pretty(&result)? + "\n" } else { show(&result) };
     crate::remote::write_stdout(format_args!("{text}")).context("writing the result")
