@@ -226,13 +226,11 @@ impl ServeArgs {
         }
         // Trimmed: a list in a variable is often written with spaces after
         // its commas ("https://a, https://b"), and an issuer or audience
-        // with one would match no token, silently.
+        // with one would match no token, silently (an empty audience is
+        // refused as the issuers are set up).
         let mut configs = Vec::with_capacity(n);
         for (i, issuer) in self.oidc_issuers.iter().enumerate() {
             let audience = audiences.get(i).unwrap_or(&audiences[0]).trim();
-            if audience.is_empty() {
-                anyhow::bail!("--oidc-audience is empty: give the client id the ID tokens are issued for");
-            }
             let jwks_file = self.oidc_jwks.get(i).map(|path| match path.to_str() {
                 Some(text) => PathBuf::from(text.trim()),
                 None => path.clone(),

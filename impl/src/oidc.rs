@@ -271,7 +271,10 @@ impl Oidc {
             let url = IssuerUrl::new(config.issuer.clone())
                 .map_err(|e| anyhow::anyhow!("--oidc-issuer {}: {e}", config.issuer))?;
             if config.audience.trim().is_empty() {
-                anyhow::bail!("--oidc-audience for {} is empty: give the client id its tokens are for", config.issuer);
+                anyhow::bail!(
+                    "--oidc-audience is empty (for {}): give the client id its ID tokens are issued for",
+                    config.issuer
+                );
             }
             let keys = match &config.jwks_file {
                 Some(path) => {
